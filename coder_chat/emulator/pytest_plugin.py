@@ -1,0 +1,1 @@
+"""pytest fixtures for testing code against the chatd emulator (filled in by the emulator module)."""
