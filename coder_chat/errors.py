@@ -1,0 +1,235 @@
+"""Error types of the chatd client (agent-semantics spec §7).
+
+Hierarchy::
+
+    CoderAgentError(Exception)        misuse, bad construction, unparseable frame; base
+    ├─ CoderApiError                  non-2xx REST response / non-transient 4xx WS upgrade
+    └─ CoderChatError                 server ``error`` event, timeout, stream_closed,
+                                      queued_submission_lost
+    CoderStreamError(Exception)       redial budget exhausted / undedupable drop
+                                      (deliberately NOT a CoderAgentError)
+
+No message, ``repr`` or attribute of these errors ever contains the session
+token: they are built only from status codes, request paths (which never carry
+the token), server-provided messages and our own text.
+
+All classes pickle round-trip (Prefect may persist a failed task's exception),
+which the default ``Exception`` pickling would break for keyword-only fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CoderAgentError",
+    "CoderApiError",
+    "CoderChatError",
+    "CoderStreamError",
+]
+
+
+class CoderAgentError(Exception):
+    """Base error of the client: misuse, bad construction, bad cursor, bad frame."""
+
+
+class CoderApiError(CoderAgentError):
+    """A non-2xx REST response, or a non-transient 4xx WebSocket upgrade rejection.
+
+    Message: ``Coder API <METHOD> <path> failed (<status>): <message>[ — <detail>]``.
+    ``message``/``detail`` come from the Coder error envelope
+    ``{"message": ..., "detail": ...}``; when the body is not an envelope the
+    message is the HTTP reason phrase (or a short body excerpt).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        method: str,
+        path: str,
+        message: str,
+        detail: str | None = None,
+    ) -> None:
+        self.status = status
+        self.method = method
+        self.path = path
+        self.message = message
+        self.detail = detail
+        text = f"Coder API {method} {path} failed ({status}): {message}"
+        if detail:
+            text += f" — {detail}"
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.method, self.path, self.message, self.detail))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status!r}, method={self.method!r}, "
+            f"path={self.path!r}, message={self.message!r}, detail={self.detail!r})"
+        )
+
+
+class CoderChatError(CoderAgentError):
+    """The chat turn failed: a server ``error`` event, our own timeout, a stream that
+    closed before the turn settled, or a lost queued submission.
+
+    Message: ``<message>[: <detail>]``. ``kind`` is the server's error kind
+    (``generic``, ``overloaded``, ``rate_limit``…) or one of the client kinds
+    ``timeout`` (retryable), ``stream_closed`` (retryable) and
+    ``queued_submission_lost`` (not retryable).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str | None = None,
+        retryable: bool = False,
+        status_code: int | None = None,
+        provider: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.message = message
+        self.kind = kind
+        self.retryable = retryable
+        self.status_code = status_code
+        self.provider = provider
+        self.detail = detail
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> CoderChatError:
+        """Build from a wire ``ChatError`` (a ``models.ChatError`` or its dict form)."""
+        data: dict[str, Any]
+        if hasattr(payload, "model_dump"):
+            data = payload.model_dump()
+        elif isinstance(payload, dict):
+            data = payload
+        else:
+            data = {}
+        message = data.get("message")
+        status_code = data.get("status_code")
+        return cls(
+            message if isinstance(message, str) and message else "The chat request failed.",
+            kind=data.get("kind") if isinstance(data.get("kind"), str) else None,
+            retryable=data.get("retryable") is True,
+            status_code=status_code if isinstance(status_code, int) else None,
+            provider=data.get("provider") if isinstance(data.get("provider"), str) else None,
+            detail=data.get("detail") if isinstance(data.get("detail"), str) else None,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_chat_error,
+            (
+                type(self),
+                self.message,
+                self.kind,
+                self.retryable,
+                self.status_code,
+                self.provider,
+                self.detail,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, kind={self.kind!r}, "
+            f"retryable={self.retryable!r}, status_code={self.status_code!r}, "
+            f"provider={self.provider!r}, detail={self.detail!r})"
+        )
+
+
+def _rebuild_chat_error(
+    cls: type[CoderChatError],
+    message: str,
+    kind: str | None,
+    retryable: bool,
+    status_code: int | None,
+    provider: str | None,
+    detail: str | None,
+) -> CoderChatError:
+    return cls(
+        message,
+        kind=kind,
+        retryable=retryable,
+        status_code=status_code,
+        provider=provider,
+        detail=detail,
+    )
+
+
+class CoderStreamError(Exception):
+    """The chat stream could not be kept alive: the redial budget was exhausted
+    (5 consecutive endings without forward progress) or a drop happened while
+    coordinate-less deltas were outstanding (replay could duplicate content).
+
+    Deliberately not a ``CoderAgentError`` (the TypeScript SDK raises an AI SDK
+    ``APICallError``). ``is_retryable`` is decided by the agent (a fresh chat
+    with no workspace/MCP/uploads may be retried); the stream layer raises it
+    with ``is_retryable=False`` and the agent re-raises via :meth:`with_retry`.
+    ``url`` is the stream URL (no token); ``cause`` the last transport failure.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        chat_id: str | None = None,
+        cause: BaseException | None = None,
+        is_retryable: bool = False,
+    ) -> None:
+        self.message = message
+        self.url = url
+        self.chat_id = chat_id
+        self.cause = cause
+        self.is_retryable = is_retryable
+        super().__init__(message)
+        if cause is not None:
+            self.__cause__ = cause
+
+    def with_retry(self, is_retryable: bool, reason: str | None = None) -> CoderStreamError:
+        """A copy with ``is_retryable`` decided; ``reason`` is appended to the message."""
+        message = f"{self.message} ({reason})" if reason else self.message
+        return CoderStreamError(
+            message,
+            url=self.url,
+            chat_id=self.chat_id,
+            cause=self.cause,
+            is_retryable=is_retryable,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The cause may not pickle (sockets, locks); keep only its text then.
+        cause: BaseException | None = self.cause
+        if cause is not None:
+            import pickle
+
+            try:
+                pickle.dumps(cause)
+            except Exception:
+                cause = RuntimeError(f"{type(cause).__name__}: {cause}")
+        return (
+            _rebuild_stream_error,
+            (type(self), self.message, self.url, self.chat_id, cause, self.is_retryable),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, url={self.url!r}, "
+            f"chat_id={self.chat_id!r}, is_retryable={self.is_retryable!r}, "
+            f"cause={self.cause!r})"
+        )
+
+
+def _rebuild_stream_error(
+    cls: type[CoderStreamError],
+    message: str,
+    url: str,
+    chat_id: str | None,
+    cause: BaseException | None,
+    is_retryable: bool,
+) -> CoderStreamError:
+    return cls(message, url=url, chat_id=chat_id, cause=cause, is_retryable=is_retryable)
