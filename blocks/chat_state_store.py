@@ -1,0 +1,104 @@
+"""The ``ChatStateStore`` Prefect block: saved configuration + factory for ``StateStore``."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from prefect.blocks.core import Block
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from .state.store import StateStore
+from .state.urls import SQLITE_SCHEME, parse_store_url
+
+
+class ChatStateStore(Block):
+    """Where durable chat workflows keep checkpoints, the send journal, the client-tool
+    ledger, leases and stranded chats: an embedded SQLite file by default (one machine,
+    zero set-up) or PostgreSQL (workers on several machines). It never stores the Coder
+    token.
+
+    Example:
+        Load a saved store and checkpoint a workflow's chat:
+        ```python
+        from blocks import ChatStateStore
+
+        state_block = ChatStateStore.load("BLOCK_NAME")
+        store = state_block.get_store()
+        await store.checkpoints.set("wf-1042", chat_id, last_seen_message_id=17)
+        ```
+
+        Point workers on several machines at PostgreSQL:
+        ```python
+        from blocks import ChatStateStore
+
+        ChatStateStore(
+            url="postgresql+asyncpg://coder@db.internal:5432/coder_state",
+            password="...",
+        ).save("shared-state")
+        ```
+    """
+
+    # A rejected URL may carry a password: never echo inputs in validation errors.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    _block_type_name = "Chat State Store"
+    _block_type_slug = "chat-state-store"
+    _logo_url = "https://github.com/coder.png"  # type: ignore[assignment]
+    _documentation_url = "https://docs.sqlalchemy.org/en/20/core/engines.html#database-urls"  # type: ignore[assignment]
+    _description = (
+        "Durable store for Coder chat workflow checkpoints, send journal, tool ledger, "
+        "leases and stranded chats (SQLite by default, PostgreSQL for several machines)."
+    )
+
+    url: str | None = Field(
+        default=None,
+        title="Database URL",
+        description=(
+            "sqlite+aiosqlite:////absolute/path/state.db or "
+            "postgresql+asyncpg://USER@HOST:5432/DBNAME, without a password; empty means "
+            f"{SQLITE_SCHEME}:///$PREFECT_HOME/prefect-coder/state.db on the machine that runs "
+            "the code."
+        ),
+    )
+    password: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL password, kept out of the URL; leave empty for SQLite.",
+    )
+    tenant: str = Field(
+        default="default",
+        min_length=1,
+        max_length=128,
+        description="Scope for every key, so several tenants can share one database.",
+    )
+    connect_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds to connect, and on SQLite to wait for the write lock.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _validate_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        url, _backend = parse_store_url(value)
+        return url.render_as_string(hide_password=True)
+
+    @model_validator(mode="after")
+    def _password_needs_postgres(self) -> Self:
+        # Fail at construction, naming the field, rather than at first use on a worker.
+        if self.password is not None and (self.url is None or self.url.startswith("sqlite")):
+            raise ValueError(
+                "password: SQLite files take no password; clear the `password` field or set "
+                "`url` to a postgresql+asyncpg:// URL"
+            )
+        return self
+
+    def get_store(self) -> StateStore:
+        """A ``StateStore`` for this configuration (cheap; engines are cached per event loop)."""
+        return StateStore(
+            self.url,
+            password=self.password,
+            tenant=self.tenant,
+            connect_timeout=self.connect_timeout,
+        )

@@ -1,0 +1,145 @@
+"""Engines per (process, event loop, URL), and the dialect-specific SQL bits.
+
+Why per event loop: asyncpg connections and aiosqlite worker threads belong to
+the loop that opened them; Prefect runs tasks in worker threads with their own
+loops, so a shared engine would hand one loop's connection to another.
+
+Why SQLite uses no pool: each operation opens its own aiosqlite connection and
+closes it. Nothing outlives the loop that made it (aiosqlite threads are not
+daemons: a pooled connection left behind by a closed loop would hang process
+exit), and opening a local file costs well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from .urls import Backend
+
+_WRITE_OPTION = "prefect_coder_write"
+
+_lock = threading.Lock()
+_engines: dict[
+    tuple[int, str], weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine]
+] = {}
+
+
+def cache_key(url: URL, password: str | None) -> str:
+    """Identify an engine configuration without keeping the password in the key."""
+    digest = hashlib.sha256((password or "").encode()).hexdigest()[:16]
+    return f"{url.render_as_string(hide_password=True)}#{digest}"
+
+
+def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" hook (below) emit BEGIN itself, so writers can
+        # take the write lock up front.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        # FULL: a committed checkpoint survives power loss, not only a process crash.
+        cur.execute("PRAGMA synchronous = FULL")
+        cur.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # BEGIN IMMEDIATE takes the write lock at the start: a read-then-write
+        # transaction can then never fail on lock upgrade (SQLITE_BUSY without
+        # waiting), and concurrent writers queue on busy_timeout instead.
+        if conn.get_execution_options().get(_WRITE_OPTION):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+
+def _create(
+    url: URL, backend: Backend, password: str | None, connect_timeout: float, pool_size: int
+) -> AsyncEngine:
+    if backend == "sqlite":
+        assert url.database
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(
+            url, poolclass=NullPool, connect_args={"timeout": connect_timeout}
+        )
+        _install_sqlite_hooks(engine, int(connect_timeout * 1000))
+        return engine
+    return create_async_engine(
+        url.set(password=password) if password is not None else url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=connect_timeout,
+        connect_args={
+            "timeout": connect_timeout,
+            "server_settings": {"application_name": "prefect-coder-state"},
+        },
+    )
+
+
+def get_engine(
+    url: URL,
+    backend: Backend,
+    password: str | None,
+    *,
+    connect_timeout: float,
+    pool_size: int,
+) -> AsyncEngine:
+    """The engine for this URL in this process on the running event loop (created on demand)."""
+    loop = asyncio.get_running_loop()
+    key = (os.getpid(), cache_key(url, password))
+    with _lock:
+        per_loop = _engines.setdefault(key, weakref.WeakKeyDictionary())
+        engine = per_loop.get(loop)
+        if engine is None:
+            engine = _create(url, backend, password, connect_timeout, pool_size)
+            per_loop[loop] = engine
+        return engine
+
+
+def pop_engine(url: URL, password: str | None) -> AsyncEngine | None:
+    """Forget (and return, for disposal) this loop's engine for the URL."""
+    loop = asyncio.get_running_loop()
+    key = (os.getpid(), cache_key(url, password))
+    with _lock:
+        per_loop = _engines.get(key)
+        return per_loop.pop(loop, None) if per_loop is not None else None
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
+    """One connection, one transaction: committed on success, rolled back on error."""
+    async with engine.connect() as conn:
+        if write:
+            await conn.execution_options(**{_WRITE_OPTION: True})
+        async with conn.begin():
+            yield conn
+
+
+def db_now(backend: Backend) -> sa.ColumnElement[float]:
+    """The database clock in Unix epoch seconds, so machines with skewed clocks agree."""
+    if backend == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double)
+    return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+
+
+def upsert(backend: Backend, table: sa.Table) -> Any:
+    """``INSERT`` with ON CONFLICT support; SQLite and PostgreSQL share the same API."""
+    if backend == "sqlite":
+        return sqlite_dialect.insert(table)
+    return pg_dialect.insert(table)

@@ -1,0 +1,253 @@
+"""Leases: single-flight per chat / per workflow across processes and machines.
+
+The durable design requires steps to run strictly sequentially per chat:
+sessions are single-flight system-wide. A lease is a row with a holder and an
+expiry on the *database* clock. Acquiring is ONE atomic statement (insert, or
+take over a row whose lease has expired, or re-enter our own), so exactly one
+caller wins on SQLite and PostgreSQL alike. A holder that crashes stops
+renewing and its lease lapses after ``ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._ops import Ops
+from .engines import upsert
+from .errors import LeaseLostError, LeaseUnavailableError
+from .records import Lease, from_epoch
+from .schema import leases as t
+
+logger = logging.getLogger("blocks.state.leases")
+
+
+def default_holder() -> str:
+    """A holder id unique to this process and call: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def chat_key(chat_id: str) -> str:
+    """The lease key for single-flight per chat."""
+    return f"chat:{chat_id}"
+
+
+def workflow_key(workflow_id: str) -> str:
+    """The lease key for single-flight per workflow."""
+    return f"workflow:{workflow_id}"
+
+
+def _check_ttl(ttl: float) -> None:
+    if not ttl > 0:
+        raise ValueError("ttl: must be > 0 seconds (how long a crashed holder blocks others)")
+
+
+def _row(row: Any) -> Lease:
+    acquired = from_epoch(row.acquired_at)
+    expires = from_epoch(row.expires_at)
+    assert acquired is not None and expires is not None
+    return Lease(
+        key=row.key, holder=row.holder, fence=row.fence, acquired_at=acquired, expires_at=expires
+    )
+
+
+class HeldLease:
+    """The handle ``store.lease(...)`` yields while the lease is held and renewed."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lost = False
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def holder(self) -> str:
+        return self.lease.holder
+
+    @property
+    def fence(self) -> int:
+        return self.lease.fence
+
+    def raise_if_lost(self) -> None:
+        """Raise LeaseLostError if a renewal found the lease gone (check before effects)."""
+        if self.lost:
+            raise LeaseLostError(self.key, self.holder)
+
+
+class Leases:
+    """``store.leases``: acquire / renew / release / get, and ``hold()`` (waits, renews)."""
+
+    def __init__(self, ops: Ops) -> None:
+        self._ops = ops
+
+    async def acquire(self, key: str, holder: str, ttl: float) -> Lease | None:
+        """Take the lease if free, expired, or already ours (then extended). None if held.
+
+        One statement: INSERT … ON CONFLICT DO UPDATE … WHERE expired OR same holder,
+        RETURNING the row; no row back means someone else holds it.
+        """
+        _check_ttl(ttl)
+        if not key or not holder:
+            raise ValueError("key and holder: both required and non-empty")
+        now = self._ops.now()
+        stmt = upsert(self._ops.backend, t).values(
+            tenant=self._ops.tenant,
+            key=key,
+            holder=holder,
+            fence=1,
+            acquired_at=now,
+            expires_at=now + ttl,
+        )
+        same = t.c.holder == stmt.excluded.holder
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[t.c.tenant, t.c.key],
+            set_={
+                "holder": stmt.excluded.holder,
+                # Re-entry by the same holder keeps the fence; a takeover bumps it.
+                "fence": sa.case((same, t.c.fence), else_=t.c.fence + 1),
+                "acquired_at": sa.case((same, t.c.acquired_at), else_=stmt.excluded.acquired_at),
+                "expires_at": stmt.excluded.expires_at,
+            },
+            where=sa.or_(same, t.c.expires_at <= now),
+        ).returning(*t.c)
+        async with self._ops.write() as conn:
+            row = (await conn.execute(stmt)).one_or_none()
+        return None if row is None else _row(row)
+
+    async def renew(self, key: str, holder: str, ttl: float) -> Lease | None:
+        """Push the expiry to now + ttl if ``holder`` still holds the key; None if lost.
+
+        A lapsed lease that nobody took over is still ours and renews.
+        """
+        _check_ttl(ttl)
+        stmt = (
+            sa.update(t)
+            .where(t.c.tenant == self._ops.tenant, t.c.key == key, t.c.holder == holder)
+            .values(expires_at=self._ops.now() + ttl)
+            .returning(*t.c)
+        )
+        async with self._ops.write() as conn:
+            row = (await conn.execute(stmt)).one_or_none()
+        return None if row is None else _row(row)
+
+    async def release(self, key: str, holder: str) -> bool:
+        """Give the lease up now (only its holder can); True if ``holder`` held it.
+
+        The row stays (expired) so the fence keeps growing across holders.
+        """
+        now = self._ops.now()
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.tenant == self._ops.tenant,
+                t.c.key == key,
+                t.c.holder == holder,
+                t.c.expires_at > now,
+            )
+            .values(expires_at=now)
+            .returning(t.c.key)
+        )
+        async with self._ops.write() as conn:
+            return (await conn.execute(stmt)).first() is not None
+
+    async def get(self, key: str) -> tuple[Lease, float] | None:
+        """The live lease on ``key`` and its seconds left (database clock), or None if free."""
+        now = self._ops.now()
+        async with self._ops.read() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(t, (t.c.expires_at - now).label("remaining")).where(
+                        t.c.tenant == self._ops.tenant, t.c.key == key, t.c.expires_at > now
+                    )
+                )
+            ).one_or_none()
+        return None if row is None else (_row(row), float(row.remaining))
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self,
+        key: str,
+        *,
+        holder: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 60.0,
+        poll_interval: float = 0.1,
+        renew_interval: float | None = None,
+    ) -> AsyncIterator[HeldLease]:
+        """Acquire ``key`` (polling up to ``wait`` s), renew it in the background, release on exit.
+
+        Raises LeaseUnavailableError naming the current holder if ``wait`` runs out.
+        Renewal runs every ``renew_interval`` (default ttl/3). If a renewal finds the
+        lease gone, or none succeeds for a whole ttl, ``handle.lost`` becomes True and a
+        warning is logged; call ``handle.raise_if_lost()`` before irreversible effects.
+        """
+        _check_ttl(ttl)
+        if poll_interval <= 0:
+            raise ValueError("poll_interval: must be > 0 seconds")
+        holder = holder or default_holder()
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            got = await self.acquire(key, holder, ttl)
+            if got is not None:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                current = await self.get(key)
+                raise LeaseUnavailableError(
+                    key,
+                    holder=current[0].holder if current else None,
+                    expires_in=current[1] if current else None,
+                    waited=max(0.0, wait),
+                )
+            await asyncio.sleep(min(poll_interval, left))
+        handle = HeldLease(got)
+        renewer = asyncio.create_task(
+            self._renew_loop(handle, ttl, renew_interval or ttl / 3), name=f"lease-renew:{key}"
+        )
+        try:
+            yield handle
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            if not handle.lost:
+                try:
+                    await self.release(key, holder)
+                except Exception:  # the lease then lapses after ttl on its own
+                    logger.warning("could not release lease %r; it lapses after its ttl", key)
+
+    async def _renew_loop(self, handle: HeldLease, ttl: float, every: float) -> None:
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                renewed = await self.renew(handle.key, handle.holder, ttl)
+            except Exception as exc:
+                # A transient database error: keep trying until a whole ttl has gone by.
+                if time.monotonic() - last_ok < ttl:
+                    logger.warning(
+                        "lease %r renewal failed (%s); retrying", handle.key, type(exc).__name__
+                    )
+                    continue
+                renewed = None
+            if renewed is None or renewed.fence != handle.fence:
+                handle.lost = True
+                logger.warning(
+                    "lease %r held by %r was lost; another holder may be running",
+                    handle.key,
+                    handle.holder,
+                )
+                return
+            handle.lease = renewed
+            last_ok = time.monotonic()

@@ -1,0 +1,100 @@
+"""Typed records the state store reads and writes.
+
+Times the store stamps (``updated_at`` and friends) come from the *database*
+clock, so workers on several machines agree on them; they are returned as
+timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NonEmptyStr = Annotated[str, Field(min_length=1, max_length=512)]
+MessageId = Annotated[int, Field(strict=True, gt=0)]
+
+JournalState = Literal["submitting", "resumed", "cut-short"]
+LedgerState = Literal["committing", "done"]
+
+
+def from_epoch(value: float | None) -> datetime | None:
+    """Database epoch seconds -> aware UTC datetime."""
+    return None if value is None else datetime.fromtimestamp(value, tz=UTC)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Checkpoint(_Record):
+    """Where a workflow's chat stands between steps: the chat id and the resume cursor.
+
+    A cursor without its chat id cannot be expressed: ``chat_id`` is required and
+    non-empty, and ``last_seen_message_id`` must be a positive integer or None.
+    """
+
+    workflow_id: NonEmptyStr
+    chat_id: NonEmptyStr
+    last_seen_message_id: MessageId | None = None
+    updated_at: datetime | None = None
+
+
+class JournalEntry(_Record):
+    """The per-attempt send journal entry of one chat (durable design, "settle-wait").
+
+    ``at`` is Unix epoch *seconds* (``time.time()``) at write time, as the writer saw it;
+    recovery compares it to its own clock to sleep out the commit window.
+    """
+
+    state: JournalState
+    marker: str
+    attempt: Annotated[int, Field(strict=True, ge=0)]
+    at: float = Field(default_factory=time.time)
+    updated_at: datetime | None = None
+
+
+class LedgerEntry(_Record):
+    """One client tool invocation: write-ahead ``committing``, then ``done`` with its output."""
+
+    chat_id: NonEmptyStr
+    tool_call_id: NonEmptyStr
+    state: LedgerState
+    tool_name: str | None = None
+    args: Any = None
+    output: Any = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class StrandedChat(_Record):
+    """A chat a workflow lost track of (orphan) and that a sweep must retire."""
+
+    chat_id: NonEmptyStr
+    workflow_id: str | None = None
+    reason: str
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class Lease(_Record):
+    """A time-bounded exclusive claim on a key (a chat or a workflow).
+
+    ``fence`` grows by one every time a *different* holder takes the key over, so a
+    downstream system can reject writes from a holder whose lease was taken away.
+    """
+
+    key: NonEmptyStr
+    holder: NonEmptyStr
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+
+    @field_validator("fence")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("fence starts at 1")
+        return v

@@ -1,0 +1,131 @@
+"""Table definitions and the versioned, create-on-first-use schema.
+
+Every key column starts with ``tenant`` so that one database can serve several
+tenants without one tenant's rows ever answering another's lookups. Times the
+store stamps are epoch seconds from the database clock (a DOUBLE), so they sort
+and compare the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .errors import SchemaVersionError
+
+SCHEMA_VERSION = 1
+COMPONENT = "prefect-coder-state"
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "coder_state_schema_version",
+    metadata,
+    sa.Column("component", sa.String(64), primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+checkpoints = sa.Table(
+    "coder_state_checkpoints",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("workflow_id", sa.String(512), primary_key=True),
+    sa.Column("chat_id", sa.String(512), nullable=False),
+    sa.Column("last_seen_message_id", sa.BigInteger, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    # The resume cursor pairs with its chat id and is never stored without it.
+    sa.CheckConstraint("chat_id <> ''", name="ck_checkpoint_chat_id"),
+    sa.CheckConstraint(
+        "last_seen_message_id IS NULL OR last_seen_message_id > 0", name="ck_checkpoint_cursor"
+    ),
+)
+
+journal = sa.Table(
+    "coder_state_journal",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("chat_id", sa.String(512), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("marker", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("state IN ('submitting', 'resumed', 'cut-short')", name="ck_journal_state"),
+    sa.CheckConstraint("attempt >= 0", name="ck_journal_attempt"),
+)
+
+tool_ledger = sa.Table(
+    "coder_state_tool_ledger",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("chat_id", sa.String(512), primary_key=True),
+    sa.Column("tool_call_id", sa.String(512), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("tool_name", sa.String(256), nullable=True),
+    sa.Column("args_json", sa.Text, nullable=True),
+    sa.Column("output_json", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("state IN ('committing', 'done')", name="ck_ledger_state"),
+    # A done entry always carries its output (JSON text, possibly "null").
+    sa.CheckConstraint("state <> 'done' OR output_json IS NOT NULL", name="ck_ledger_output"),
+)
+
+stranded_chats = sa.Table(
+    "coder_state_stranded_chats",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("chat_id", sa.String(512), primary_key=True),
+    sa.Column("workflow_id", sa.String(512), nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+leases = sa.Table(
+    "coder_state_leases",
+    metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("key", sa.String(600), primary_key=True),
+    sa.Column("holder", sa.String(256), nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("acquired_at", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),
+)
+
+ALL_TABLES = (schema_version, checkpoints, journal, tool_ledger, stranded_chats, leases)
+
+# Serialises concurrent first-use schema creation on PostgreSQL: concurrent
+# CREATE TABLE IF NOT EXISTS can still collide on the catalog there.
+_PG_SCHEMA_LOCK_ID = 0x636F646572  # "coder"
+
+
+async def ensure_schema(conn: AsyncConnection, now: sa.ColumnElement[float]) -> int:
+    """Create the tables if missing and check the version, inside the caller's transaction.
+
+    Returns the schema version found (or written). Raises SchemaVersionError if the
+    database is newer than this code.
+    """
+    if conn.dialect.name == "postgresql":
+        await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK_ID)))
+    await conn.run_sync(metadata.create_all, checkfirst=True)
+    found = (
+        await conn.execute(
+            sa.select(schema_version.c.version).where(schema_version.c.component == COMPONENT)
+        )
+    ).scalar_one_or_none()
+    if found is None:
+        await conn.execute(
+            schema_version.insert().values(
+                component=COMPONENT, version=SCHEMA_VERSION, updated_at=now
+            )
+        )
+        return SCHEMA_VERSION
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the state database has schema version {found}, newer than this "
+            f"prefect-coder understands ({SCHEMA_VERSION}); upgrade prefect-coder on this worker"
+        )
+    # Future migrations from `found` to SCHEMA_VERSION go here, in this transaction.
+    return int(found)

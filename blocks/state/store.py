@@ -1,0 +1,237 @@
+"""``StateStore``: the durable store for checkpoints, journal, tool ledger, leases, strays.
+
+A plain asyncio class, usable with or without Prefect::
+
+    store = StateStore("sqlite+aiosqlite:////var/lib/coder/state.db", tenant="acme")
+    await store.checkpoints.set("wf-1042", chat_id, last_seen_message_id=17)
+    async with store.lease(chat_key(chat_id), ttl=30):
+        ...
+    await store.aclose()
+
+Every call is one atomic transaction; ``async with store.transaction() as tx``
+groups several writes into one. The schema is created on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Self
+
+import sqlalchemy as sa
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import engines
+from .checkpoints import Checkpoints
+from .errors import StateStoreConfigError
+from .journal import Journal
+from .leases import HeldLease, Leases
+from .ledger import ToolLedger
+from .schema import ensure_schema
+from .stranded import StrandedChats
+from .urls import Backend, parse_store_url
+
+# (pid, engine cache key) pairs whose schema this process has already ensured.
+_schema_ready: set[tuple[int, str]] = set()
+
+
+class _TxOps:
+    """Ops bound to one open write transaction (see ``StateStore.transaction``)."""
+
+    def __init__(self, store: StateStore, conn: AsyncConnection) -> None:
+        self._store = store
+        self._conn = conn
+
+    @property
+    def backend(self) -> Backend:
+        return self._store.backend
+
+    @property
+    def tenant(self) -> str:
+        return self._store.tenant
+
+    def now(self) -> sa.ColumnElement[float]:
+        return self._store.now()
+
+    @asynccontextmanager
+    async def _same(self) -> AsyncIterator[AsyncConnection]:
+        yield self._conn
+
+    def read(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        return self._same()
+
+    def write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        return self._same()
+
+
+class StoreTransaction:
+    """Repositories sharing ONE write transaction: all their writes commit together."""
+
+    def __init__(self, ops: _TxOps) -> None:
+        self.checkpoints = Checkpoints(ops)
+        self.journal = Journal(ops)
+        self.ledger = ToolLedger(ops)
+        self.stranded = StrandedChats(ops)
+
+
+class StateStore:
+    """Durable chat state over SQLite (aiosqlite) or PostgreSQL (asyncpg).
+
+    Args:
+        url: ``sqlite+aiosqlite:///PATH`` or ``postgresql+asyncpg://USER@HOST:PORT/DB``;
+            None means ``$PREFECT_HOME/prefect-coder/state.db``. Never put the password here.
+        password: PostgreSQL password, kept as a SecretStr and only handed to the driver.
+        tenant: scopes every key; two tenants never see each other's rows.
+        connect_timeout: seconds to connect (and, on SQLite, to wait for the write lock).
+        pool_size: PostgreSQL connections per event loop (SQLite opens one per call).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        password: SecretStr | str | None = None,
+        tenant: str = "default",
+        connect_timeout: float = 10.0,
+        pool_size: int = 5,
+    ) -> None:
+        self._url, self._backend = parse_store_url(url)
+        if not tenant or len(tenant) > 128:
+            raise StateStoreConfigError("tenant: must be 1-128 characters (e.g. 'default')")
+        if password is not None and not isinstance(password, SecretStr):
+            password = SecretStr(password)
+        if password is not None and self._backend == "sqlite":
+            raise StateStoreConfigError(
+                "password: SQLite files take no password; clear the `password` field "
+                "or point `url` at PostgreSQL"
+            )
+        if connect_timeout <= 0:
+            raise StateStoreConfigError("connect_timeout: must be > 0 seconds")
+        self._password = password
+        self._tenant = tenant
+        self._connect_timeout = connect_timeout
+        self._pool_size = pool_size
+        self._cache_key = engines.cache_key(self._url, self._secret())
+        self.checkpoints = Checkpoints(self)
+        self.journal = Journal(self)
+        self.ledger = ToolLedger(self)
+        self.stranded = StrandedChats(self)
+        self.leases = Leases(self)
+
+    # --- identity ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The normalised URL (never contains a password)."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> Backend:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._backend
+
+    @property
+    def tenant(self) -> str:
+        """The tenant every key is scoped by."""
+        return self._tenant
+
+    def __repr__(self) -> str:
+        pw = ", password=SecretStr('**********')" if self._password is not None else ""
+        return f"StateStore(url={self.url!r}{pw}, tenant={self._tenant!r})"
+
+    def _secret(self) -> str | None:
+        return None if self._password is None else self._password.get_secret_value()
+
+    # --- connections ------------------------------------------------------------------------
+
+    def now(self) -> sa.ColumnElement[float]:
+        """SQL for the database clock, epoch seconds."""
+        return engines.db_now(self._backend)
+
+    def _engine(self) -> engines.AsyncEngine:
+        return engines.get_engine(
+            self._url,
+            self._backend,
+            self._secret(),
+            connect_timeout=self._connect_timeout,
+            pool_size=self._pool_size,
+        )
+
+    async def ensure_schema(self) -> None:
+        """Create tables / check the schema version (done automatically on first use)."""
+        marker = (os.getpid(), self._cache_key)
+        if marker in _schema_ready:
+            return
+        async with engines.transaction(self._engine(), write=True) as conn:
+            await ensure_schema(conn, self.now())
+        _schema_ready.add(marker)
+
+    @asynccontextmanager
+    async def _tx(self, write: bool) -> AsyncIterator[AsyncConnection]:
+        await self.ensure_schema()
+        async with engines.transaction(self._engine(), write=write) as conn:
+            yield conn
+
+    def read(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A connection in a read transaction (own connection, closed after)."""
+        return self._tx(False)
+
+    def write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A connection in a write transaction (SQLite: BEGIN IMMEDIATE)."""
+        return self._tx(True)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[StoreTransaction]:
+        """Group several writes (checkpoint + journal + ledger ...) into ONE transaction."""
+        async with self.write() as conn:
+            yield StoreTransaction(_TxOps(self, conn))
+
+    def lease(
+        self,
+        key: str,
+        *,
+        holder: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 60.0,
+        poll_interval: float = 0.1,
+        renew_interval: float | None = None,
+    ) -> AbstractAsyncContextManager[HeldLease]:
+        """Hold a lease for a block of code; see ``Leases.hold``."""
+        return self.leases.hold(
+            key,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            poll_interval=poll_interval,
+            renew_interval=renew_interval,
+        )
+
+    async def forget_chat(self, chat_id: str) -> None:
+        """Drop a chat's journal, ledger and stranded record at once (after archiving it)."""
+        async with self.transaction() as tx:
+            await tx.journal.clear(chat_id)
+            await tx.ledger.clear(chat_id)
+            await tx.stranded.remove(chat_id)
+
+    async def aclose(self) -> None:
+        """Dispose this event loop's engine for this URL (safe to call twice)."""
+        engine = engines.pop_engine(self._url, self._secret())
+        if engine is not None:
+            await engine.dispose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+__all__ = ["StateStore", "StoreTransaction"]
