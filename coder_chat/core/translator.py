@@ -1,0 +1,765 @@
+"""Which stream events belong to a turn segment, and what they add up to.
+
+:class:`TurnTranslator` is a pure state machine (no I/O, no clock): the agent
+feeds it every event the stream reader yields, in order, and asks it after each
+event whether the segment is over. It implements agent-semantics §3.3-§3.7:
+
+* the **attribution window** (messages at or below the effective cursor are
+  history or replays and are ignored; a fresh chat anchors on its first user
+  snapshot);
+* the **queued gate** for a prompt that was queued behind a running
+  predecessor (exact ``queued_message_id`` match, content heuristic otherwise,
+  dead ends);
+* the **promotion-boundary settle** (a newer user message mid-run means chatd
+  promoted the next prompt and our run is over, with no terminal status);
+* the **content reconciliation ledger** (deltas are emitted at once and
+  claimed by the next assistant snapshot, which emits only its missing tail,
+  so a reconnect never loses or duplicates text);
+* usage per assistant message keyed by id, server-side tool calls/results and
+  sources deduplicated by id, client tool calls from ``action_required``;
+* the segment's finish reason.
+
+Events may be plain dicts (decoded JSON) or attribute-style models; both are
+read through :func:`field`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any, Literal
+
+from coder_chat.core.usage import Usage, usage_of_messages
+
+#: Statuses that end a segment's wait (the SDK's TERMINAL set).
+TERMINAL_STATUSES: frozenset[str] = frozenset({"waiting", "completed", "error", "requires_action"})
+
+#: Events tolerated after ``requires_action`` without a client call before giving up.
+REQUIRES_ACTION_SAFETY_VALVE = 200
+
+FinishReason = Literal["stop", "tool-calls", "error"]
+
+
+def field(obj: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a dict or an attribute-style model; ``None`` → ``default``."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        value = obj.get(key)
+    else:
+        value = getattr(obj, key, None)
+    return default if value is None else value
+
+
+def plain(obj: Any) -> Any:
+    """A JSON-shaped copy of ``obj`` with ``None`` values dropped (models are dumped)."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump) and not isinstance(obj, type):
+        obj = dump(mode="json", exclude_none=True, by_alias=True)
+    if isinstance(obj, Mapping):
+        return {str(k): plain(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list | tuple):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON (keys sorted recursively, ``None`` dropped) used for content equality."""
+    return json.dumps(plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+# --------------------------------------------------------------------------- parts
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Assistant text, emitted as soon as it is known (delta or snapshot tail)."""
+
+    text: str
+    message_id: int | None = None
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Assistant reasoning text."""
+
+    text: str
+    message_id: int | None = None
+    type: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call. Client calls carry ``input`` as the raw JSON *string* from ``action_required``."""
+
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    provider_executed: bool
+    type: Literal["tool-call"] = "tool-call"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A server-side (provider-executed) tool result."""
+
+    tool_call_id: str
+    tool_name: str
+    result: Any
+    is_error: bool
+    provider_executed: bool = True
+    type: Literal["tool-result"] = "tool-result"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A cited source (deduplicated by ``source_id`` or url)."""
+
+    source_id: str
+    url: str
+    title: str | None = None
+    type: Literal["source"] = "source"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPart:
+    """A server ``error`` event; the agent raises it as a ``CoderChatError``."""
+
+    payload: dict[str, Any]
+    type: Literal["error"] = "error"
+
+
+Part = TextDelta | ReasoningDelta | ToolCall | ToolResult | Source | ErrorPart
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedGate:
+    """The queue entry a queued submission is waiting on.
+
+    ``queued_id`` is the entry id from the POST response (``None`` if the server
+    sent none); ``content`` is the entry's content, compared canonically.
+    """
+
+    queued_id: int | None
+    content: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailure:
+    """A dead end the agent raises as ``CoderChatError`` (non-retryable)."""
+
+    kind: str
+    message: str
+
+
+@dataclass(slots=True)
+class _Block:
+    text: str
+    message_id: int | None  # None = pending (not yet claimed by a snapshot)
+
+
+@dataclass(slots=True)
+class _Ledger:
+    text: str = ""
+    reasoning: str = ""
+
+
+@dataclass(slots=True)
+class _KindState:
+    blocks: list[_Block] = dc_field(default_factory=list)
+    episode: tuple[Any, Any] | None = None  # episode of the pending deltas
+
+    def pending(self) -> str:
+        out: list[str] = []
+        for block in reversed(self.blocks):
+            if block.message_id is not None:
+                break
+            out.append(block.text)
+        return "".join(reversed(out))
+
+    def drop_pending(self) -> None:
+        while self.blocks and self.blocks[-1].message_id is None:
+            self.blocks.pop()
+
+    def append_committed(self, block: _Block) -> None:
+        """Add a committed block before any pending (unclaimed) deltas."""
+        i = len(self.blocks)
+        while i > 0 and self.blocks[i - 1].message_id is None:
+            i -= 1
+        self.blocks.insert(i, block)
+
+    def has_pending(self) -> bool:
+        return bool(self.blocks) and self.blocks[-1].message_id is None
+
+    def text(self) -> str:
+        return "".join(b.text for b in self.blocks)
+
+
+def _joined(content: Any, kind: str) -> str:
+    return "".join(
+        field(part, "text", "") for part in (content or ()) if field(part, "type") == kind
+    )
+
+
+# --------------------------------------------------------------------------- translator
+
+
+class TurnTranslator:
+    """Attribution + reconciliation for ONE segment of a turn. Feed events; read the state.
+
+    Args:
+        client_tool_names: names of the tools this process executes.
+        cursor: the segment's ``afterId`` (0 = none: a fresh chat anchors on its
+            first user snapshot).
+        submitted_tool_call_ids: ids whose results this session already posted
+            (a live set; replayed pauses for them are ignored).
+        queued: the queue entry when the submission was queued behind another run.
+        safety_valve: events tolerated after ``requires_action`` without a client call.
+    """
+
+    def __init__(
+        self,
+        *,
+        client_tool_names: AbstractSet[str] = frozenset(),
+        cursor: int = 0,
+        submitted_tool_call_ids: AbstractSet[str] = frozenset(),
+        queued: QueuedGate | None = None,
+        safety_valve: int = REQUIRES_ACTION_SAFETY_VALVE,
+    ) -> None:
+        self.client_tool_names = frozenset(client_tool_names)
+        self.cursor = max(0, cursor)
+        self._submitted = submitted_tool_call_ids
+        self._gate = queued
+        self._queued_content = canonical_json(queued.content) if queued is not None else ""
+        self._candidate: int | None = None
+        self._buffer: list[Any] = []
+        self._await_first_user = queued is None and self.cursor == 0
+        self._safety_valve = safety_valve
+
+        self.effective_cursor = self.cursor
+        self.max_message_id = 0
+        self.terminal_status: str | None = None
+        self.last_status: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.failure: TurnFailure | None = None
+        self.promoted = False
+        self.events_fed = 0
+        self._events_since_requires_action = 0
+
+        self._text = _KindState()
+        self._reasoning = _KindState()
+        self._ledger: dict[int, _Ledger] = {}
+        self._deferred: dict[int, tuple[str, str]] = {}
+        self._usage: dict[int, dict[str, Any]] = {}
+        self.message_ids: list[int] = []
+        self.client_calls: list[ToolCall] = []
+        self._client_call_ids: set[str] = set()
+        self.server_calls: list[ToolCall] = []
+        self._server_call_ids: set[str] = set()
+        self.server_results: list[ToolResult] = []
+        self._server_result_ids: set[str] = set()
+        self.sources: list[Source] = []
+        self._source_ids: set[str] = set()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def gated(self) -> bool:
+        """True while a queued submission has not yet materialised."""
+        return self._gate is not None
+
+    @property
+    def queued_id(self) -> int | None:
+        """The queue entry id while gated (what an abort withdraws)."""
+        return self._gate.queued_id if self._gate is not None else None
+
+    @property
+    def frozen(self) -> bool:
+        """True once a promotion boundary settled the segment."""
+        return self.promoted
+
+    @property
+    def text(self) -> str:
+        """The segment's text so far (text blocks in order)."""
+        return self._text.text()
+
+    @property
+    def reasoning(self) -> str:
+        """The segment's reasoning text so far."""
+        return self._reasoning.text()
+
+    @property
+    def usage(self) -> Usage:
+        """Usage summed over the segment's assistant messages (keyed by id)."""
+        return usage_of_messages(self._usage)
+
+    @property
+    def usage_by_message(self) -> dict[int, dict[str, Any]]:
+        """Raw wire usage per assistant message id."""
+        return dict(self._usage)
+
+    @property
+    def settled(self) -> bool:
+        """True when the segment reached an end the agent should not wait past."""
+        if self.promoted or self.failure is not None or self.error is not None:
+            return True
+        status = self.terminal_status
+        if status is None:
+            return False
+        if status != "requires_action":
+            return True
+        if self.client_calls:
+            return True
+        return self._events_since_requires_action > self._safety_valve
+
+    @property
+    def reached_terminal(self) -> bool:
+        """True if the server run settled (terminal status seen) or a promotion ended it."""
+        return self.promoted or self.terminal_status is not None
+
+    @property
+    def awaiting_action(self) -> bool:
+        """``requires_action`` recorded but no client call yet: the lost-event grace applies."""
+        return (
+            not self.promoted
+            and self._gate is None
+            and self.terminal_status == "requires_action"
+            and not self.client_calls
+        )
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        """The segment's finish reason (§3.7)."""
+        if self.error is not None or self.terminal_status == "error":
+            return "error"
+        if self.promoted:
+            return "stop"
+        if self.client_calls or self.terminal_status == "requires_action":
+            return "tool-calls"
+        return "stop"
+
+    @property
+    def raw_status(self) -> str | None:
+        """The terminal status behind the finish reason (``None`` for a promotion settle)."""
+        return None if self.promoted else self.terminal_status
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed_many(self, events: Iterable[Any]) -> list[Part]:
+        """Feed several events; return everything they emitted."""
+        out: list[Part] = []
+        for event in events:
+            out.extend(self.feed(event))
+        return out
+
+    def feed(self, event: Any) -> list[Part]:
+        """Ingest one stream event; return the parts it newly attributes to the segment."""
+        if self.promoted or self.failure is not None:
+            return []
+        self.events_fed += 1
+        etype = field(event, "type")
+        if etype == "message":
+            mid = _int(field(field(event, "message"), "id"))
+            if mid is not None and mid > self.max_message_id:
+                self.max_message_id = mid
+        if self._gate is not None:
+            return self._feed_gated(event, etype)
+        if self.terminal_status == "requires_action" and not self.client_calls:
+            self._events_since_requires_action += 1
+        return self._ingest(event, etype)
+
+    def finish(self) -> list[Part]:
+        """Flush deferred revisions at segment end; returns what that emitted."""
+        return self._flush_deferred()
+
+    def ingest_recovered(
+        self, messages: Sequence[Any], calls: Sequence[Mapping[str, Any]]
+    ) -> list[Part]:
+        """Feed history recovered after a lost ``action_required`` (§3.5).
+
+        ``messages`` are re-ingested as synthetic ``message`` events (the
+        ledger makes re-ingest harmless); ``calls`` (``tool_call_id``,
+        ``tool_name``, ``args`` JSON string) become one synthetic
+        ``action_required``.
+        """
+        out: list[Part] = []
+        for msg in sorted(messages, key=lambda m: _int(field(m, "id")) or 0):
+            out.extend(self.feed({"type": "message", "message": msg}))
+        out.extend(
+            self.feed({"type": "action_required", "action_required": {"tool_calls": list(calls)}})
+        )
+        return out
+
+    # ------------------------------------------------------------------ gate
+
+    def _feed_gated(self, event: Any, etype: Any) -> list[Part]:
+        gate = self._gate
+        assert gate is not None
+        if etype == "message":
+            msg = field(event, "message")
+            mid = _int(field(msg, "id"))
+            if field(msg, "role") == "user" and mid is not None and mid > self.cursor:
+                stamp = _int(field(msg, "queued_message_id"))
+                if gate.queued_id is not None and stamp is not None:
+                    # A stamped server tells us exactly which entry materialised.
+                    if stamp == gate.queued_id:
+                        return self._anchor(mid, replay=[])
+                    return self._buffer_if_candidate(event)
+                if canonical_json(field(msg, "content", [])) == self._queued_content:
+                    if gate.queued_id is None:
+                        return self._anchor(mid, replay=[])
+                    if self._candidate is None:
+                        self._candidate = mid
+                        self._buffer = []
+                        return []
+            return self._buffer_if_candidate(event)
+        if etype == "queue_update":
+            if gate.queued_id is None:
+                return []
+            listed = {_int(field(q, "id")) for q in (field(event, "queued_messages", []) or [])}
+            if gate.queued_id in listed:
+                # Our entry is still waiting: the candidate was someone else's prompt.
+                self._candidate = None
+                self._buffer = []
+                return []
+            if self._candidate is not None:
+                replay, self._buffer = self._buffer, []
+                return self._anchor(self._candidate, replay=replay)
+            self.failure = TurnFailure(
+                "queued_submission_lost",
+                "queued message left the queue without materialising in the chat",
+            )
+            return []
+        if etype == "error":
+            # chatd does not auto-promote the queue after an error settle.
+            self.failure = TurnFailure(
+                "queued_submission_lost",
+                "the chat errored while the queued message was waiting: "
+                + str(field(field(event, "error"), "message", "unknown error")),
+            )
+            return []
+        return self._buffer_if_candidate(event)
+
+    def _buffer_if_candidate(self, event: Any) -> list[Part]:
+        if self._candidate is not None:
+            self._buffer.append(event)
+        return []
+
+    def _anchor(self, message_id: int, *, replay: list[Any]) -> list[Part]:
+        self._gate = None
+        self._candidate = None
+        self.effective_cursor = max(self.effective_cursor, message_id)
+        self._await_first_user = False
+        out: list[Part] = []
+        for event in replay:
+            out.extend(self.feed(event))
+            self.events_fed -= 1  # replayed, not new
+        return out
+
+    # ------------------------------------------------------------------ ingest
+
+    def _ingest(self, event: Any, etype: Any) -> list[Part]:
+        if etype == "message_part":
+            return self._ingest_delta(field(event, "message_part"))
+        if etype == "message":
+            return self._ingest_message(field(event, "message"))
+        if etype == "status":
+            status = field(field(event, "status"), "status")
+            if isinstance(status, str):
+                self.last_status = status
+                if status in TERMINAL_STATUSES:
+                    if status == "requires_action" and self.terminal_status != status:
+                        self._events_since_requires_action = 0
+                    self.terminal_status = status
+                else:
+                    # A redial replays the connect-time status, possibly a stale
+                    # requires_action: only the latest status counts.
+                    self.terminal_status = None
+            return []
+        if etype == "error":
+            out = self._flush_deferred()
+            payload = plain(field(event, "error", {})) or {}
+            self.error = payload if isinstance(payload, dict) else {"message": str(payload)}
+            out.append(ErrorPart(self.error))
+            return out
+        if etype == "action_required":
+            out2: list[Part] = []
+            calls = field(field(event, "action_required"), "tool_calls", []) or []
+            for call in calls:
+                call_id = field(call, "tool_call_id")
+                name = field(call, "tool_name")
+                if not isinstance(call_id, str) or not isinstance(name, str):
+                    continue
+                if call_id in self._client_call_ids or call_id in self._submitted:
+                    continue
+                args = field(call, "args", "{}")
+                if not isinstance(args, str):
+                    args = json.dumps(plain(args))
+                tc = ToolCall(call_id, name, args, provider_executed=False)
+                self._client_call_ids.add(call_id)
+                self.client_calls.append(tc)
+                out2.append(tc)
+            return out2
+        if etype == "retry":
+            # The failed attempt's previewed text will never be committed.
+            self._text.drop_pending()
+            self._reasoning.drop_pending()
+            return []
+        return []
+
+    def _ingest_delta(self, mp: Any) -> list[Part]:
+        part = field(mp, "part")
+        ptype = field(part, "type")
+        if ptype in ("text", "reasoning"):
+            text = field(part, "text", "")
+            if not text:
+                return []
+            state = self._text if ptype == "text" else self._reasoning
+            episode = (field(mp, "history_version"), field(mp, "generation_attempt"))
+            if (
+                state.has_pending()
+                and state.episode is not None
+                and episode[0] is not None
+                and state.episode[0] == episode[0]
+                and state.episode[1] != episode[1]
+            ):
+                # Same history, new generation attempt: the old attempt's preview is void.
+                state.drop_pending()
+            state.episode = episode
+            state.blocks.append(_Block(text, None))
+            return [TextDelta(text) if ptype == "text" else ReasoningDelta(text)]
+        if ptype == "tool-call":
+            return self._server_call(part, require_args=True)
+        if ptype == "tool-result":
+            return self._server_result(part)
+        if ptype == "source":
+            return self._source(part)
+        return []
+
+    def _ingest_message(self, msg: Any) -> list[Part]:
+        mid = _int(field(msg, "id"))
+        role = field(msg, "role")
+        if mid is None or mid <= self.effective_cursor:
+            return []
+        if role == "user":
+            if self._await_first_user:
+                # Fresh chat: the first user snapshot is this turn's own prompt.
+                self._await_first_user = False
+                self.effective_cursor = mid
+                return []
+            # chatd promoted the next queued prompt with no terminal status for ours.
+            flushed = self._flush_deferred()
+            self.promoted = True
+            self.terminal_status = None
+            return flushed
+        if role not in ("assistant", "tool"):
+            return []
+        if mid not in self.message_ids:
+            self.message_ids.append(mid)
+        content = field(msg, "content", []) or []
+        out: list[Part] = []
+        if role == "assistant":
+            usage = field(msg, "usage")
+            if usage is not None:
+                raw = plain(usage)
+                if isinstance(raw, dict):
+                    self._usage[mid] = raw
+            out.extend(self._reconcile(mid, content))
+        for part in content:
+            ptype = field(part, "type")
+            if ptype == "tool-call":
+                out.extend(self._server_call(part, require_args=False))
+            elif ptype == "tool-result":
+                out.extend(self._server_result(part))
+            elif ptype == "source" and role == "assistant":
+                out.extend(self._source(part))
+        return out
+
+    # ------------------------------------------------------------------ ledger
+
+    def _reconcile(self, mid: int, content: Any) -> list[Part]:
+        full_text = _joined(content, "text")
+        full_reasoning = _joined(content, "reasoning")
+        ledger = self._ledger.get(mid)
+        out: list[Part] = []
+        if ledger is None:
+            out.extend(self._flush_deferred())
+            self._ledger[mid] = _Ledger(full_text, full_reasoning)
+            out.extend(self._claim(self._reasoning, mid, full_reasoning, ReasoningDelta))
+            out.extend(self._claim(self._text, mid, full_text, TextDelta))
+            return out
+        extends = (full_text.startswith(ledger.text) and len(full_text) > len(ledger.text)) or (
+            full_reasoning.startswith(ledger.reasoning)
+            and len(full_reasoning) > len(ledger.reasoning)
+        )
+        if not extends:
+            return []  # identical replay or a rewrite: nothing new to say
+        if self._text.has_pending() or self._reasoning.has_pending():
+            # The next step's deltas are open; emit once ownership settles.
+            self._deferred[mid] = (full_text, full_reasoning)
+            return []
+        return self._extend(mid, full_text, full_reasoning)
+
+    def _extend(self, mid: int, full_text: str, full_reasoning: str) -> list[Part]:
+        ledger = self._ledger[mid]
+        out: list[Part] = []
+        if full_reasoning.startswith(ledger.reasoning) and len(full_reasoning) > len(
+            ledger.reasoning
+        ):
+            tail = full_reasoning[len(ledger.reasoning) :]
+            self._reasoning.append_committed(_Block(tail, mid))
+            ledger.reasoning = full_reasoning
+            out.append(ReasoningDelta(tail, mid))
+        if full_text.startswith(ledger.text) and len(full_text) > len(ledger.text):
+            tail = full_text[len(ledger.text) :]
+            self._text.append_committed(_Block(tail, mid))
+            ledger.text = full_text
+            out.append(TextDelta(tail, mid))
+        return out
+
+    def _flush_deferred(self) -> list[Part]:
+        out: list[Part] = []
+        deferred, self._deferred = self._deferred, {}
+        for mid in sorted(deferred):
+            out.extend(self._extend(mid, *deferred[mid]))
+        return out
+
+    @staticmethod
+    def _claim(state: _KindState, mid: int, full: str, make: Any) -> list[Part]:
+        claimed = state.pending()
+        if full.startswith(claimed):
+            for block in reversed(state.blocks):
+                if block.message_id is not None:
+                    break
+                block.message_id = mid
+            tail = full[len(claimed) :]
+            if tail:
+                state.blocks.append(_Block(tail, mid))
+                return [make(tail, mid)]
+            return []
+        state.drop_pending()
+        if claimed.startswith(full):
+            # Deltas of the next message already arrived: keep that remainder pending.
+            if full:
+                state.blocks.append(_Block(full, mid))
+            state.blocks.append(_Block(claimed[len(full) :], None))
+            return []
+        # A rewrite: the committed text is the truth; nothing more to emit.
+        if full:
+            state.blocks.append(_Block(full, mid))
+        return []
+
+    # ------------------------------------------------------------------ tools/sources
+
+    def _server_call(self, part: Any, *, require_args: bool) -> list[Part]:
+        call_id = field(part, "tool_call_id")
+        name = field(part, "tool_name")
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            return []
+        if name in self.client_tool_names:
+            return []  # client calls come only from action_required
+        if call_id in self._server_call_ids:
+            return []
+        args = field(part, "args")
+        if require_args and args is None:
+            return []  # still streaming args_delta
+        tc = ToolCall(call_id, name, plain(args) if args is not None else {}, True)
+        self._server_call_ids.add(call_id)
+        self.server_calls.append(tc)
+        return [tc]
+
+    def _server_result(self, part: Any) -> list[Part]:
+        call_id = field(part, "tool_call_id")
+        if not isinstance(call_id, str) or call_id not in self._server_call_ids:
+            return []
+        if call_id in self._server_result_ids:
+            return []
+        name = field(part, "tool_name")
+        if not isinstance(name, str):
+            name = next((c.tool_name for c in self.server_calls if c.tool_call_id == call_id), "")
+        tr = ToolResult(call_id, name, plain(field(part, "result")), bool(field(part, "is_error")))
+        self._server_result_ids.add(call_id)
+        self.server_results.append(tr)
+        return [tr]
+
+    def _source(self, part: Any) -> list[Part]:
+        url = field(part, "url")
+        if not isinstance(url, str) or not url:
+            return []
+        source_id = field(part, "source_id") or url
+        if source_id in self._source_ids:
+            return []
+        self._source_ids.add(source_id)
+        src = Source(str(source_id), url, field(part, "title"))
+        self.sources.append(src)
+        return [src]
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def pending_client_calls(
+    messages: Iterable[Any],
+    *,
+    after_id: int,
+    client_tool_names: AbstractSet[str],
+    submitted_tool_call_ids: AbstractSet[str] = frozenset(),
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Client calls a lost ``action_required`` would have announced (§3.5).
+
+    Keeps messages with id > ``after_id`` sorted ascending, takes the LAST
+    assistant message, and returns ``(turn_messages, calls)`` where ``calls``
+    are its non-provider-executed client tool calls not answered by a later
+    ``tool-result`` and not already submitted, with ``args`` re-serialised to a
+    JSON string (absent → ``{}``, JSON null preserved).
+    """
+    turn = sorted(
+        (m for m in messages if (_int(field(m, "id")) or 0) > after_id),
+        key=lambda m: _int(field(m, "id")) or 0,
+    )
+    last_idx = None
+    for i in range(len(turn) - 1, -1, -1):
+        if field(turn[i], "role") == "assistant":
+            last_idx = i
+            break
+    if last_idx is None:
+        return turn, []
+    answered: set[str] = set()
+    for msg in turn[last_idx + 1 :]:
+        for part in field(msg, "content", []) or []:
+            if field(part, "type") == "tool-result":
+                cid = field(part, "tool_call_id")
+                if isinstance(cid, str):
+                    answered.add(cid)
+    calls: list[dict[str, Any]] = []
+    for part in field(turn[last_idx], "content", []) or []:
+        if field(part, "type") != "tool-call" or field(part, "provider_executed"):
+            continue
+        cid = field(part, "tool_call_id")
+        name = field(part, "tool_name")
+        if not isinstance(cid, str) or not cid or not isinstance(name, str) or not name:
+            continue
+        if name not in client_tool_names or cid in answered or cid in submitted_tool_call_ids:
+            continue
+        if isinstance(part, Mapping):
+            args = part["args"] if "args" in part else {}
+        else:
+            args = getattr(part, "args", {})
+            if args is None and "args" not in (getattr(part, "model_fields_set", set()) or set()):
+                args = {}
+        if isinstance(args, str | bytes):
+            args_json = args.decode() if isinstance(args, bytes) else args
+        else:
+            args_json = json.dumps(plain(args) if args is not None else None)
+        calls.append({"tool_call_id": cid, "tool_name": name, "args": args_json})
+    return turn, calls

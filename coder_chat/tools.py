@@ -1,0 +1,318 @@
+# The per-call `timeout=` parameter is part of the module contract (docs/architecture.md).
+# ruff: noqa: ASYNC109
+"""Client tools: functions the model calls that run in *this* process.
+
+A :class:`ClientTool` is a name, a description, a pydantic input model (its
+JSON schema is declared to chatd at chat creation as ``input_schema``) and an
+async callable ``fn(input, ctx)``. The agent validates the model's raw JSON
+arguments against the input model and hands the callable a
+:class:`ToolContext` (chat id + tool call id). Invalid arguments and
+exceptions raised by the callable become ``is_error`` results the model sees;
+they never fail the turn.
+
+The context carries exactly what a crash-safe wrapper needs to build a
+write-ahead ledger key and an idempotency key (``ctx.chat_id`` +
+``ctx.tool_call_id``), so such a wrapper can be written as an ordinary
+:class:`ClientTool` around another one (see :meth:`ClientTool.wrap`) without
+changing the agent.
+
+``structured_output(Model)`` registers the ``structured_output`` tool pattern
+(agent-semantics §9): the model files its answer as that tool's input; after
+the turn the last *validating* call wins.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from coder_chat.agent import CoderAgent, GenerateResult
+
+M = TypeVar("M", bound=BaseModel)
+
+STRUCTURED_OUTPUT_TOOL = "structured_output"
+STRUCTURED_OUTPUT_ACK = "Answer recorded. Finish your reply briefly without calling more tools."
+STRUCTURED_OUTPUT_NUDGE = (
+    "You did not file a valid answer. Call the `structured_output` tool exactly once "
+    "with an input that matches its schema."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool execution knows about where it runs.
+
+    ``(chat_id, tool_call_id)`` is unique per call and stable across process
+    restarts (chatd assigns the call id), which makes it the natural ledger /
+    idempotency key for effectful tools.
+    """
+
+    tool_call_id: str
+    chat_id: str
+    tool_name: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"<chat_id>/<tool_call_id>"`` — hand this to effects that accept one."""
+        return f"{self.chat_id}/{self.tool_call_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """The result of one client tool execution, as posted to ``/tool-results``."""
+
+    tool_call_id: str
+    tool_name: str
+    output: Any
+    is_error: bool = False
+    #: The validated input (``None`` when validation failed).
+    input: Any = None
+
+
+ToolFn = Callable[[Any, ToolContext], Awaitable[Any]]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        issues = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        return f"Invalid tool input: {issues}"
+    return f"Tool failed: {type(exc).__name__}: {exc}"
+
+
+class ClientTool(Generic[M]):
+    """A tool the model may call and this process executes.
+
+    Args:
+        name: tool name as the model sees it (unique per chat).
+        description: what the tool does, for the model.
+        input_model: pydantic model of the arguments; its JSON schema is sent.
+        fn: ``async fn(input: input_model, ctx: ToolContext) -> JSON-able``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        input_model: type[M],
+        fn: Callable[[M, ToolContext], Awaitable[Any]],
+    ) -> None:
+        if not name:
+            raise ValueError("tool name must not be empty")
+        if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+            raise TypeError("input_model must be a pydantic BaseModel subclass")
+        self.name = name
+        self.description = description
+        self.input_model = input_model
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"ClientTool(name={self.name!r}, input_model={self.input_model.__name__})"
+
+    def input_schema(self) -> dict[str, Any]:
+        """JSON Schema of the input model (sent as ``input_schema``)."""
+        return self.input_model.model_json_schema()
+
+    def definition(self) -> dict[str, Any]:
+        """The ``unsafe_dynamic_tools`` entry for chat creation."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+        }
+
+    def parse_input(self, raw_args: Any) -> M:
+        """Validate raw arguments (a JSON string or an already-decoded value)."""
+        if isinstance(raw_args, str | bytes):
+            return self.input_model.model_validate_json(raw_args or "{}")
+        return self.input_model.model_validate({} if raw_args is None else raw_args)
+
+    async def run(self, raw_args: Any, ctx: ToolContext) -> ToolOutcome:
+        """Validate and execute; every failure becomes an ``is_error`` outcome."""
+        try:
+            value = self.parse_input(raw_args)
+        except ValidationError as exc:
+            return ToolOutcome(ctx.tool_call_id, self.name, _error_text(exc), True)
+        try:
+            output = await self.fn(value, ctx)
+        except Exception as exc:  # a tool bug is the model's problem to route around
+            return ToolOutcome(ctx.tool_call_id, self.name, _error_text(exc), True, value)
+        return ToolOutcome(ctx.tool_call_id, self.name, _jsonable(output), False, value)
+
+    def wrap(
+        self,
+        middleware: Callable[[ClientTool[M], M, ToolContext], Awaitable[Any]],
+    ) -> ClientTool[M]:
+        """A tool with the same name/schema whose execution goes through ``middleware``.
+
+        ``middleware(inner_tool, input, ctx)`` decides whether and how to call
+        ``inner_tool.fn`` (e.g. a write-ahead ledger that skips the effect when a
+        ``done`` entry exists for ``ctx.idempotency_key``).
+        """
+        inner = self
+
+        async def fn(value: M, ctx: ToolContext) -> Any:
+            return await middleware(inner, value, ctx)
+
+        return ClientTool(self.name, self.description, self.input_model, fn)
+
+
+def client_tool(
+    name: str | None = None, description: str | None = None
+) -> Callable[[Callable[[Any, ToolContext], Awaitable[Any]]], ClientTool[Any]]:
+    """Decorator form: the input model is the annotation of the first parameter.
+
+    >>> class Add(BaseModel):
+    ...     a: int
+    ...     b: int
+    >>> @client_tool(description="Add two numbers")
+    ... async def add(args: Add, ctx: ToolContext) -> int:
+    ...     return args.a + args.b
+    """
+
+    def decorate(fn: Callable[[Any, ToolContext], Awaitable[Any]]) -> ClientTool[Any]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("client tools must be async functions")
+        params = list(inspect.signature(fn).parameters.values())
+        if not params:
+            raise TypeError("a client tool takes (input: Model, ctx: ToolContext)")
+        hints = get_type_hints(fn)
+        model = hints.get(params[0].name)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError("annotate the first parameter with a pydantic model")
+        takes_ctx = len(params) >= 2
+
+        async def call(value: Any, ctx: ToolContext) -> Any:
+            return await (fn(value, ctx) if takes_ctx else fn(value))  # type: ignore[call-arg]
+
+        desc = description if description is not None else inspect.getdoc(fn) or ""
+        return ClientTool(name or fn.__name__, desc, model, call)
+
+    return decorate
+
+
+def tool_definitions(tools: Iterable[ClientTool[Any]]) -> list[dict[str, Any]]:
+    """``unsafe_dynamic_tools`` for a tool list; rejects duplicate names."""
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if tool.name in seen:
+            raise ValueError(f"duplicate client tool name {tool.name!r}")
+        seen.add(tool.name)
+        out.append(tool.definition())
+    return out
+
+
+# --------------------------------------------------------------------------- structured output
+
+
+def pick_structured(model: type[M], inputs: Iterable[Any]) -> M | None:
+    """The last input (in call order) that validates against ``model``, else ``None``.
+
+    Iterates from the last call backwards so a schema-invalid re-file never
+    shadows an earlier valid answer.
+    """
+    for raw in reversed(list(inputs)):
+        try:
+            if isinstance(raw, str | bytes):
+                return model.model_validate_json(raw)
+            return model.model_validate(raw)
+        except ValidationError:
+            continue
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredResult(Generic[M]):
+    """Outcome of :meth:`StructuredOutput.generate`."""
+
+    value: M | None
+    result: GenerateResult
+    nudged: bool
+
+
+class StructuredOutput(ClientTool[M]):
+    """The ``structured_output`` client tool; its input schema is the answer schema.
+
+    Register it like any tool (``CoderAgent(tools=[answer])``). Execution only
+    acknowledges; the answer is read after the turn with :meth:`pick`, or use
+    :meth:`generate` which also nudges once when no valid answer was filed.
+    """
+
+    def __init__(
+        self,
+        model: type[M],
+        *,
+        name: str = STRUCTURED_OUTPUT_TOOL,
+        description: str | None = None,
+        ack: str = STRUCTURED_OUTPUT_ACK,
+        nudge: str = STRUCTURED_OUTPUT_NUDGE,
+    ) -> None:
+        async def acknowledge(value: M, ctx: ToolContext) -> Any:
+            return ack
+
+        super().__init__(
+            name,
+            description
+            or "File your final answer. The input is the answer; it must match the schema.",
+            model,
+            acknowledge,
+        )
+        self.model = model
+        self.nudge = nudge
+
+    def pick(self, result: GenerateResult) -> M | None:
+        """The last validating ``structured_output`` call across all steps of ``result``."""
+        inputs = [c.input for c in result.client_tool_calls if c.tool_name == self.name]
+        return pick_structured(self.model, inputs)
+
+    def pick_from_inputs(self, inputs: Iterable[Any]) -> M | None:
+        """As :meth:`pick`, for inputs recovered from history."""
+        return pick_structured(self.model, inputs)
+
+    async def generate(
+        self, agent: CoderAgent, prompt: str, *, timeout: float | None = None
+    ) -> StructuredResult[M]:
+        """Run a turn and return its answer; re-prompt once if none validated.
+
+        The nudge is sent only when the turn finished ``stop`` (an idle chat):
+        never re-prompt a chat that is still busy or paused.
+        """
+        result = await agent.generate(prompt, timeout=timeout)
+        value = self.pick(result)
+        if value is not None or result.finish_reason != "stop":
+            return StructuredResult(value, result, False)
+        second = await agent.generate(self.nudge, timeout=timeout)
+        return StructuredResult(self.pick(second), second, True)
+
+
+def structured_output(
+    model: type[M], *, name: str = STRUCTURED_OUTPUT_TOOL, description: str | None = None
+) -> StructuredOutput[M]:
+    """Create the ``structured_output`` client tool for ``model`` (agent-semantics §9)."""
+    return StructuredOutput(model, name=name, description=description)
+
+
+def tools_by_name(tools: Iterable[ClientTool[Any]]) -> Mapping[str, ClientTool[Any]]:
+    """Index tools by name (duplicates rejected)."""
+    listed = list(tools)
+    tool_definitions(listed)
+    return {t.name: t for t in listed}
