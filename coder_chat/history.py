@@ -365,7 +365,12 @@ def recover_turn(
     if idx < 0:
         return None
     user = transcript[idx]
-    parts = [p for m in transcript[idx + 1 :] if m.role == "assistant" for p in m.parts]
+    parts: list[TranscriptPart] = []
+    for later in transcript[idx + 1 :]:
+        if later.role == "user":
+            break  # the next turn (a promoted or later prompt) starts here
+        if later.role == "assistant":
+            parts.extend(later.parts)
     structured = None
     if output_model is not None:
         structured = pick_structured(output_model, structured_inputs(parts, structured_tool_name))
