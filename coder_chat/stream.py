@@ -1,0 +1,549 @@
+# `next_event(timeout=)` is the memoised-read contract the agent relies on.
+# ruff: noqa: ASYNC109
+"""Chat stream reader: one retained WebSocket subscription to ``/{chat}/stream``
+with redial, replay dedup and memoised reads (agent-semantics §4, §6).
+
+Usage by the agent (one reader per turn, shared by the turn's segments)::
+
+    reader = ChatStreamReader(client, chat_id, after_id=turn_after_id,
+                              options=StreamOptions())
+    try:
+        while True:
+            event = await reader.next_event(timeout=remaining_segment_budget)
+            if event is None:          # closed by us (aclose/close_nowait)
+                break
+            ...                        # feed the translator
+    except TimeoutError: ...           # nothing lost: the pending read is kept
+    # healthy requires_action pause: keep it, run tools, then resume
+    reader.pause(); await run_tools(); reader.resume()
+    # any other segment exit
+    await reader.aclose()
+
+Design:
+
+* **Own lifetime.** :meth:`start` (or the first :meth:`next_event`) spawns a
+  background *pump* task, detached from the caller's task, which dials,
+  reads, dedups and redials, feeding an ``asyncio.Queue``. A caller's
+  cancellation or timeout of ``next_event`` never touches the socket, and an
+  event taken off the socket is never lost: it waits in the queue for the
+  next read (reads are thereby memoised: a read abandoned by a raced-out
+  segment is adopted by the next caller). Only :meth:`aclose` /
+  :meth:`close_nowait` end the pump.
+* **Pause.** While client tools run, the stream is *paused*
+  (:meth:`pause`/:meth:`resume` are bookkeeping: the pump keeps reading and
+  redialing in the background, from the original ``after_id``). If the redial
+  budget runs out meanwhile, the failure is stored and the next read raises it
+  (the resume segment fails with it). :meth:`reusable_for` says whether a
+  resume segment may attach (not closed, same chat).
+* **Terminal outcomes** are sticky: once the pump ends, every later
+  ``next_event`` first drains the queued events, then raises the same error
+  again (or returns ``None`` after a close). Errors:
+
+  - :class:`~coder_chat.errors.CoderStreamError` — 5 consecutive connection
+    endings without forward progress, or a drop while coordinate-less deltas
+    were outstanding (a replay could not be deduped);
+  - :class:`~coder_chat.errors.CoderApiError` ``(status, "GET", path)`` — the
+    upgrade was refused with a 4xx other than 408/425/429;
+  - :class:`~coder_chat.errors.CoderAgentError` — an unparseable frame (a
+    redial would replay it forever); the agent wraps it as
+    ``CoderChatError(kind="stream_closed", retryable=True)``.
+
+* **Dial.** ``ws(s)://host{prefix}/{chat}/stream[?after_id=N]`` with the
+  ``Coder-Session-Token`` header; every redial reuses the ORIGINAL ``after_id``
+  so same-id revisions committed during a gap are not lost (the translator's
+  ledger and id cursor drop what it already has). With no locked REST prefix
+  each dial is preceded by the ``GET /api/v2/chats`` preflight (op
+  ``streamEvents``). The websockets library logger is kept below DEBUG: its
+  debug output would print the handshake headers.
+* **Redial.** Backoff ``backoff_initial_ms`` doubling to ``backoff_cap_ms``
+  (no jitter), reset on forward progress; ``ws:redial`` is emitted before each
+  wait. Upgrade 408/425/429, 5xx and network errors consume the budget.
+* **Events.** ``ws:dial``/``ws:open``/``ws:event`` (with ``forwarded``)/
+  ``ws:close`` (exactly once per dial; ``code``/``reason`` only when the
+  server or network closed it)/``ws:error``/``ws:redial``; ``reader`` is a
+  process-wide id, ``attempt`` 1-based per reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from coder_chat.core.backoff import BackoffPolicy, RedialBudget
+from coder_chat.core.dedup import ReplayFilter
+from coder_chat.errors import CoderAgentError, CoderApiError, CoderStreamError
+from coder_chat.events import (
+    TransportEmitter,
+    WsClose,
+    WsDial,
+    WsError,
+    WsEvent,
+    WsOpen,
+    WsRedial,
+    next_reader_id,
+)
+from coder_chat.models import ChatStreamEvent, parse_frame
+from coder_chat.rest import ChatClient
+
+__all__ = ["TRANSIENT_UPGRADE_STATUSES", "ChatStreamReader", "StreamOptions"]
+
+#: Upgrade refusals that may succeed on a later identical attempt.
+TRANSIENT_UPGRADE_STATUSES: Final = frozenset({408, 425, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """Tunables of the stream reader (defaults = the TypeScript SDK's constants)."""
+
+    backoff_initial_ms: int = 1_000
+    backoff_cap_ms: int = 30_000
+    max_consecutive_failures: int = 5
+    open_timeout: float | None = 10.0
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+    close_timeout: float | None = 2.0
+    max_frame_bytes: int | None = 64 * 1024 * 1024
+
+    def policy(self) -> BackoffPolicy:
+        return BackoffPolicy(
+            initial_ms=self.backoff_initial_ms,
+            cap_ms=self.backoff_cap_ms,
+            max_consecutive_failures=self.max_consecutive_failures,
+        )
+
+
+class _QuietLogger(logging.LoggerAdapter):  # type: ignore[type-arg,unused-ignore]
+    """websockets' debug log prints handshake headers (the token): never enable it."""
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+
+_WS_LOGGER: Final = _QuietLogger(logging.getLogger("coder_chat.stream.websockets"), {})
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """Queue marker: the pump ended (``error`` None = closed by us)."""
+
+    error: BaseException | None
+
+
+class _Terminal(Exception):
+    """Internal: a connection outcome that ends the reader."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class ChatStreamReader:
+    """A retained, self-redialing reader of one chat's event stream."""
+
+    def __init__(
+        self,
+        client: ChatClient,
+        chat_id: str,
+        after_id: int | None = None,
+        *,
+        options: StreamOptions | None = None,
+        emitter: TransportEmitter | None = None,
+    ) -> None:
+        if not chat_id:
+            raise CoderAgentError("a chat id is required to open its stream")
+        if after_id is not None and after_id < 0:
+            raise CoderAgentError("after_id must be a non-negative integer")
+        self._client = client
+        self.chat_id = chat_id
+        self.after_id = after_id if after_id else None
+        self.options = options or StreamOptions()
+        self.reader_id = next_reader_id()
+        self._emitter = emitter if emitter is not None else client.emitter
+        self._queue: asyncio.Queue[ChatStreamEvent | _End] = asyncio.Queue()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._end: _End | None = None
+        self._closed = False
+        self._paused = False
+        self._attempt = 0
+        self._close_tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose`/:meth:`close_nowait` was called."""
+        return self._closed
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The terminal error, once the pump has failed and a read has observed it."""
+        return self._end.error if self._end else None
+
+    @property
+    def attempt(self) -> int:
+        """Number of dials so far (the current connection's attempt)."""
+        return self._attempt
+
+    def reusable_for(self, chat_id: str) -> bool:
+        """May a resume segment attach? (not closed and the same chat; a stored
+        failure still attaches, so the resume segment surfaces it)."""
+        return not self._closed and self.chat_id == chat_id
+
+    def pause(self) -> None:
+        """Detach between segments; the pump keeps reading/redialing."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+    def __repr__(self) -> str:
+        return (
+            f"ChatStreamReader(chat_id={self.chat_id!r}, reader={self.reader_id}, "
+            f"after_id={self.after_id!r}, attempt={self._attempt}, closed={self._closed}, "
+            f"paused={self._paused})"
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def start(self) -> None:
+        """Spawn the pump (idempotent). Needs a running event loop."""
+        if self._pump_task is not None or self._closed:
+            return
+        if self._client.closed:
+            raise CoderAgentError("ChatClient is closed")
+        self._pump_task = asyncio.get_running_loop().create_task(
+            self._pump(), name=f"coder-chat-stream-{self.reader_id}"
+        )
+
+    async def next_event(self, timeout: float | None = None) -> ChatStreamEvent | None:
+        """The next forwarded event; ``None`` once closed by us.
+
+        ``timeout`` (seconds) raises ``TimeoutError`` without losing anything;
+        ``timeout=0`` only takes an already-arrived event. Raises the reader's
+        terminal error (sticky) after the events that preceded it.
+        """
+        if self._end is not None and self._queue.empty():
+            self._raise_if_failed(self._end)
+            return None
+        self.start()
+        item: ChatStreamEvent | _End
+        if timeout is not None and timeout <= 0:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                raise TimeoutError("no stream event available") from None
+        elif timeout is None:
+            item = await self._queue.get()
+        else:
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
+        if isinstance(item, _End):
+            self._end = item
+            self._raise_if_failed(item)
+            return None
+        return item
+
+    def next_event_nowait(self) -> ChatStreamEvent | None:
+        """An already-arrived event or ``None`` (raises a stored terminal error)."""
+        try:
+            item = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if isinstance(item, _End):
+            self._end = item
+            self._raise_if_failed(item)
+            return None
+        return item
+
+    @staticmethod
+    def _raise_if_failed(end: _End) -> None:
+        # The marker is sticky (kept in self._end): later reads end the same way.
+        if end.error is not None:
+            raise end.error
+
+    def __aiter__(self) -> AsyncIterator[ChatStreamEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChatStreamEvent]:
+        while True:
+            event = await self.next_event()
+            if event is None:
+                return
+            yield event
+
+    # ------------------------------------------------------------------ closing
+
+    async def aclose(self) -> None:
+        """Close the socket and stop redialing; pending and later reads get ``None``
+        (unless a terminal error was already queued before the close)."""
+        if self._closed:
+            task = self._pump_task
+            if task is not None and not task.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(task)
+            return
+        self._closed = True
+        task = self._pump_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(task)
+        self._queue.put_nowait(_End(None))
+
+    def close_nowait(self) -> None:
+        """Fire-and-forget close (e.g. from ``reset_session``)."""
+        if self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._closed = True
+            if self._pump_task is not None:
+                self._pump_task.cancel()
+            return
+        task = loop.create_task(self.aclose())
+        self._close_tasks.add(task)
+        task.add_done_callback(self._close_tasks.discard)
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ pump
+
+    async def _pump(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # every terminal outcome reaches the reader
+            self._queue.put_nowait(_End(exc))
+
+    async def _run(self) -> None:
+        budget = RedialBudget(self.options.policy())
+        replay = ReplayFilter(self.after_id)
+        last_failure: BaseException | None = None
+        while True:
+            self._attempt += 1
+            attempt = self._attempt
+            try:
+                progressed, failure = await self._connect_once(attempt, replay, budget)
+            except _Terminal as terminal:
+                raise terminal.error from None
+            if failure is not None:
+                last_failure = failure
+            url = self._client.stream_url(self.chat_id, self.after_id)
+            if replay.untrackable_outstanding:
+                raise CoderStreamError(
+                    f"Coder chat stream {self._client.stream_path(self.chat_id)} dropped "
+                    "mid-turn and cannot be resumed: the server sent deltas without "
+                    "history_version/generation_attempt/seq, so a redial would replay them",
+                    url=url,
+                    chat_id=self.chat_id,
+                    cause=last_failure,
+                )
+            decision = budget.connection_ended(progressed=progressed)
+            if decision.give_up:
+                raise CoderStreamError(
+                    f"Coder chat stream {self._client.stream_path(self.chat_id)} could not be "
+                    f"(re-)established after {decision.consecutive_failures} consecutive "
+                    "connection failures without progress",
+                    url=url,
+                    chat_id=self.chat_id,
+                    cause=last_failure,
+                )
+            self._emit_redial(attempt, decision.consecutive_failures, decision.backoff_ms)
+            await asyncio.sleep(decision.backoff_ms / 1000.0)
+
+    def _emit_redial(self, attempt: int, failures: int, backoff_ms: int) -> None:
+        self._emitter.emit(
+            lambda: WsRedial(
+                chat_id=self.chat_id,
+                reader=self.reader_id,
+                attempt=attempt,
+                consecutive_failures=failures,
+                max_consecutive_failures=self.options.max_consecutive_failures,
+                backoff_ms=backoff_ms,
+            )
+        )
+
+    def _ssl_context(self, url: str) -> ssl.SSLContext | None:
+        if not url.startswith("wss://") or self._client.verify:
+            return None  # websockets builds a verifying default context for wss
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _ws_error(self, attempt: int, message: str) -> None:
+        self._emitter.emit(
+            lambda: WsError(
+                chat_id=self.chat_id, reader=self.reader_id, attempt=attempt, message=message
+            )
+        )
+
+    def _ws_close(self, attempt: int, code: int | None, reason: str | None) -> None:
+        self._emitter.emit(
+            lambda: WsClose(
+                chat_id=self.chat_id,
+                reader=self.reader_id,
+                attempt=attempt,
+                code=code,
+                reason=reason,
+            )
+        )
+
+    async def _connect_once(
+        self, attempt: int, replay: ReplayFilter, budget: RedialBudget
+    ) -> tuple[bool, BaseException | None]:
+        """One dial + read until the connection ends. Returns (progressed, failure);
+        raises ``_Terminal`` for outcomes that must not be redialed."""
+        preflight_error: BaseException | None = None
+        if not self._client.prefix_locked:
+            try:
+                await self._client.ensure_prefix(op="streamEvents")
+            except (httpx.TransportError, TimeoutError, OSError) as exc:
+                preflight_error = exc
+        url = self._client.stream_url(self.chat_id, self.after_id)
+        path = self._client.stream_path(self.chat_id)
+        self._emitter.emit(
+            lambda: WsDial(chat_id=self.chat_id, reader=self.reader_id, attempt=attempt, url=url)
+        )
+        if preflight_error is not None:
+            self._ws_error(attempt, f"prefix preflight failed: {preflight_error}")
+            self._ws_close(attempt, None, None)
+            return False, preflight_error
+
+        opts = self.options
+        try:
+            ws = await connect(
+                url,
+                additional_headers=self._client.auth_headers(),
+                open_timeout=opts.open_timeout,
+                ping_interval=opts.ping_interval,
+                ping_timeout=opts.ping_timeout,
+                close_timeout=opts.close_timeout,
+                max_size=opts.max_frame_bytes,
+                ssl=self._ssl_context(url),
+                logger=_WS_LOGGER,
+                compression=None,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            message, detail = _upgrade_envelope(exc.response.body, status)
+            self._ws_error(attempt, f"upgrade rejected with HTTP {status}: {message}")
+            self._ws_close(attempt, None, None)
+            if 400 <= status < 500 and status not in TRANSIENT_UPGRADE_STATUSES:
+                raise _Terminal(CoderApiError(status, "GET", path, message, detail)) from None
+            return False, CoderApiError(status, "GET", path, message, detail)
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            self._ws_error(attempt, text)
+            self._ws_close(attempt, None, None)
+            return False, ConnectionError(text)
+        except BaseException:
+            self._ws_close(attempt, None, None)  # closed by us while dialing
+            raise
+
+        self._emitter.emit(
+            lambda: WsOpen(chat_id=self.chat_id, reader=self.reader_id, attempt=attempt)
+        )
+        progressed = False
+        failure: BaseException | None = None
+        remote_closed = False
+        try:
+            while True:
+                try:
+                    raw = await ws.recv()
+                except ConnectionClosed as exc:
+                    remote_closed = True
+                    code = ws.close_code
+                    if code not in (1000, 1001):
+                        text = f"chat stream connection lost (code {code}): {exc}"
+                        self._ws_error(attempt, text)
+                        failure = ConnectionError(text)
+                    else:
+                        failure = ConnectionError(f"chat stream closed by the server (code {code})")
+                    break
+                progressed = self._ingest(raw, attempt, replay, budget) or progressed
+        except _Terminal:
+            await self._close_socket(ws)
+            self._ws_close(attempt, None, None)
+            raise
+        except BaseException:
+            # Cancelled (aclose) or an unexpected bug: close our side, report once.
+            await self._close_socket(ws)
+            self._ws_close(attempt, None, None)
+            raise
+        code, reason = (ws.close_code, ws.close_reason) if remote_closed else (None, None)
+        await self._close_socket(ws)
+        self._ws_close(attempt, code, reason)
+        return progressed, failure
+
+    def _ingest(
+        self, raw: str | bytes, attempt: int, replay: ReplayFilter, budget: RedialBudget
+    ) -> bool:
+        try:
+            events = parse_frame(raw)
+        except ValueError as exc:
+            self._ws_error(attempt, f"unparseable chat stream frame: {type(exc).__name__}")
+            error = CoderAgentError("failed to parse chat stream frame")
+            error.__cause__ = exc
+            raise _Terminal(error) from None
+        progressed = False
+        for event in events:
+            verdict = replay.observe(event)
+            self._emitter.emit(
+                lambda event=event, verdict=verdict: WsEvent(  # type: ignore[misc]
+                    chat_id=self.chat_id,
+                    reader=self.reader_id,
+                    attempt=attempt,
+                    event=event,
+                    forwarded=verdict.forward,
+                )
+            )
+            if verdict.progress:
+                budget.progress()
+                progressed = True
+            if verdict.forward:
+                self._queue.put_nowait(event)
+        return progressed
+
+    @staticmethod
+    async def _close_socket(ws: ClientConnection) -> None:
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
+def _upgrade_envelope(body: bytes | bytearray | None, status: int) -> tuple[str, str | None]:
+    try:
+        data: Any = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("message"), str) and data["message"]:
+        detail = data.get("detail")
+        return data["message"], detail if isinstance(detail, str) and detail else None
+    return f"WebSocket upgrade rejected (HTTP {status})", None
