@@ -1,1 +1,44 @@
+"""Prefect tasks and flows for durable Coder Agents workflows.
 
+* :func:`flows.turn.run_turn` — one durable turn (task)
+* :func:`flows.workflow.agent_workflow` — sequential steps on one chat (flow)
+* :func:`flows.workflow.agent_turn` — one step as its own flow run (flow)
+* :func:`flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
+* :mod:`flows.registry` — client tools and output models by name
+
+Submodules are imported lazily so that ``flows.params`` and ``flows.registry``
+stay usable without importing Prefect's engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "Step",
+    "TurnResult",
+    "WorkflowSettings",
+    "agent_turn",
+    "agent_workflow",
+    "archive_workflow_chat",
+    "run_turn",
+]
+
+_LAZY = {
+    "Step": "flows.params",
+    "WorkflowSettings": "flows.params",
+    "TurnResult": "flows.results",
+    "run_turn": "flows.turn",
+    "agent_workflow": "flows.workflow",
+    "agent_turn": "flows.workflow",
+    "archive_workflow_chat": "flows.archive",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flows' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

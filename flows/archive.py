@@ -1,0 +1,129 @@
+"""End of life of a workflow's chat: interrupt (bounded), then archive.
+
+An archived chat cannot be resumed (the server rejects new messages with a
+400), so archiving belongs to the *workflow* — its final step and its failure
+handler — never to a step. The archive takes the workflow's lease, so it never
+lands in the middle of another run's turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import flow, task
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, Field
+
+from blocks import LeaseUnavailableError, workflow_key
+from coder_chat.errors import CoderApiError
+from flows.errors import WorkflowBusyError
+from flows.observe import TurnObserver
+from flows.params import WorkflowSettings, validate_workflow_id
+from flows.resources import TurnResources, load_resources
+
+__all__ = ["ArchiveOutcome", "archive_chat", "archive_workflow_chat", "retire_workflow_chat"]
+
+#: Bound of the interrupt before the archive (durable design: 15 s; a 409 is fine).
+INTERRUPT_BOUND_S = 15.0
+
+
+class ArchiveOutcome(BaseModel):
+    """What the archive did."""
+
+    workflow_id: str
+    chat_id: str | None = None
+    archived: bool = False
+    interrupted: bool = False
+    archived_chat_ids: list[str] = Field(default_factory=list)
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    try:
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger("flows.archive")
+
+
+async def retire_workflow_chat(
+    workflow_id: str,
+    resources: TurnResources,
+    *,
+    lease_wait_s: float = 120.0,
+    lease_ttl_s: float = 60.0,
+    interrupt_bound_s: float = INTERRUPT_BOUND_S,
+) -> ArchiveOutcome:
+    """Interrupt and archive the workflow's chat and any chats it stranded."""
+    logger = _logger()
+    store = resources.store
+    try:
+        lease = store.lease(workflow_key(workflow_id), ttl=lease_ttl_s, wait=lease_wait_s)
+        await lease.__aenter__()
+    except LeaseUnavailableError as exc:
+        raise WorkflowBusyError(workflow_id, exc.waited) from None
+    try:
+        checkpoint = await store.checkpoints.get(workflow_id)
+        stranded = [s.chat_id for s in await store.stranded.list(workflow_id)]
+        outcome = ArchiveOutcome(workflow_id=workflow_id)
+        if checkpoint is None and not stranded:
+            logger.info("workflow %s has no chat to archive", workflow_id)
+            return outcome
+        targets = ([checkpoint.chat_id] if checkpoint else []) + [
+            c for c in stranded if not checkpoint or c != checkpoint.chat_id
+        ]
+        outcome.chat_id = checkpoint.chat_id if checkpoint else None
+        for chat_id in targets:
+            agent = resources.credentials.get_agent(chat_id=chat_id)
+            try:
+                # A crashed step may have left a run live: stop it first, bounded.
+                # On an already-settled chat the interrupt answers 409: fine.
+                try:
+                    await agent.interrupt(timeout=interrupt_bound_s)
+                    if chat_id == outcome.chat_id:
+                        outcome.interrupted = True
+                except CoderApiError as exc:
+                    if exc.status != 409:
+                        logger.warning("interrupt of chat %s failed: %s", chat_id, exc)
+                except TimeoutError:
+                    logger.warning("interrupt of chat %s timed out", chat_id)
+                # archive() retries 409s while an interrupted run winds down.
+                await agent.archive()
+            finally:
+                await agent.aclose()
+            outcome.archived_chat_ids.append(chat_id)
+            await store.forget_chat(chat_id)
+            TurnObserver(
+                workflow_id=workflow_id, step="archive", logger=logger, chat_id=chat_id
+            ).emit("coder.chat.archived", {"stranded": chat_id != outcome.chat_id})
+            logger.info("archived chat %s of workflow %s", chat_id, workflow_id)
+        outcome.archived = outcome.chat_id in outcome.archived_chat_ids
+        return outcome
+    finally:
+        await lease.__aexit__(None, None, None)
+
+
+@task(name="archive-chat", task_run_name="archive {workflow_id}")
+async def archive_chat(
+    workflow_id: str, settings: WorkflowSettings, resources: TurnResources | None = None
+) -> ArchiveOutcome:
+    """The final step of a workflow: retire its chat."""
+    resources = resources or await load_resources(settings)
+    return await retire_workflow_chat(
+        workflow_id,
+        resources,
+        lease_wait_s=settings.lease_wait_s,
+        lease_ttl_s=settings.lease_ttl_s,
+    )
+
+
+@flow(name="archive-workflow-chat", flow_run_name="archive {workflow_id}")
+async def archive_workflow_chat(
+    workflow_id: str, settings: WorkflowSettings | None = None
+) -> ArchiveOutcome:
+    """Interrupt (15 s bound, a 409 is fine) and archive a workflow's chat, plus any
+    chats it stranded. Use it for workflows that ran with ``keep_chat`` or died
+    without their failure handler."""
+    settings = settings or WorkflowSettings()
+    validate_workflow_id(workflow_id)
+    resources = await load_resources(settings)
+    return await archive_chat(workflow_id, settings, resources)

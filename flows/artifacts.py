@@ -1,0 +1,94 @@
+"""One markdown artifact per turn: prompt, answer, tool calls, usage.
+
+Rendering is pure (:func:`render_turn_markdown`); publishing is one API call.
+The artifact key is stable per (workflow, step), so the UI shows a step's
+latest attempt with its history of versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from prefect.artifacts import acreate_markdown_artifact
+
+from flows.results import TurnResult
+
+__all__ = ["artifact_key", "publish_turn_artifact", "render_turn_markdown"]
+
+_NOT_KEY = re.compile(r"[^a-z0-9-]+")
+
+
+def artifact_key(workflow_id: str, step_name: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
+    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:80]
+    return f"coder-turn-{slug}-{digest}"
+
+
+def _fence(text: str) -> str:
+    # A fence longer than any backtick run inside keeps model output from
+    # closing the block early and rendering as page markup.
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _cell(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_turn_markdown(result: TurnResult, prompt: str) -> str:
+    """Markdown for one finished turn."""
+    lines = [
+        f"# Turn `{result.step}` of workflow `{result.workflow_id}`",
+        "",
+        f"- chat: `{result.chat_id}`",
+        f"- finish reason: `{result.finish_reason}`",
+        f"- attempt: {result.attempt}",
+        f"- generate time: {result.generate_ms:.0f} ms",
+        "",
+        "## Prompt",
+        "",
+        _fence(prompt),
+        "",
+        "## Answer",
+        "",
+        _fence(result.text),
+        "",
+    ]
+    if result.structured is not None:
+        lines += [
+            "## Structured output",
+            "",
+            f"```json\n{json.dumps(result.structured, indent=2)}\n```",
+            "",
+        ]
+    lines += ["## Tool calls", ""]
+    if result.tool_calls:
+        lines += ["| tool | runs on | input | output |", "|---|---|---|---|"]
+        for call in result.tool_calls:
+            output = f"error: {_cell(call.output)}" if call.is_error else _cell(call.output)
+            lines.append(f"| `{_cell(call.name)}` | {call.kind} | {_cell(call.args)} | {output} |")
+    else:
+        lines.append("none")
+    lines += ["", "## Usage", ""]
+    if result.usage:
+        lines += ["| counter | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in result.usage.items() if v is not None]
+    else:
+        lines.append("not reported")
+    return "\n".join(lines) + "\n"
+
+
+async def publish_turn_artifact(result: TurnResult, prompt: str) -> None:
+    """Create the turn's markdown artifact in the current task run."""
+    await acreate_markdown_artifact(
+        markdown=render_turn_markdown(result, prompt),
+        key=artifact_key(result.workflow_id, result.step),
+        description=f"Coder turn {result.workflow_id}/{result.step}",
+    )

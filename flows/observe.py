@@ -1,0 +1,155 @@
+"""Transport events and turn outcomes as Prefect log lines and Prefect events.
+
+The pure half, :func:`describe`, classifies one transport event; the thin shell,
+:class:`TurnObserver`, writes the log line and emits the Prefect event.
+Automations can trigger on the event names (``coder.stream.redial``,
+``coder.segment.failed``, ``coder.turn.failed``, ``coder.chat.stranded`` …);
+the resource is ``coder.chat.<chat_id>`` (``coder.workflow.<id>`` before the
+chat exists) and the workflow is always a related resource.
+
+Nothing here sees the token: transport events carry paths and stream URLs only,
+and the error texts of ``coder_chat.errors`` are built without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect.events import emit_event
+
+from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
+
+__all__ = ["Observation", "TurnObserver", "chat_resource", "describe"]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one transport event means for the operator."""
+
+    level: int
+    message: str
+    event: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+def describe(ev: TransportEvent) -> Observation | None:
+    """Classify a transport event; ``None`` for the per-frame noise we do not log."""
+    if isinstance(ev, WsRedial):
+        # Early warning: the server keeps generating and nothing is lost yet, but
+        # the turn fails when consecutive failures reach the cap.
+        return Observation(
+            logging.WARNING,
+            f"stream redial {ev.consecutive_failures}/{ev.max_consecutive_failures} on chat "
+            f"{ev.chat_id} (connection {ev.reader}.{ev.attempt} ended), next dial in "
+            f"{ev.backoff_ms} ms",
+            "coder.stream.redial",
+            {
+                "consecutive_failures": ev.consecutive_failures,
+                "max_consecutive_failures": ev.max_consecutive_failures,
+                "backoff_ms": ev.backoff_ms,
+                "reader": ev.reader,
+                "attempt": ev.attempt,
+            },
+        )
+    if isinstance(ev, SegmentSettle):
+        payload: dict[str, Any] = {
+            "segment": ev.segment,
+            "ending": ev.ending,
+            "status": ev.status,
+            "finish_reason": ev.finish_reason,
+            "duration_ms": round(ev.duration_ms, 1),
+        }
+        if ev.ending == "clean":
+            return Observation(
+                logging.INFO,
+                f"segment {ev.segment} settled: status={ev.status or '-'} "
+                f"finish={ev.finish_reason} in {ev.duration_ms:.0f} ms",
+                "coder.segment.settled",
+                payload,
+            )
+        if ev.ending == "failure":
+            err = ev.error or {}
+            payload["error"] = {"name": err.get("name"), "message": err.get("message")}
+            return Observation(
+                logging.WARNING,
+                f"segment {ev.segment} failed after {ev.duration_ms:.0f} ms: "
+                f"{err.get('name')}: {err.get('message')}"
+                + (f" (server status {ev.status})" if ev.status else ""),
+                "coder.segment.failed",
+                payload,
+            )
+        return Observation(
+            logging.INFO,
+            f"segment {ev.segment} torn down after {ev.duration_ms:.0f} ms",
+            "coder.segment.teardown",
+            payload,
+        )
+    if isinstance(ev, WsError):
+        return Observation(logging.DEBUG, f"stream error on chat {ev.chat_id}: {ev.message}")
+    if isinstance(ev, SegmentStart):
+        return Observation(logging.DEBUG, f"segment {ev.segment} started")
+    return None
+
+
+def chat_resource(chat_id: str | None, workflow_id: str) -> dict[str, str]:
+    """The Prefect event resource of a turn: its chat, or its workflow before one exists."""
+    if chat_id:
+        return {"prefect.resource.id": f"coder.chat.{chat_id}", "coder.workflow-id": workflow_id}
+    return {"prefect.resource.id": f"coder.workflow.{workflow_id}"}
+
+
+class TurnObserver:
+    """``on_transport_event`` hook of one turn: logs + Prefect events, never raises."""
+
+    def __init__(
+        self,
+        *,
+        workflow_id: str,
+        step: str,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        chat_id: str | None = None,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.step = step
+        self.logger = logger
+        self.chat_id = chat_id
+        self.redials = 0
+        self.segments = 0
+
+    def __call__(self, ev: TransportEvent) -> None:
+        chat_id = getattr(ev, "chat_id", None)
+        if chat_id:
+            self.chat_id = chat_id
+        obs = describe(ev)
+        if obs is None:
+            return
+        if isinstance(ev, WsRedial):
+            self.redials += 1
+        elif isinstance(ev, SegmentSettle):
+            self.segments += 1
+        self.logger.log(obs.level, "[%s] %s", self.step, obs.message)
+        if obs.event:
+            self.emit(obs.event, obs.payload)
+
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
+        """Emit a Prefect event about this turn (errors are logged, never raised)."""
+        try:
+            emit_event(
+                event,
+                resource=chat_resource(self.chat_id, self.workflow_id),
+                related=[
+                    {
+                        "prefect.resource.id": f"coder.workflow.{self.workflow_id}",
+                        "prefect.resource.role": "workflow",
+                    },
+                    {
+                        "prefect.resource.id": f"coder.step.{self.workflow_id}.{self.step}",
+                        "prefect.resource.role": "step",
+                    },
+                ],
+                payload={"workflow_id": self.workflow_id, "step": self.step, **payload},
+            )
+        except Exception:  # observability must never break a turn
+            self.logger.debug("could not emit %s", event, exc_info=True)

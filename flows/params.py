@@ -1,0 +1,201 @@
+"""Flow and deployment parameters, and their validation at the edge.
+
+The models are plain pydantic so Prefect renders them as typed forms in the UI
+and stores them as JSON parameters. Semantic checks (registry look-ups, empty
+step lists, duplicate names) live in :func:`validate_steps` so that every
+failure becomes a :class:`~flows.errors.WorkflowParameterError` naming the field
+and the fix — raised before any chat exists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.errors import WorkflowParameterError
+
+__all__ = [
+    "Step",
+    "WorkflowSettings",
+    "step_marker",
+    "validate_base_url",
+    "validate_steps",
+    "validate_workflow_id",
+]
+
+# The marker "[<workflow_id>/<step>]" is matched verbatim in chat history by
+# crash recovery, so neither part may contain "/" or "]" or whitespace.
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+_STEP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Step(BaseModel):
+    """One step of a workflow: exactly one agent turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        description=(
+            "Step name, unique within the workflow (letters, digits, '_', '.', '-'). "
+            "With the workflow id it keys the step's stored result."
+        )
+    )
+    prompt: str = Field(description="The user prompt sent for this step.")
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Names of registered client tools this step offers the model.",
+    )
+    output_model: str | None = Field(
+        default=None,
+        description=(
+            "Name of a registered structured-output model; the step's answer is then "
+            "the model's validated JSON (TurnResult.structured)."
+        ),
+    )
+
+
+class WorkflowSettings(BaseModel):
+    """How a workflow reaches Coder and its state store, and its time bounds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    credentials_block: str | None = Field(
+        default=None,
+        description=(
+            "Name of a saved CoderCredentials block. Empty: read CODER_URL, "
+            "CODER_SESSION_TOKEN and CODER_ORG_ID from the worker's environment."
+        ),
+    )
+    store_block: str | None = Field(
+        default=None,
+        description=(
+            "Name of a saved ChatStateStore block. Empty: the default SQLite store "
+            "under PREFECT_HOME (one machine only)."
+        ),
+    )
+    keep_chat: bool = Field(
+        default=False,
+        description="Keep the chat live at the end (skip the final archive).",
+    )
+    request_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Per-segment bound (REST + stream + redials). Empty: the credentials'.",
+    )
+    turn_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Total wall-clock bound of one turn. Empty: the credentials'.",
+    )
+    lease_wait_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="How long a run waits for another run of the same workflow.",
+    )
+    lease_ttl_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Lease time-to-live; a crashed holder blocks others at most this long.",
+    )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        description="Task retries of a turn, for retryable failures only.",
+    )
+    retry_delay_s: float = Field(default=5.0, ge=0, description="Delay before a turn retry.")
+    settle_wait_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Bound of the interrupt-and-settle wait before any resubmission.",
+    )
+    artifacts: bool = Field(default=True, description="Publish a markdown artifact per turn.")
+    tool_modules: list[str] = Field(
+        default_factory=lambda: ["flows.demo_tools"],
+        description="Python modules imported first; they register tools and output models.",
+    )
+
+
+def step_marker(workflow_id: str, step_name: str) -> str:
+    """The step-scoped marker embedded in every prompt (stable across retries)."""
+    return f"[{workflow_id}/{step_name}]"
+
+
+def validate_workflow_id(workflow_id: str) -> None:
+    """Reject ids that cannot be embedded in a marker or a result key."""
+    if not isinstance(workflow_id, str) or not _ID_RE.match(workflow_id):
+        raise WorkflowParameterError(
+            "workflow_id",
+            f"{workflow_id!r} is not a valid workflow id",
+            "use 1-128 characters from letters, digits and '_.:@-', starting with a "
+            "letter or digit (e.g. 'wf-1042')",
+        )
+
+
+def validate_base_url(base_url: str, field: str) -> None:
+    """Reject a Coder URL that is not an absolute http(s) URL without credentials."""
+    parts = urlsplit(base_url or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WorkflowParameterError(
+            field,
+            f"{base_url!r} is not an http(s) URL",
+            "set the Coder deployment URL, e.g. 'https://coder.example.com'",
+        )
+    if parts.username or parts.password or parts.query:
+        raise WorkflowParameterError(
+            field,
+            "the URL carries credentials or a query string",
+            "put the session token in the credentials block's token field, not in the URL",
+        )
+
+
+def validate_steps(
+    steps: Sequence[Step],
+    *,
+    tool_names: set[str],
+    output_model_names: set[str],
+) -> None:
+    """Check the step list against the registry; raises on the first problem."""
+    if not steps:
+        raise WorkflowParameterError(
+            "steps",
+            "the workflow has no steps",
+            "pass at least one step, e.g. [{'name': 'plan', 'prompt': '...'}]",
+        )
+    seen: set[str] = set()
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if not _STEP_RE.match(step.name):
+            raise WorkflowParameterError(
+                f"{where}.name",
+                f"{step.name!r} is not a valid step name",
+                "use 1-64 characters from letters, digits and '_.-'",
+            )
+        if step.name in seen:
+            raise WorkflowParameterError(
+                f"{where}.name",
+                f"step name {step.name!r} is used twice",
+                "give every step a unique name (it keys the step's stored result)",
+            )
+        seen.add(step.name)
+        if not step.prompt.strip():
+            raise WorkflowParameterError(f"{where}.prompt", "the prompt is empty", "write one")
+        for j, tool in enumerate(step.tools):
+            if tool not in tool_names:
+                raise WorkflowParameterError(
+                    f"{where}.tools[{j}]",
+                    f"no client tool named {tool!r} is registered "
+                    f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
+                    "register it with @flows.registry.registered_tool in a module listed "
+                    "in settings.tool_modules, or fix the name",
+                )
+        if step.output_model is not None and step.output_model not in output_model_names:
+            raise WorkflowParameterError(
+                f"{where}.output_model",
+                f"no output model named {step.output_model!r} is registered "
+                f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
+                "register it with @flows.registry.output_model in a module listed in "
+                "settings.tool_modules, or fix the name",
+            )

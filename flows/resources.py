@@ -1,0 +1,105 @@
+"""Resolve a workflow's credentials and state store from its settings.
+
+Both are loaded once per flow run and handed to every turn. Every way this can
+go wrong (missing block, bad URL, no credentials in the environment) becomes a
+:class:`~flows.errors.WorkflowParameterError` naming the settings field — before
+any chat is created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from blocks import ChatStateStore, CoderCredentials
+from blocks.state.store import StateStore
+from flows.errors import WorkflowParameterError
+from flows.params import WorkflowSettings, validate_base_url
+
+__all__ = ["TurnResources", "load_credentials", "load_resources", "load_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResources:
+    """What a turn needs besides its parameters. Never serialised."""
+
+    credentials: CoderCredentials
+    store: StateStore
+
+
+def _fields(exc: ValidationError) -> str:
+    # Only locations: a ValidationError's text repeats the input values, and one
+    # of them may be the token.
+    return ", ".join(".".join(str(p) for p in e["loc"]) or "<root>" for e in exc.errors())
+
+
+async def load_credentials(settings: WorkflowSettings) -> CoderCredentials:
+    """The ``CoderCredentials`` named by ``settings.credentials_block`` (or from env)."""
+    field = "settings.credentials_block"
+    name = settings.credentials_block
+    if name:
+        try:
+            creds = await CoderCredentials.aload(name)
+        except ValidationError as exc:
+            raise WorkflowParameterError(
+                field,
+                f"the CoderCredentials block {name!r} has invalid fields ({_fields(exc)})",
+                "edit the block in the Prefect UI (Blocks) or save it again",
+            ) from None
+        except ValueError:
+            raise WorkflowParameterError(
+                field,
+                f"no CoderCredentials block named {name!r} exists on this Prefect server",
+                "create it (UI: Blocks → Coder Credentials, or "
+                f"CoderCredentials(...).save({name!r})) or fix the name",
+            ) from None
+    else:
+        try:
+            creds = CoderCredentials.from_env()
+        except ValidationError as exc:
+            raise WorkflowParameterError(
+                field,
+                f"empty, and the worker environment has no valid Coder credentials "
+                f"({_fields(exc)})",
+                "name a saved CoderCredentials block, or set CODER_URL, "
+                "CODER_SESSION_TOKEN and CODER_ORG_ID on the worker",
+            ) from None
+        except (ValueError, KeyError) as exc:
+            raise WorkflowParameterError(
+                field,
+                f"empty, and the worker environment has no Coder credentials ({exc})",
+                "name a saved CoderCredentials block, or set CODER_URL, "
+                "CODER_SESSION_TOKEN and CODER_ORG_ID on the worker",
+            ) from None
+    source = f"{field} ({name!r}).base_url" if name else "CODER_URL"
+    validate_base_url(str(creds.base_url), source)
+    return creds
+
+
+async def load_store(settings: WorkflowSettings) -> StateStore:
+    """The ``ChatStateStore`` named by ``settings.store_block`` (default: local SQLite)."""
+    name = settings.store_block
+    if not name:
+        return ChatStateStore().get_store()
+    try:
+        block = await ChatStateStore.aload(name)
+    except ValidationError as exc:
+        raise WorkflowParameterError(
+            "settings.store_block",
+            f"the ChatStateStore block {name!r} has invalid fields ({_fields(exc)})",
+            "edit the block in the Prefect UI (Blocks) or save it again",
+        ) from None
+    except ValueError:
+        raise WorkflowParameterError(
+            "settings.store_block",
+            f"no ChatStateStore block named {name!r} exists on this Prefect server",
+            f"create it (ChatStateStore(url=...).save({name!r})), leave the field empty "
+            "for the local SQLite default, or fix the name",
+        ) from None
+    return block.get_store()
+
+
+async def load_resources(settings: WorkflowSettings) -> TurnResources:
+    """Credentials and store for a workflow run."""
+    return TurnResources(await load_credentials(settings), await load_store(settings))

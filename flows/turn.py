@@ -1,0 +1,358 @@
+"""The durable turn: one agent turn per Prefect task, checkpointed in ``finally``.
+
+Walk of one turn (``execute_turn``):
+
+1. Prefect looks the step's result key up first (``turn_cache_key``): a step
+   that already finished returns its stored result and sends nothing.
+2. Take the workflow's lease (single-flight across workers); a run that had to
+   wait re-checks the stored result under the lease, because the holder it
+   waited for may have just finished this very step.
+3. Load the checkpoint (chat id + optional cursor); build the agent from it.
+4. On a checkpointed chat: if this step already sent before (the journal names
+   its marker) call the resubmission seam, then journal "submitting" (marker,
+   attempt, time) BEFORE the send.
+5. ``generate()`` with the marker in the prompt, a per-segment
+   ``request_timeout`` and a total deadline.
+6. ``finally``: checkpoint the chat id (+ cursor only when defined); when the
+   SDK discarded the session, record the stranded chat for the sweep instead.
+7. Publish the artifact and the ``coder.turn.settled`` event; Prefect persists
+   the JSON result under the step's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from prefect import task
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
+from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
+from coder_chat.tools import ClientTool, StructuredOutput, structured_output
+from flows import registry
+from flows.artifacts import publish_turn_artifact
+from flows.errors import WorkflowBusyError
+from flows.observe import TurnObserver
+from flows.params import Step, WorkflowSettings, step_marker
+from flows.resources import TurnResources, load_resources
+from flows.resubmit import settle_before_resubmit
+from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
+from flows.retry import is_retryable_failure, retry_if_retryable
+
+__all__ = [
+    "execute_turn",
+    "is_retryable_failure",
+    "retry_if_retryable",
+    "run_turn",
+]
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a Prefect run (tests, scripts)
+        return logging.getLogger("flows.turn")
+
+
+def _step_tools(step: Step) -> tuple[list[ClientTool[Any]], StructuredOutput[Any] | None]:
+    tools: list[ClientTool[Any]] = [registry.get_tool(name) for name in step.tools]
+    answer = None
+    if step.output_model:
+        answer = structured_output(registry.get_output_model(step.output_model))
+        tools.append(answer)
+    return tools, answer
+
+
+def _usage_dict(usage: Any) -> dict[str, Any]:
+    if usage is None:
+        return {}
+    if dataclasses.is_dataclass(usage) and not isinstance(usage, type):
+        data = dataclasses.asdict(usage)
+    elif hasattr(usage, "model_dump"):
+        data = usage.model_dump()
+    else:
+        data = dict(usage)
+    return {k: v for k, v in data.items() if k != "raw" and v is not None}
+
+
+def _tool_records(gen: Any, client_names: set[str]) -> list[ToolCallRecord]:
+    records: list[ToolCallRecord] = []
+    for call in getattr(gen, "tool_calls", None) or []:
+        name = getattr(call, "tool_name", None) or getattr(call, "name", None) or "?"
+        provider = getattr(call, "provider_executed", None)
+        kind = "server" if provider or name not in client_names else "client"
+        records.append(
+            ToolCallRecord(
+                id=getattr(call, "tool_call_id", None) or getattr(call, "id", None),
+                name=name,
+                kind=kind,
+                args=_jsonable(getattr(call, "input", getattr(call, "args", None))),
+                output=_jsonable(getattr(call, "output", getattr(call, "result", None))),
+                is_error=bool(getattr(call, "is_error", False)),
+            )
+        )
+    return records
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+async def _stored_result(key: str) -> TurnResult | None:
+    """The step's persisted result, if a concurrent run recorded it meanwhile."""
+    ctx = TaskRunContext.get()
+    if ctx is None or ctx.result_store is None:
+        return None
+    store = ctx.result_store
+    if not await store.aexists(key):
+        return None
+    value = (await store.aread(key)).result
+    return value if isinstance(value, TurnResult) else TurnResult.model_validate(value)
+
+
+async def _record_after_turn(
+    store: StateStore,
+    *,
+    workflow_id: str,
+    agent: Any,
+    had_chat: bool,
+    failed: BaseException | None,
+    marker: str,
+    started_at: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    observer: TurnObserver,
+) -> None:
+    """The ``finally`` checkpoint: every exit of a turn goes through here."""
+    chat_id = agent.chat_id
+    if chat_id:
+        # Even a failed turn checkpoints: a first step that failed after creating
+        # its chat must keep it reachable, or the retry orphans a live chat.
+        await store.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
+        if failed is not None and not had_chat:
+            # The first send had no chat to journal under; record it now so the
+            # retry knows it is a resubmission and goes through the settle seam.
+            await store.journal.set(
+                chat_id,
+                JournalEntry(state="submitting", marker=marker, attempt=1, at=started_at),
+            )
+        return
+    # The SDK discarded the session (stream lost on a chat this call created):
+    # nothing to resume, but the chat exists and must be retired by the sweep.
+    for stranded in getattr(agent, "stranded_chat_ids", None) or ():
+        reason = f"{type(failed).__name__} on its first turn" if failed else "discarded"
+        await store.stranded.record(workflow_id, stranded, reason)
+        logger.warning("chat %s stranded (%s); recorded for the sweep", stranded, reason)
+        observer.chat_id = stranded
+        observer.emit("coder.chat.stranded", {"reason": reason})
+
+
+async def execute_turn(
+    workflow_id: str,
+    step: Step,
+    settings: WorkflowSettings,
+    resources: TurnResources,
+    *,
+    retry_reason: str | None = None,
+) -> TurnResult:
+    """Run one step's turn durably (the body of :func:`run_turn`).
+
+    ``retry_reason`` is set when Prefect retries the task; a resubmission on a
+    checkpointed chat then always goes through the settle seam.
+    """
+    logger = _run_logger()
+    marker = step_marker(workflow_id, step.name)
+    tools, answer = _step_tools(step)
+    store = resources.store
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(
+                store.lease(
+                    workflow_key(workflow_id),
+                    ttl=settings.lease_ttl_s,
+                    wait=settings.lease_wait_s,
+                )
+            )
+        except LeaseUnavailableError as exc:
+            TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger).emit(
+                "coder.workflow.busy", {"waited_s": exc.waited}
+            )
+            raise WorkflowBusyError(workflow_id, exc.waited) from None
+        stored = await _stored_result(result_key(workflow_id, step.name))
+        if stored is not None:
+            logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
+            return stored
+        return await _turn_under_lease(
+            workflow_id, step, settings, resources, marker, tools, answer, retry_reason, logger
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _turn_under_lease(
+    workflow_id: str,
+    step: Step,
+    settings: WorkflowSettings,
+    resources: TurnResources,
+    marker: str,
+    tools: list[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    retry_reason: str | None,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> TurnResult:
+    store = resources.store
+    creds = resources.credentials
+    checkpoint = await store.checkpoints.get(workflow_id)
+    chat_id = checkpoint.chat_id if checkpoint else None
+    observer = TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id)
+    request_timeout = settings.request_timeout_s or creds.request_timeout
+    turn_timeout = settings.turn_timeout_s or creds.turn_timeout
+    agent = creds.get_agent(
+        chat_id=chat_id,
+        last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
+        tools=tools,
+        request_timeout=request_timeout,
+        on_transport_event=observer,
+    )
+    attempt = 1
+    try:
+        if chat_id:
+            previous = await store.journal.get(chat_id)
+            if previous is not None and previous.marker == marker:
+                attempt = previous.attempt + 1
+                # This step already sent on this chat and recorded no result:
+                # never resubmit straight away onto a possibly live run.
+                await settle_before_resubmit(
+                    agent.client,
+                    chat_id,
+                    reason=retry_reason or f"journaled attempt {previous.attempt} has no result",
+                    bound_s=settings.settle_wait_s,
+                    logger=logger,
+                )
+            # Write-ahead BEFORE the send: no entry proves no send ever started.
+            await store.journal.set(
+                chat_id, JournalEntry(state="submitting", marker=marker, attempt=attempt)
+            )
+        prompt = f"{marker} {step.prompt}"
+        started_at = time.time()
+        t0 = time.perf_counter()
+        failed: BaseException | None = None
+        try:
+            gen = await agent.generate(prompt, timeout=turn_timeout)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            generate_ms = (time.perf_counter() - t0) * 1000
+            try:
+                await _record_after_turn(
+                    store,
+                    workflow_id=workflow_id,
+                    agent=agent,
+                    had_chat=chat_id is not None,
+                    failed=failed,
+                    marker=marker,
+                    started_at=started_at,
+                    logger=logger,
+                    observer=observer,
+                )
+            finally:
+                if failed is not None:
+                    observer.emit(
+                        "coder.turn.failed",
+                        {
+                            "error": type(failed).__name__,
+                            "message": str(failed)[:500],
+                            "retryable": is_retryable_failure(failed),
+                            "attempt": attempt,
+                            "duration_ms": round(generate_ms, 1),
+                        },
+                    )
+        client_names = {t.name for t in tools}
+        structured = None
+        if answer is not None:
+            value = answer.pick(gen)
+            if value is None:
+                logger.warning(
+                    "step %s asked for %s but the model filed no valid answer",
+                    step.name,
+                    step.output_model,
+                )
+            else:
+                structured = value.model_dump(mode="json")
+        result = TurnResult(
+            workflow_id=workflow_id,
+            step=step.name,
+            marker=marker,
+            chat_id=gen.chat_id or agent.chat_id,
+            text=gen.text,
+            finish_reason=gen.finish_reason,
+            usage=_usage_dict(gen.usage),
+            user_message_id=gen.user_message_id,
+            message_ids=list(gen.message_ids or []),
+            tool_calls=_tool_records(gen, client_names),
+            structured=structured,
+            attempt=attempt,
+            generate_ms=round(generate_ms, 2),
+        )
+    finally:
+        await agent.aclose()
+    observer.emit(
+        "coder.turn.settled",
+        {
+            "finish_reason": result.finish_reason,
+            "usage": result.usage,
+            "attempt": attempt,
+            "duration_ms": result.generate_ms,
+            "redials": observer.redials,
+            "segments": observer.segments,
+        },
+    )
+    logger.info(
+        "step %s settled on chat %s: finish=%s, %d tool call(s), %.0f ms",
+        step.name,
+        result.chat_id,
+        result.finish_reason,
+        len(result.tool_calls),
+        result.generate_ms,
+    )
+    if settings.artifacts:
+        try:
+            await publish_turn_artifact(result, prompt)
+        except Exception:
+            logger.warning("could not publish the turn artifact", exc_info=True)
+    return result
+
+
+@task(
+    name="run-turn",
+    task_run_name="{workflow_id}/{step.name}",
+    cache_key_fn=turn_cache_key,
+    persist_result=True,
+    result_serializer="json",
+    retry_condition_fn=retry_if_retryable,
+    retries=2,
+    retry_delay_seconds=5,
+)
+async def run_turn(
+    workflow_id: str,
+    step: Step,
+    settings: WorkflowSettings,
+    resources: TurnResources | None = None,
+) -> TurnResult:
+    """One durable agent turn. Re-running a finished (workflow, step) returns its
+    stored result without sending anything.
+
+    ``resources`` lets a flow share one credentials/store pair across its turns;
+    without it the turn loads them from ``settings``.
+    """
+    ctx = TaskRunContext.get()
+    retry_reason = None
+    if ctx is not None and ctx.task_run.run_count > 1:
+        retry_reason = f"Prefect retry {ctx.task_run.run_count - 1} of step {step.name}"
+    if resources is None:
+        resources = await load_resources(settings)
+    return await execute_turn(workflow_id, step, settings, resources, retry_reason=retry_reason)

@@ -1,0 +1,126 @@
+"""The workflow flow: strictly sequential steps on one chat, archived at the end.
+
+Parameters are validated at the edge (:func:`prepare`) — workflow id, tool and
+output-model names, blocks, URL — before any chat exists. Each step is one
+``run_turn`` task; a re-run (flow retry, new flow run, another worker) returns
+finished steps from storage and sends nothing for them. The chat is archived
+after the final step and by the failure handler (only once the run is finally
+failed, not while Prefect will retry it), unless ``settings.keep_chat``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import flow
+from prefect.client.schemas.objects import FlowRun
+from prefect.logging import get_run_logger
+from prefect.states import State
+
+from flows import registry
+from flows.archive import archive_chat, retire_workflow_chat
+from flows.params import (
+    Step,
+    WorkflowSettings,
+    validate_steps,
+    validate_workflow_id,
+)
+from flows.resources import TurnResources, load_resources
+from flows.results import TurnResult
+from flows.turn import run_turn
+
+__all__ = ["agent_turn", "agent_workflow", "prepare"]
+
+
+async def prepare(workflow_id: str, steps: list[Step], settings: WorkflowSettings) -> TurnResources:
+    """Validate every parameter and load the blocks; raises
+    :class:`~flows.errors.WorkflowParameterError` before any chat is created."""
+    validate_workflow_id(workflow_id)
+    registry.load_tool_modules(settings.tool_modules)
+    validate_steps(
+        steps,
+        tool_names=registry.tool_names(),
+        output_model_names=registry.output_model_names(),
+    )
+    return await load_resources(settings)
+
+
+async def _archive_on_failure(_flow: Any, flow_run: FlowRun, _state: State[Any]) -> None:
+    """Failure handler: the workflow owns its chat's end of life, so a finally
+    failed run retires its chat (abandoned runs must not accumulate live chats)."""
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+    try:
+        logger = get_run_logger()
+    except Exception:
+        logger = logging.getLogger("flows.workflow")
+    params = flow_run.parameters or {}
+    try:
+        settings = WorkflowSettings.model_validate(params.get("settings") or {})
+        workflow_id = str(params["workflow_id"])
+        validate_workflow_id(workflow_id)
+    except Exception:
+        return  # failed at the edge: no chat can exist
+    if settings.keep_chat:
+        logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
+        return
+    try:
+        resources = await load_resources(settings)
+        outcome = await retire_workflow_chat(
+            workflow_id,
+            resources,
+            lease_wait_s=settings.lease_wait_s,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
+        logger.info("failure handler archived %s", outcome.archived_chat_ids or "nothing")
+    except Exception:
+        logger.error("failure handler could not archive the chat of %s", workflow_id, exc_info=True)
+
+
+@flow(
+    name="agent-workflow",
+    flow_run_name="{workflow_id}",
+    on_failure=[_archive_on_failure],
+)
+async def agent_workflow(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings | None = None,
+) -> list[TurnResult]:
+    """Run ``steps`` in order as turns of one Coder chat, then archive it.
+
+    Args:
+        workflow_id: stable id of this workflow; with a step name it keys the step's
+            stored result, and it keys the checkpoint and the single-flight lease.
+        steps: the turns, strictly sequential.
+        settings: blocks, time bounds, retries, keep_chat.
+    """
+    settings = settings or WorkflowSettings()
+    resources = await prepare(workflow_id, steps, settings)
+    turn = run_turn.with_options(
+        retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
+    )
+    results: list[TurnResult] = []
+    for step in steps:
+        results.append(await turn(workflow_id, step, settings, resources))
+    if not settings.keep_chat:
+        await archive_chat(workflow_id, settings, resources)
+    return results
+
+
+@flow(name="agent-turn", flow_run_name="{workflow_id}/{step.name}")
+async def agent_turn(
+    workflow_id: str,
+    step: Step,
+    settings: WorkflowSettings | None = None,
+) -> TurnResult:
+    """Run one durable turn of a workflow (no archive: use ``archive-workflow-chat``).
+
+    For engines that drive the steps themselves, one deployment run per step.
+    """
+    settings = settings or WorkflowSettings()
+    resources = await prepare(workflow_id, [step], settings)
+    turn = run_turn.with_options(
+        retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
+    )
+    return await turn(workflow_id, step, settings, resources)
