@@ -1,0 +1,1048 @@
+# The per-call `timeout=` parameter is part of the module contract (docs/architecture.md).
+# ruff: noqa: ASYNC109
+"""CoderAgent: one chat session, one turn per :meth:`CoderAgent.generate` call.
+
+A *turn* is a tool loop over *segments* (agent-semantics §3.1): each segment
+submits something (the prompt, or client tool results), then reads the chat
+stream until the run settles. If it settled in ``requires_action`` with client
+tool calls, the agent runs the tools locally, posts the results and reads on
+— on the SAME retained stream — until a segment ends without client calls.
+
+Rules the agent enforces (each closes a failure window):
+
+* attribution: only events past the turn's cursor count (see
+  :mod:`coder_chat.core.translator`), so resumed turns never absorb earlier
+  turns' content or usage, and a queued prompt never absorbs its predecessor's;
+* per-segment ``request_timeout`` covering REST, stream, redial backoff and
+  recovery fetches → ``CoderChatError(kind="timeout", retryable=True)``;
+* a segment that ends without a terminal status fires one best-effort
+  interrupt of its own chat (never of a promoted successor; a still-queued
+  prompt is withdrawn instead of interrupting someone else's run);
+* a ``CoderStreamError`` on a chat this turn created strands the chat
+  (``stranded_chat_ids``) and discards the session (``chat_id`` → ``None``,
+  ``last_known_chat_id`` keeps it for :meth:`archive`).
+
+Caller deadlines (``generate(timeout=...)``, ``asyncio.timeout``) and
+cancellation propagate unchanged (``TimeoutError`` / ``CancelledError``) after
+the best-effort interrupt was fired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from pydantic import SecretStr
+
+from coder_chat.core.translator import (
+    QueuedGate,
+    Source,
+    ToolCall,
+    ToolResult,
+    TurnTranslator,
+    pending_client_calls,
+)
+from coder_chat.core.usage import Usage, sum_usages
+from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.events import (
+    SegmentSettle,
+    SegmentStart,
+    TransportEmitter,
+    TransportEventHandler,
+)
+from coder_chat.models import (
+    ChatInputPart,
+    ChatStreamEvent,
+    CreateChatMessageRequest,
+    CreateChatRequest,
+    DynamicToolDefinition,
+)
+from coder_chat.models import ToolResult as WireToolResult
+from coder_chat.rest import ChatClient
+from coder_chat.settings import CoderSettings
+from coder_chat.stream import ChatStreamReader, StreamOptions
+from coder_chat.tools import ClientTool, ToolContext, ToolOutcome, tool_definitions
+
+__all__ = [
+    "AgentTimings",
+    "ArchiveResult",
+    "ClientToolCall",
+    "CoderAgent",
+    "GenerateResult",
+    "InterruptResult",
+    "StepResult",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Largest timer value the TypeScript SDK accepts (ms); larger/invalid → default.
+_MAX_DELAY_S = (2**31 - 1) / 1000.0
+
+
+def _sane_delay(value: float | None, default: float) -> float:
+    if value is None or not isinstance(value, int | float) or isinstance(value, bool):
+        return default
+    if value != value or value < 0 or value > _MAX_DELAY_S:  # NaN, negative, huge
+        return default
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTimings:
+    """Time constants of the agent (seconds). Tests shorten them; production keeps defaults.
+
+    ``action_grace``: wait for a lost ``action_required`` before recovering it from
+    history (2 s). ``settle_deadline``: archive window (15 s). ``settle_retry_delay``:
+    pause between archive retries on 409 (1 s). ``wind_down``: bound of the
+    max-steps wind-down submit/interrupt (8 s). ``interrupt``: bound of each
+    best-effort interrupt / queue withdrawal (15 s).
+    """
+
+    action_grace: float = 2.0
+    settle_deadline: float = 15.0
+    settle_retry_delay: float = 1.0
+    wind_down: float = 8.0
+    interrupt: float = 15.0
+
+    def sanitized(self) -> AgentTimings:
+        d = AgentTimings()
+        return AgentTimings(
+            action_grace=_sane_delay(self.action_grace, d.action_grace),
+            settle_deadline=_sane_delay(self.settle_deadline, d.settle_deadline),
+            settle_retry_delay=_sane_delay(self.settle_retry_delay, d.settle_retry_delay),
+            wind_down=_sane_delay(self.wind_down, d.wind_down),
+            interrupt=_sane_delay(self.interrupt, d.interrupt),
+        )
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class ClientToolCall:
+    """A client tool call of the turn and what this process answered."""
+
+    tool_call_id: str
+    tool_name: str
+    #: The model's arguments, JSON-decoded (the raw string if it was not JSON).
+    input: Any
+    output: Any
+    is_error: bool
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One segment of the turn (one model round-trip)."""
+
+    step: int
+    text: str
+    reasoning: str
+    finish_reason: str
+    raw_status: str | None
+    usage: Usage
+    client_tool_calls: list[ClientToolCall]
+    server_tool_calls: list[ToolCall]
+    server_tool_results: list[ToolResult]
+    sources: list[Source]
+    message_ids: list[int]
+
+    @property
+    def provider_metadata(self) -> dict[str, Any]:
+        """``{"coder": {"total_cost_micros", "total_runtime_ms"}}`` when reported."""
+        coder = {
+            k: v
+            for k, v in (
+                ("total_cost_micros", self.usage.total_cost_micros),
+                ("total_runtime_ms", self.usage.total_runtime_ms),
+            )
+            if v is not None
+        }
+        return {"coder": coder} if coder else {}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """What one :meth:`CoderAgent.generate` turn produced.
+
+    ``text`` is the FINAL step's text (the text after the last client tool
+    call); earlier steps' text lives in ``steps``. ``usage`` sums all steps.
+    """
+
+    text: str
+    finish_reason: str
+    raw_status: str | None
+    usage: Usage
+    steps: list[StepResult]
+    chat_id: str
+    user_message_id: int | None
+    message_ids: list[int]
+    client_tool_calls: list[ClientToolCall]
+    server_tool_calls: list[ToolCall]
+    server_tool_results: list[ToolResult]
+
+    @property
+    def reasoning(self) -> str:
+        return self.steps[-1].reasoning if self.steps else ""
+
+    @property
+    def tool_calls(self) -> list[ClientToolCall | ToolCall]:
+        """Client and server tool calls of the whole turn."""
+        return [*self.client_tool_calls, *self.server_tool_calls]
+
+    @property
+    def sources(self) -> list[Source]:
+        return [s for step in self.steps for s in step.sources]
+
+    @property
+    def total_cost_micros(self) -> int | None:
+        """Turn cost = sum of the steps' reported cost."""
+        costs = [s.usage.total_cost_micros for s in self.steps]
+        known = [c for c in costs if c is not None]
+        return sum(known) if known else None
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptResult:
+    interrupted: bool
+    chat_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveResult:
+    archived: bool
+    chat_id: str | None = None
+    archived_chat_ids: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- internals
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Outcome of one segment (internal)."""
+
+    translator: TurnTranslator
+    chat_id: str
+    user_message_id: int | None
+
+
+class _SideDone:
+    """Sentinel: a side task finished before the next stream event."""
+
+
+_SIDE_DONE = _SideDone()
+
+SettleEnding = Literal["clean", "failure", "teardown"]
+
+
+class CoderAgent:
+    """One chat session against chatd (single-flight: one turn at a time).
+
+    Construction does no I/O. ``base_url``/``token``/``organization_id`` default
+    to ``CODER_URL``/``CODER_SESSION_TOKEN``/``CODER_ORG_ID`` (and
+    ``request_timeout`` to ``CODER_REQUEST_TIMEOUT``) unless a ``client`` is given.
+
+    Args:
+        chat_id: resume this chat (``None``: the first turn creates one).
+        last_seen_message_id: resume cursor saved from a previous step
+            (positive int, requires ``chat_id``); skips one history probe.
+        tools: client tools (declared at chat creation; re-supply them on resume).
+        system_prompt, labels, workspace_id, mcp_server_ids, model_config_id:
+            chat creation options (ignored when resuming).
+        request_timeout: per-segment budget in seconds (``None``/≤0 = unbounded).
+        on_transport_event: observability hook (never receives the token).
+        max_steps: tool-loop cap per turn (64).
+        stream_options: stream reader tunables (backoff, budget).
+        timings: agent time constants (lost-event grace, archive window…).
+    """
+
+    def __init__(
+        self,
+        *,
+        client: ChatClient | None = None,
+        base_url: str | None = None,
+        token: SecretStr | str | None = None,
+        organization_id: str | None = None,
+        chat_id: str | None = None,
+        last_seen_message_id: int | None = None,
+        tools: Sequence[ClientTool[Any]] = (),
+        system_prompt: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        workspace_id: str | None = None,
+        mcp_server_ids: Sequence[str] | None = None,
+        model_config_id: str | None = None,
+        request_timeout: float | None = None,
+        on_transport_event: TransportEventHandler | None = None,
+        max_steps: int = 64,
+        stream_options: StreamOptions | None = None,
+        timings: AgentTimings | None = None,
+    ) -> None:
+        if last_seen_message_id is not None:
+            if (
+                isinstance(last_seen_message_id, bool)
+                or not isinstance(last_seen_message_id, int)
+                or last_seen_message_id <= 0
+                or last_seen_message_id > 2**53 - 1
+            ):
+                raise CoderAgentError("last_seen_message_id must be a positive integer")
+            if not chat_id:
+                raise CoderAgentError("last_seen_message_id requires chat_id")
+        if chat_id is not None and (not isinstance(chat_id, str) or not chat_id):
+            raise CoderAgentError("chat_id must be a non-empty string")
+        if max_steps < 1:
+            raise CoderAgentError("max_steps must be >= 1")
+        self._tools: dict[str, ClientTool[Any]] = {}
+        try:
+            tool_definitions(tools)
+        except ValueError as exc:
+            raise CoderAgentError(str(exc)) from None
+        for tool in tools:
+            self._tools[tool.name] = tool
+
+        settings: CoderSettings | None = None
+        if client is None:
+            settings = CoderSettings()
+            url = base_url or settings.url
+            secret = token if token is not None else settings.session_token
+            if not url or secret is None:
+                raise CoderAgentError(
+                    "pass client=, or base_url= and token= (or set CODER_URL and "
+                    "CODER_SESSION_TOKEN)"
+                )
+            client = ChatClient(
+                url,
+                secret,
+                organization_id=organization_id or settings.org_id,
+                timeout=settings.http_timeout,
+                verify=settings.verify_tls,
+                on_transport_event=on_transport_event,
+            )
+            self._owns_client = True
+            if request_timeout is None:
+                request_timeout = settings.request_timeout
+        else:
+            self._owns_client = False
+        self._client = client
+        self._organization_id = organization_id or client.organization_id
+        self._emitter = TransportEmitter(on_transport_event)
+
+        self._system_prompt = system_prompt
+        self._labels = dict(labels) if labels else None
+        self._workspace_id = workspace_id
+        self._mcp_server_ids = list(mcp_server_ids) if mcp_server_ids else None
+        self._model_config_id = model_config_id
+        self._request_timeout = (
+            float(request_timeout) if request_timeout and request_timeout > 0 else None
+        )
+        self._max_steps = max_steps
+        self._stream_options = stream_options
+        self._timings = (timings or AgentTimings()).sanitized()
+
+        self._chat_id: str | None = chat_id
+        self._cursor = last_seen_message_id or 0
+        self._last_known_chat_id: str | None = chat_id
+        self._stranded: dict[str, None] = {}
+        self._submitted: set[str] = set()
+        self._reader: ChatStreamReader | None = None
+        self._in_flight = False
+        self._segment_no = 0
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._turn_deadline: float | None = None
+        # Server-assigned workspace/MCP of a chat this instance created (for is_retryable).
+        self._assigned_workspace: str | None = None
+        self._assigned_mcp: list[str] = []
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def client(self) -> ChatClient:
+        """The REST client (for history reads, recovery, sweeps)."""
+        return self._client
+
+    @property
+    def chat_id(self) -> str | None:
+        """The session's chat (``None`` before the first turn or after a discard)."""
+        return self._chat_id
+
+    @property
+    def last_seen_message_id(self) -> int | None:
+        """Resume cursor to checkpoint with ``chat_id`` (``None`` when unknown)."""
+        return self._cursor or None
+
+    @property
+    def last_known_chat_id(self) -> str | None:
+        """Cleanup target: survives :meth:`reset_session` and discards until archived."""
+        return self._last_known_chat_id
+
+    @property
+    def stranded_chat_ids(self) -> list[str]:
+        """Chats dropped by automatic session discards and not yet archived (oldest first)."""
+        return list(self._stranded)
+
+    @property
+    def client_tool_names(self) -> frozenset[str]:
+        """Names of the client tools this agent executes."""
+        return frozenset(self._tools)
+
+    @property
+    def tools(self) -> Mapping[str, ClientTool[Any]]:
+        return dict(self._tools)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight
+
+    def __repr__(self) -> str:
+        return (
+            f"CoderAgent(chat_id={self._chat_id!r}, last_seen_message_id="
+            f"{self.last_seen_message_id!r}, tools={sorted(self._tools)!r})"
+        )
+
+    # ------------------------------------------------------------------ turn
+
+    async def generate(self, prompt: str, *, timeout: float | None = None) -> GenerateResult:
+        """Run one turn and return its result.
+
+        ``timeout`` bounds the whole turn (all segments and tool executions); on
+        expiry the run is interrupted best-effort and ``TimeoutError`` is raised.
+        Raises ``CoderApiError`` (REST), ``CoderChatError`` (server error,
+        ``request_timeout``, stream closed, queued submission lost) or
+        ``CoderStreamError`` (stream could not be kept alive).
+        """
+        if self._in_flight:
+            raise CoderAgentError("CoderAgent.generate is already running on this instance")
+        if self._closed:
+            raise CoderAgentError("CoderAgent is closed")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise CoderAgentError("prompt must be a non-empty string")
+        self._in_flight = True
+        loop = asyncio.get_running_loop()
+        self._turn_deadline = None if timeout is None else loop.time() + max(0.0, timeout)
+        try:
+            if timeout is None:
+                return await self._turn(prompt)
+            async with asyncio.timeout(max(0.0, timeout)):
+                return await self._turn(prompt)
+        finally:
+            self._in_flight = False
+            self._turn_deadline = None
+
+    async def _turn(self, prompt: str) -> GenerateResult:
+        steps: list[StepResult] = []
+        client_calls: list[ClientToolCall] = []
+        outcomes: list[ToolOutcome] = []
+        user_message_id: int | None = None
+        chat_id: str | None = None
+        created_here = self._chat_id is None
+        for step_no in range(1, self._max_steps + 1):
+            try:
+                if step_no == 1:
+                    seg = await self._segment(prompt=prompt, created_turn=created_here)
+                    user_message_id = seg.user_message_id
+                else:
+                    seg = await self._segment(results=outcomes, created_turn=created_here)
+            except BaseException:
+                self._close_reader_nowait()
+                raise
+            tr = seg.translator
+            chat_id = seg.chat_id
+            step_calls: list[ClientToolCall] = []
+            outcomes = []
+            if tr.finish_reason == "tool-calls" and tr.client_calls:
+                try:
+                    outcomes = await self._run_tools(tr.client_calls, chat_id)
+                except BaseException:
+                    # Cancelled while tools ran: the chat waits in requires_action.
+                    self._close_reader_nowait()
+                    self._fire_interrupt(chat_id)
+                    raise
+                for call, outcome in zip(tr.client_calls, outcomes, strict=True):
+                    step_calls.append(
+                        ClientToolCall(
+                            call.tool_call_id,
+                            call.tool_name,
+                            _decode_args(call.input),
+                            outcome.output,
+                            outcome.is_error,
+                            step_no,
+                        )
+                    )
+            client_calls.extend(step_calls)
+            steps.append(
+                StepResult(
+                    step=step_no,
+                    text=tr.text,
+                    reasoning=tr.reasoning,
+                    finish_reason=tr.finish_reason,
+                    raw_status=tr.raw_status,
+                    usage=tr.usage,
+                    client_tool_calls=step_calls,
+                    server_tool_calls=list(tr.server_calls),
+                    server_tool_results=list(tr.server_results),
+                    sources=list(tr.sources),
+                    message_ids=list(tr.message_ids),
+                )
+            )
+            if not outcomes:
+                break
+            if step_no == self._max_steps:
+                await self._wind_down(chat_id, outcomes)
+                break
+        assert chat_id is not None
+        self._close_reader_nowait()
+        last = steps[-1]
+        message_ids = sorted({mid for s in steps for mid in s.message_ids})
+        return GenerateResult(
+            text=last.text,
+            finish_reason=last.finish_reason,
+            raw_status=last.raw_status,
+            usage=sum_usages(s.usage for s in steps),
+            steps=steps,
+            chat_id=chat_id,
+            user_message_id=user_message_id,
+            message_ids=message_ids,
+            client_tool_calls=client_calls,
+            server_tool_calls=[c for s in steps for c in s.server_tool_calls],
+            server_tool_results=[r for s in steps for r in s.server_tool_results],
+        )
+
+    async def _run_tools(self, calls: Sequence[ToolCall], chat_id: str) -> list[ToolOutcome]:
+        async def run_one(call: ToolCall) -> ToolOutcome:
+            tool = self._tools.get(call.tool_name)
+            if tool is None:
+                return ToolOutcome(
+                    call.tool_call_id,
+                    call.tool_name,
+                    f"Unknown client tool {call.tool_name!r}",
+                    True,
+                )
+            ctx = ToolContext(tool_call_id=call.tool_call_id, chat_id=chat_id, tool_name=tool.name)
+            return await tool.run(call.input, ctx)
+
+        return list(await asyncio.gather(*(run_one(c) for c in calls)))
+
+    async def _wind_down(self, chat_id: str, outcomes: list[ToolOutcome]) -> None:
+        """The step cap hit on a tool-call step: answer the pause or stop the run.
+
+        Leaving it in ``requires_action`` would strand the chat (follow-ups queue
+        forever), so the recorded outcomes are submitted (bounded), falling back
+        to an interrupt.
+        """
+        self._close_reader_nowait()
+        fresh = [o for o in outcomes if o.tool_call_id not in self._submitted]
+        try:
+            if fresh:
+                await self._client.submit_tool_results(
+                    chat_id,
+                    [
+                        WireToolResult(
+                            tool_call_id=o.tool_call_id, output=o.output, is_error=o.is_error
+                        )
+                        for o in fresh
+                    ],
+                    timeout=self._timings.wind_down,
+                )
+                self._submitted.update(o.tool_call_id for o in fresh)
+                return
+        except (CoderAgentError, TimeoutError, OSError) as exc:
+            _log.debug("wind-down submit failed: %s", type(exc).__name__)
+        with contextlib.suppress(CoderAgentError, TimeoutError, OSError):
+            await self._client.interrupt_chat(chat_id, timeout=self._timings.wind_down)
+
+    # ------------------------------------------------------------------ segment
+
+    async def _segment(
+        self,
+        *,
+        prompt: str | None = None,
+        results: Sequence[ToolOutcome] | None = None,
+        created_turn: bool,
+    ) -> _Segment:
+        self._segment_no += 1
+        seg_no = self._segment_no
+        started = time.perf_counter()
+        start_chat = self._chat_id
+        self._emitter.emit(lambda: SegmentStart(segment=seg_no, chat_id=start_chat))
+
+        turn_chat_id: str | None = self._chat_id
+        tr: TurnTranslator | None = None
+        reader: ChatStreamReader | None = None
+        created_chat = False
+        submitted = False  # our submission (chat, message or results) landed server-side
+        submit_ambiguous = False  # a submit was in flight when the segment died
+        keep_stream = False
+        discard = False
+        user_message_id: int | None = None
+        ending: SettleEnding = "teardown"
+        error_info: dict[str, str] | None = None
+        deadline = (
+            asyncio.timeout(self._request_timeout) if self._request_timeout is not None else None
+        )
+        try:
+            try:
+                async with deadline if deadline is not None else contextlib.nullcontext():
+                    # ---------------- REST phase
+                    if self._chat_id is not None and self._cursor == 0:
+                        page = await self._client.get_messages(self._chat_id, limit=1)
+                        self._cursor = page.messages[0].id if page.messages else 0
+                    gate: QueuedGate | None = None
+                    after_id = self._cursor
+                    if prompt is not None:
+                        content = [ChatInputPart.text_part(prompt)]
+                        if self._chat_id is None:
+                            submit_ambiguous = True
+                            chat = await self._client.create_chat(self._create_request(content))
+                            submit_ambiguous = False
+                            submitted = created_chat = True
+                            self._chat_id = turn_chat_id = chat.id
+                            self._assigned_workspace = chat.workspace_id
+                            self._assigned_mcp = list(chat.mcp_server_ids)
+                        else:
+                            turn_chat_id = self._chat_id
+                            submit_ambiguous = True
+                            resp = await self._client.create_message(
+                                turn_chat_id,
+                                CreateChatMessageRequest(
+                                    content=content, model_config_id=self._model_config_id
+                                ),
+                            )
+                            submit_ambiguous = False
+                            submitted = True
+                            if resp.message is not None:
+                                after_id = resp.message.id
+                            elif resp.queued:
+                                qm = resp.queued_message
+                                gate = QueuedGate(
+                                    qm.id if qm is not None else None,
+                                    qm.content if qm is not None else content,
+                                )
+                    else:
+                        if self._chat_id is None:
+                            raise CoderChatError("cannot submit tool results before a chat exists")
+                        turn_chat_id = self._chat_id
+                        fresh = [
+                            o for o in (results or ()) if o.tool_call_id not in self._submitted
+                        ]
+                        if fresh:
+                            submit_ambiguous = True
+                            await self._client.submit_tool_results(
+                                turn_chat_id,
+                                [
+                                    WireToolResult(
+                                        tool_call_id=o.tool_call_id,
+                                        output=o.output,
+                                        is_error=o.is_error,
+                                    )
+                                    for o in fresh
+                                ],
+                            )
+                            submit_ambiguous = False
+                            self._submitted.update(o.tool_call_id for o in fresh)
+                        submitted = True
+                    assert turn_chat_id is not None
+                    self._last_known_chat_id = turn_chat_id
+                    tr = TurnTranslator(
+                        client_tool_names=self._tools.keys(),
+                        cursor=after_id,
+                        submitted_tool_call_ids=self._submitted,
+                        queued=gate,
+                    )
+                    # ---------------- stream phase
+                    reader = self._acquire_reader(turn_chat_id, after_id, resume=prompt is None)
+                    await self._read_until_settled(reader, tr, turn_chat_id)
+                    if tr.failure is not None:
+                        raise CoderChatError(tr.failure.message, kind=tr.failure.kind)
+                    if tr.error is not None:
+                        raise CoderChatError.from_payload(tr.error)
+                    if not tr.settled:
+                        raise CoderChatError(
+                            "Coder chat stream ended before the turn settled",
+                            kind="stream_closed",
+                            retryable=True,
+                        )
+                    tr.finish()
+                    if tr.gated is False and user_message_id is None and prompt is not None:
+                        user_message_id = tr.effective_cursor or None
+                    keep_stream = (
+                        tr.terminal_status == "requires_action"
+                        and bool(tr.client_calls)
+                        and not tr.promoted
+                    )
+                    ending = "clean"
+                    return _Segment(tr, turn_chat_id, user_message_id)
+            except TimeoutError as exc:
+                if deadline is not None and deadline.expired():
+                    ms = round((self._request_timeout or 0) * 1000)
+                    raise CoderChatError(
+                        f"Coder Agent turn exceeded its {ms}ms requestTimeoutMs budget.",
+                        kind="timeout",
+                        retryable=True,
+                    ) from exc
+                raise
+            except CoderStreamError as exc:
+                retryable, reason = self._stream_retry_verdict(created_chat)
+                if created_turn and turn_chat_id is not None:
+                    self._stranded[turn_chat_id] = None
+                    discard = True
+                raise exc.with_retry(retryable, reason) from exc.cause
+            except CoderApiError:
+                raise
+            except CoderAgentError as exc:
+                if isinstance(exc, CoderChatError) or reader is None:
+                    raise
+                # An unparseable frame: the stream failed mid-turn.
+                raise CoderChatError(
+                    "Coder chat stream failed mid-turn", kind="stream_closed", retryable=True
+                ) from exc
+        except asyncio.CancelledError:
+            if self._turn_deadline_passed():
+                ending, error_info = "failure", {"name": "TimeoutError", "message": "turn timeout"}
+            else:
+                ending = "failure"
+                error_info = {"name": "CancelledError", "message": "the turn was cancelled"}
+            raise
+        except BaseException as exc:
+            ending = "failure"
+            error_info = {"name": type(exc).__name__, "message": str(exc)}
+            raise
+        finally:
+            if tr is not None:
+                self._cursor = max(self._cursor, tr.max_message_id)
+            if keep_stream and reader is not None:
+                reader.pause()
+                self._reader = reader
+            else:
+                if reader is not None:
+                    reader.close_nowait()
+                if self._reader is not None and self._reader is not reader:
+                    self._reader.close_nowait()
+                self._reader = None
+            if turn_chat_id is not None and (tr is None or not tr.reached_terminal):
+                if tr is not None and tr.gated:
+                    if tr.queued_id is not None:
+                        self._fire_withdraw(turn_chat_id, tr.queued_id)
+                elif submitted or submit_ambiguous:
+                    self._fire_interrupt(turn_chat_id)
+            if discard:
+                self._discard_session(turn_chat_id)
+            settle_chat = turn_chat_id
+            settle_reader = reader.reader_id if reader is not None else None
+            status = tr.raw_status if tr is not None else None
+            finish = tr.finish_reason if tr is not None and ending == "clean" else None
+            self._emitter.emit(
+                lambda: SegmentSettle(
+                    segment=seg_no,
+                    chat_id=settle_chat,
+                    reader=settle_reader,
+                    duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
+                    ending=ending,
+                    status=status if ending != "teardown" else None,
+                    finish_reason=finish,
+                    error=error_info,
+                )
+            )
+
+    def _turn_deadline_passed(self) -> bool:
+        deadline = self._turn_deadline
+        return deadline is not None and asyncio.get_running_loop().time() >= deadline
+
+    def _create_request(self, content: list[ChatInputPart]) -> CreateChatRequest:
+        org = self._organization_id
+        if not org:
+            raise CoderAgentError(
+                "organization_id is required to create a chat (pass it or set CODER_ORG_ID)"
+            )
+        tools = [
+            DynamicToolDefinition(
+                name=t.name, description=t.description, input_schema=t.input_schema()
+            )
+            for t in self._tools.values()
+        ]
+        return CreateChatRequest(
+            organization_id=org,
+            content=content,
+            client_type="api",
+            system_prompt=self._system_prompt,
+            unsafe_dynamic_tools=tools or None,
+            model_config_id=self._model_config_id,
+            workspace_id=self._workspace_id,
+            mcp_server_ids=self._mcp_server_ids,
+            labels=self._labels,
+        )
+
+    def _stream_retry_verdict(self, created_chat: bool) -> tuple[bool, str | None]:
+        if not created_chat:
+            return False, "not retryable: the chat existed before this call"
+        if self._workspace_id or self._assigned_workspace:
+            return False, "not retryable: the chat has a workspace"
+        if self._mcp_server_ids or self._assigned_mcp:
+            return False, "not retryable: the chat has MCP servers"
+        return True, None
+
+    def _acquire_reader(self, chat_id: str, after_id: int, *, resume: bool) -> ChatStreamReader:
+        retained = self._reader
+        if resume and retained is not None and retained.reusable_for(chat_id):
+            retained.resume()
+            return retained
+        if retained is not None:
+            retained.close_nowait()
+        self._reader = None
+        reader = ChatStreamReader(
+            self._client, chat_id, after_id or None, options=self._stream_options
+        )
+        reader.start()
+        return reader
+
+    async def _read_until_settled(
+        self, reader: ChatStreamReader, tr: TurnTranslator, chat_id: str
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        grace_until: float | None = None
+        recovery: asyncio.Task[Any] | None = None
+        recovered = False
+        try:
+            while not tr.settled:
+                if tr.awaiting_action:
+                    if grace_until is None:
+                        grace_until = loop.time() + self._timings.action_grace
+                    if recovery is None and not recovered and loop.time() >= grace_until:
+                        recovery = loop.create_task(
+                            self._fetch_pending(chat_id, tr.effective_cursor)
+                        )
+                else:
+                    # Re-armed once the run leaves requires_action.
+                    grace_until, recovered = None, False
+                    if recovery is not None:
+                        recovery.cancel()
+                        recovery = None
+                wait: float | None = None
+                if tr.awaiting_action and recovery is None and not recovered and grace_until:
+                    wait = max(0.0, grace_until - loop.time())
+                item = await self._next(reader, wait, recovery)
+                if item is _SIDE_DONE:
+                    assert recovery is not None
+                    found = None
+                    with contextlib.suppress(Exception):
+                        found = recovery.result()
+                    recovery, recovered = None, True
+                    if found and tr.awaiting_action:
+                        turn_messages, calls = found
+                        tr.ingest_recovered(turn_messages, calls)
+                    continue
+                if item is None:
+                    if wait is not None:
+                        continue  # grace expired: loop to start the recovery
+                    return  # closed by us
+                assert isinstance(item, ChatStreamEvent)
+                tr.feed(item)
+            if tr.error is not None and tr.terminal_status is None:
+                # Pick up a status: error batched in the same frame (observability only).
+                with contextlib.suppress(TimeoutError):
+                    ev = await reader.next_event(timeout=0)
+                    if ev is not None:
+                        tr.feed(ev)
+        finally:
+            if recovery is not None:
+                recovery.cancel()
+
+    async def _next(
+        self,
+        reader: ChatStreamReader,
+        wait: float | None,
+        side: asyncio.Task[Any] | None,
+    ) -> ChatStreamEvent | _SideDone | None:
+        """Next stream event; ``None`` on a grace expiry (or closed reader);
+        ``_SIDE_DONE`` when ``side`` finished first. Never loses an event."""
+        if side is None:
+            try:
+                return await reader.next_event(timeout=wait)
+            except TimeoutError:
+                if wait is None:
+                    raise
+                return None
+        if side.done():
+            return _SIDE_DONE
+        read = asyncio.ensure_future(reader.next_event())
+        try:
+            done, _ = await asyncio.wait({read, side}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            read.cancel()
+            raise
+        if read in done:
+            return read.result()
+        read.cancel()
+        try:
+            return await read  # it may have completed before the cancel landed
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return _SIDE_DONE
+
+    async def _fetch_pending(
+        self, chat_id: str, after_id: int
+    ) -> tuple[list[Any], list[dict[str, Any]]] | None:
+        """Lost ``action_required``: derive the pending client calls from history."""
+        try:
+            page = await self._client.get_messages(chat_id, limit=200)
+        except (CoderAgentError, OSError, TimeoutError):
+            return None  # keep waiting on the stream
+        turn, calls = pending_client_calls(
+            page.messages,
+            after_id=after_id,
+            client_tool_names=self._tools.keys(),
+            submitted_tool_call_ids=self._submitted,
+        )
+        return (turn, calls) if calls else None
+
+    # ------------------------------------------------------------------ teardown helpers
+
+    def _spawn(self, coro: Any) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()
+            return
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _fire_interrupt(self, chat_id: str) -> None:
+        """Best-effort, fire-and-forget interrupt of this turn's own chat."""
+
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await self._client.interrupt_chat(chat_id, timeout=self._timings.interrupt)
+
+        self._spawn(run())
+
+    def _fire_withdraw(self, chat_id: str, queued_id: int) -> None:
+        """A still-queued prompt is withdrawn, never left to run unattended."""
+
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await self._client.delete_queued_message(
+                    chat_id, queued_id, timeout=self._timings.interrupt
+                )
+
+        self._spawn(run())
+
+    def _close_reader_nowait(self) -> None:
+        if self._reader is not None:
+            self._reader.close_nowait()
+            self._reader = None
+
+    def _discard_session(self, chat_id: str | None) -> None:
+        if chat_id is not None and self._chat_id == chat_id:
+            self.reset_session()
+
+    async def wait_background(self, timeout: float | None = 5.0) -> None:
+        """Wait for fire-and-forget interrupts/withdrawals (bounded)."""
+        tasks = set(self._background)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    # ------------------------------------------------------------------ session ops
+
+    def reset_session(self) -> None:
+        """Forget the chat: ``chat_id`` → None, cursor cleared, retained stream closed.
+
+        ``last_known_chat_id`` is kept (cleanup target); nothing is stranded.
+        """
+        self._chat_id = None
+        self._cursor = 0
+        self._submitted = set()
+        self._assigned_workspace = None
+        self._assigned_mcp = []
+        self._close_reader_nowait()
+
+    async def interrupt(self, *, timeout: float | None = None) -> InterruptResult:
+        """Interrupt the session's chat (or the last known one).
+
+        Resolves on acknowledgement; the run keeps winding down briefly. A chat
+        with no live run answers 409 (``CoderApiError``).
+        """
+        target = self._chat_id or self._last_known_chat_id
+        if target is None:
+            return InterruptResult(False, None)
+        self._close_paused_reader()
+        await self._client.interrupt_chat(target, timeout=timeout)
+        return InterruptResult(True, target)
+
+    async def archive(self, *, timeout: float | None = None) -> ArchiveResult:
+        """Archive stranded chats (oldest first) then the session's chat.
+
+        Retries 409 ("active chat") every ``timings.settle_retry_delay`` within one
+        ``timings.settle_deadline`` window; other errors raise at once. Each
+        success clears that id from ``stranded_chat_ids``/``last_known_chat_id``.
+        An archived chat cannot be resumed.
+        """
+        primary = self._chat_id or self._last_known_chat_id
+        if primary is None and not self._stranded:
+            return ArchiveResult(False, None, [])
+        self._close_paused_reader()
+        targets = list(dict.fromkeys([*self._stranded, *([primary] if primary else [])]))
+        if timeout is None:
+            return await self._archive_targets(primary, targets)
+        async with asyncio.timeout(max(0.0, timeout)):
+            return await self._archive_targets(primary, targets)
+
+    async def _archive_targets(self, primary: str | None, targets: list[str]) -> ArchiveResult:
+        loop = asyncio.get_running_loop()
+        t = self._timings
+        deadline = loop.time() + t.settle_deadline
+        archived: list[str] = []
+        for target in targets:
+            while True:
+                remaining = max(0.001, deadline - loop.time())
+                try:
+                    await self._client.archive_chat(target, timeout=remaining)
+                    break
+                except CoderApiError as exc:
+                    if exc.status != 409 or loop.time() + t.settle_retry_delay >= deadline:
+                        raise
+                await asyncio.sleep(t.settle_retry_delay)
+            archived.append(target)
+            self._stranded.pop(target, None)
+            if self._last_known_chat_id == target:
+                self._last_known_chat_id = None
+        return ArchiveResult(True, primary, archived)
+
+    def _close_paused_reader(self) -> None:
+        if self._reader is not None and not self._in_flight:
+            self._close_reader_nowait()
+
+    async def aclose(self) -> None:
+        """Close the retained stream, wait briefly for best-effort interrupts, close
+        the client if this agent built it. Does NOT archive (durable steps must not)."""
+        if self._closed:
+            return
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.aclose()
+        await self.wait_background(self._timings.interrupt)
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _decode_args(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            return raw
+    return raw
