@@ -148,7 +148,8 @@ Route = Callable[[str, str, bytes], Awaitable[tuple[int, Any]] | tuple[int, Any]
 class MiniHttp:
     """A minimal real HTTP/1.1 server (asyncio streams); one response per connection.
 
-    ``route(method, path_with_query, body) -> (status, json_body)``.
+    ``route(method, path_with_query, body) -> (status, json_body)``; status 0 closes
+    the connection without a response.
     """
 
     def __init__(self, route: Route) -> None:
@@ -175,6 +176,8 @@ class MiniHttp:
             if not isinstance(result, tuple):
                 result = await result
             status, payload = result
+            if status == 0:  # "drop": close without answering (a network failure)
+                return
             data = b"" if payload is None else json.dumps(payload).encode()
             writer.write(
                 f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
@@ -214,6 +217,12 @@ class EventLog:
 
     def types(self) -> list[str]:
         return [e.type for e in self.events]
+
+
+@pytest.fixture
+def mini_http() -> type[MiniHttp]:
+    """The MiniHttp class (``async with mini_http(route) as server``)."""
+    return MiniHttp
 
 
 @pytest.fixture
