@@ -843,12 +843,20 @@ class CoderAgent:
                     return  # closed by us
                 assert isinstance(item, ChatStreamEvent)
                 tr.feed(item)
-            if tr.error is not None and tr.terminal_status is None:
-                # Pick up a status: error batched in the same frame (observability only).
-                with contextlib.suppress(TimeoutError):
-                    ev = await reader.next_event(timeout=0)
-                    if ev is not None:
-                        tr.feed(ev)
+            if (tr.error is None) != (tr.terminal_status != "error"):
+                # chatd sends `status: error` then the `error` event in one sync (one
+                # frame): pick up the other half without waiting, so the turn raises
+                # the server's error instead of finishing quietly with reason "error".
+                while True:
+                    try:
+                        ev = await reader.next_event(timeout=0)
+                    except TimeoutError:
+                        break
+                    if ev is None:
+                        break
+                    tr.feed(ev)
+                    if tr.error is not None and tr.terminal_status == "error":
+                        break
         finally:
             if recovery is not None:
                 recovery.cancel()
