@@ -1,1 +1,38 @@
+"""A faithful local chatd emulator (Coder chat API, current era); see docs/emulator.md.
 
+Quick use::
+
+    from coder_chat.emulator import Emulator, Script
+
+    async with Emulator() as emu:
+        emu.base_url, emu.token, emu.organization_id
+        emu.script_next_turn(chat_id, Script.structured_output({"answer": 42}))
+        emu.faults.drop_stream(chat_id, after_frames=3)
+"""
+
+from .script import (
+    ClientToolCall,
+    Failure,
+    Reasoning,
+    Script,
+    ServerToolCall,
+    Sleep,
+    Step,
+    Text,
+    parse_directive,
+)
+from .server import Emulator, Faults
+
+__all__ = [
+    "ClientToolCall",
+    "Emulator",
+    "Failure",
+    "Faults",
+    "Reasoning",
+    "Script",
+    "ServerToolCall",
+    "Sleep",
+    "Step",
+    "Text",
+    "parse_directive",
+]

@@ -1,0 +1,134 @@
+"""Fault registry: what the server shell should break next.
+
+Pure bookkeeping (no I/O). The HTTP layer consults it per request / per upgrade / per frame;
+the handle in ``server.py`` and the control API arm it. Time comes from ``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RestFault:
+    """Fail, drop the response of, or delay the next ``remaining`` matching REST calls."""
+
+    action: str  # "fail" | "drop_response" | "delay_commit"
+    remaining: int
+    method: str | None = None
+    path: str | None = None  # substring of the request path
+    status: int = 503
+    message: str = "Service Unavailable (emulator fault)."
+    seconds: float = 0.0
+
+    def matches(self, method: str, path: str) -> bool:
+        """True when the rule applies to this request."""
+        if self.method and self.method.upper() != method.upper():
+            return False
+        return not (self.path and self.path not in path)
+
+
+@dataclass
+class UpgradeRefusal:
+    """Refuse WebSocket upgrades with ``status`` until ``until`` or for ``remaining`` dials."""
+
+    status: int
+    until: float | None
+    remaining: int | None
+    chat_id: str | None = None
+    path: str | None = None
+
+
+@dataclass
+class DropRule:
+    """Drop the next ``remaining`` matching streams after ``frames`` frames."""
+
+    frames: int
+    remaining: int
+    chat_id: str | None = None
+    code: int | None = None  # None = abort TCP without a close frame
+
+
+@dataclass
+class Stall:
+    """Send no frames (and no pings) on matching streams until ``until``."""
+
+    chat_id: str | None
+    until: float | None
+
+
+@dataclass
+class FaultState:
+    """All armed faults."""
+
+    rest: list[RestFault] = field(default_factory=list)
+    upgrades: list[UpgradeRefusal] = field(default_factory=list)
+    drops: list[DropRule] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Disarm everything."""
+        self.rest.clear()
+        self.upgrades.clear()
+        self.drops.clear()
+        self.stalls.clear()
+
+    def take_rest(self, method: str, path: str) -> RestFault | None:
+        """Consume the first matching REST fault, if any."""
+        for f in self.rest:
+            if f.remaining > 0 and f.matches(method, path):
+                f.remaining -= 1
+                if f.remaining == 0:
+                    self.rest.remove(f)
+                return f
+        return None
+
+    def take_upgrade_refusal(self, chat_id: str | None, path: str) -> int | None:
+        """Status to refuse this upgrade with, or None to accept."""
+        now = time.monotonic()
+        for r in list(self.upgrades):
+            if r.until is not None and now >= r.until:
+                self.upgrades.remove(r)
+                continue
+            if r.chat_id and r.chat_id != chat_id:
+                continue
+            if r.path and r.path not in path:
+                continue
+            if r.remaining is not None:
+                r.remaining -= 1
+                if r.remaining <= 0:
+                    self.upgrades.remove(r)
+            return r.status
+        return None
+
+    def take_drop(self, chat_id: str | None) -> DropRule | None:
+        """Assign a drop rule to a stream (on connect or when armed)."""
+        for d in self.drops:
+            if d.remaining > 0 and (d.chat_id is None or d.chat_id == chat_id):
+                d.remaining -= 1
+                if d.remaining == 0:
+                    self.drops.remove(d)
+                return d
+        return None
+
+    def stalled_until(self, chat_id: str | None) -> float | bool | None:
+        """False when not stalled; else the monotonic end (None = until cleared)."""
+        now = time.monotonic()
+        for s in list(self.stalls):
+            if s.until is not None and now >= s.until:
+                self.stalls.remove(s)
+                continue
+            if s.chat_id is None or s.chat_id == chat_id:
+                return s.until
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """JSON view of armed faults."""
+        return {
+            "rest": [f.__dict__ for f in self.rest],
+            "upgrades": [u.__dict__ for u in self.upgrades],
+            "drops": [d.__dict__ for d in self.drops],
+            "stalls": [s.__dict__ for s in self.stalls],
+        }

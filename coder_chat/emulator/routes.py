@@ -1,0 +1,759 @@
+"""The chatd REST routes and WebSocket sessions (thin shell over ``core``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+from . import statemachine as sm
+from .core import DEFAULT_MODEL_CONFIG_ID, Core, FileRec, WatchSub
+from .httpserver import (
+    DROP,
+    DropResponse,
+    Request,
+    Response,
+    Upgrade,
+    WebSocket,
+    error_response,
+    json_response,
+)
+from .statemachine import Refused
+from .store import ChatRec, User, new_uuid
+from .stream import StreamCursor, frames
+from .validation import (
+    REASONING_EFFORTS,
+    is_uuid,
+    parse_content,
+    parse_uuid,
+    positive_int,
+    split_query,
+    validate_dynamic_tools,
+    validate_labels,
+)
+
+PREFIXES = ("/api/experimental/chats", "/api/v2/chats")
+JSON_BODY_CAP = 256 * 1024
+FILE_CAP = 10 * 1024 * 1024
+FILE_TYPES = {
+    "application/json",
+    "application/pdf",
+    "image/gif",
+    "image/jpeg",
+    "image/png",
+    "image/webp",
+    "text/csv",
+    "text/markdown",
+    "text/plain",
+}
+NOT_FOUND = "Resource not found or you do not have access to this resource"
+
+Result = Response | DropResponse | Upgrade
+
+
+def _refused(e: Refused) -> Response:
+    return error_response(e.status, e.message, e.detail, getattr(e, "validations", None))
+
+
+class Api:
+    """Routes requests for the chat API onto the core."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.sessions: set[StreamSession] = set()
+        self.watch_sessions: set[WatchSession] = set()
+
+    # ------------------------------------------------------------------ dispatch
+    async def handle(self, req: Request) -> Result:
+        """Entry point for every non-control request."""
+        core = self.core
+        if req.is_upgrade:
+            status = core.faults.take_upgrade_refusal(_chat_id_of(req.path), req.path)
+            if status is not None:
+                core.log("fault", None, fault="refuse_upgrade", status=status, path=req.path)
+                return error_response(status, f"Upgrade refused (emulator fault, {status}).")
+        else:
+            fault = core.faults.take_rest(req.method, req.path)
+            if fault is not None:
+                core.log("fault", None, fault=fault.action, method=req.method, path=req.path)
+                if fault.action == "fail":
+                    return error_response(fault.status, fault.message)
+                if fault.action == "delay_commit":
+                    await asyncio.sleep(fault.seconds)
+                elif fault.action == "drop_response":
+                    await self._dispatch(req)
+                    return DROP
+        resp = await self._dispatch(req)
+        if core.cfg.log_requests:
+            status = resp.status if isinstance(resp, Response) else 101
+            core.log(
+                "request", _chat_id_of(req.path), method=req.method, path=req.path, status=status
+            )
+        return resp
+
+    async def _dispatch(self, req: Request) -> Result:
+        try:
+            return await self._route(req)
+        except Refused as e:
+            return _refused(e)
+
+    async def _route(self, req: Request) -> Result:
+        path = req.path.rstrip("/") if req.path != "/" else req.path
+        if path == "/api/v2/buildinfo":
+            return json_response(
+                200,
+                {
+                    "version": "v2.99.0-emulator",
+                    "external_url": "",
+                    "dashboard_url": "",
+                    "agent_api_version": "1.0",
+                },
+            )
+        user = self._auth(req)
+        if path.startswith("/api/v2/organizations/") and path.endswith("/chats/models"):
+            return self._models(req, path)
+        if path == "/api/v2/users/me":
+            return json_response(
+                200,
+                {
+                    "id": user.id,
+                    "username": user.username,
+                    "organization_ids": [self.core.organization_id],
+                },
+            )
+        for prefix in PREFIXES:
+            if path == prefix or path.startswith(prefix + "/"):
+                segs = [s for s in path[len(prefix) :].split("/") if s]
+                return await self._chats(req, user, segs)
+        return error_response(404, "Route not found.")
+
+    def _auth(self, req: Request) -> User:
+        token = req.header("coder-session-token")
+        if not token:
+            raise Refused(
+                401,
+                'Cookie "coder_session_token" or query parameter must be provided.',
+            )
+        user = self.core.users_by_token.get(token)
+        if user is None:
+            raise Refused(401, "Invalid API key.", "API key is invalid or expired.")
+        return user
+
+    async def _chats(self, req: Request, user: User, segs: list[str]) -> Result:
+        m = req.method
+        if not segs:
+            if m == "POST":
+                return self._create(req, user)
+            if m == "GET":
+                return self._list(req, user)
+            return _method_not_allowed()
+        head = segs[0]
+        if head == "watch" and len(segs) == 1:
+            return self._watch(req, user)
+        if head == "files":
+            if len(segs) == 1 and m == "POST":
+                return self._upload(req, user)
+            if len(segs) == 2 and m == "GET":
+                return self._download(user, segs[1])
+            return error_response(404, "Route not found.")
+        if head == "model-configs":
+            return error_response(404, "Route not found.")
+        chat = self._chat(head, user)
+        rest = segs[1:]
+        if not rest:
+            if m == "GET":
+                return json_response(200, self._render(chat))
+            if m == "PATCH":
+                return self._patch(req, user, chat)
+            return _method_not_allowed()
+        what = rest[0]
+        if what == "messages" and len(rest) == 1:
+            if m == "GET":
+                return self._get_messages(req, chat)
+            if m == "POST":
+                return self._post_message(req, user, chat)
+        if what == "tool-results" and len(rest) == 1 and m == "POST":
+            return self._tool_results(req, user, chat)
+        if what == "interrupt" and len(rest) == 1 and m == "POST":
+            self._require_update(user, chat)
+            self.core.interrupt(chat)
+            return json_response(200, self._render(chat))
+        if what == "queue" and len(rest) >= 2:
+            qid = _queued_id(rest[1])
+            if len(rest) == 2 and m == "DELETE":
+                self._require_update(user, chat)
+                self.core.delete_queued(chat, qid)
+                return Response(204)
+            if len(rest) == 3 and rest[2] == "promote" and m == "POST":
+                self._require_owner(user, chat, "promote queued messages")
+                self.core.promote_queued(chat, qid)
+                return json_response(202, {"message": "Queued message promotion accepted."})
+        if what == "stream" and len(rest) == 1 and m == "GET":
+            return self._stream(req, user, chat)
+        return error_response(404, "Route not found.")
+
+    # ------------------------------------------------------------------ helpers
+    def _chat(self, raw: str, user: User) -> ChatRec:
+        cid = parse_uuid(raw)
+        chat = self.core.chats.get(cid)
+        if chat is None or not (chat.owner.id == user.id or user.id in chat.shared_with):
+            raise Refused(404, NOT_FOUND)
+        return chat
+
+    @staticmethod
+    def _require_update(user: User, chat: ChatRec) -> None:
+        # RBAC update denied reads as 404 (a shared reader cannot mutate).
+        if chat.owner.id != user.id:
+            raise Refused(404, NOT_FOUND)
+
+    @staticmethod
+    def _require_owner(user: User, chat: ChatRec, what: str) -> None:
+        if chat.owner.id != user.id:
+            raise Refused(403, f"Only the chat owner may {what}.")
+
+    def _render(self, chat: ChatRec) -> dict[str, Any]:
+        return chat.render(children=[])
+
+    def _body(self, req: Request) -> Any:
+        if req.too_large or len(req.body) > JSON_BODY_CAP:
+            raise Refused(413, "Request body is too large.")
+        try:
+            return req.json()
+        except ValueError:
+            raise Refused(400, "Request body must be valid JSON.") from None
+
+    def _file_lookup(self, user: User) -> Any:
+        def lookup(fid: str) -> dict[str, Any] | None:
+            f = self.core.files.get(str(fid))
+            if f is None or f.owner_id != user.id:
+                return None
+            out = {"file_id": f.id, "media_type": f.media_type}
+            if f.name:
+                out["name"] = f.name
+            return out
+
+        return lookup
+
+    # ------------------------------------------------------------------- routes
+    def _create(self, req: Request, user: User) -> Response:
+        body = self._body(req)
+        if not isinstance(body, dict):
+            raise Refused(400, "Request body must be valid JSON.")
+        org = body.get("organization_id")
+        if not org:
+            raise Refused(400, "organization_id is required.")
+        if not is_uuid(org) or str(org) != self.core.organization_id:
+            raise Refused(403, "You are not a member of the specified organization.")
+        content = parse_content(body.get("content"), self._file_lookup(user))
+        ws = body.get("workspace_id")
+        if ws is not None and not is_uuid(ws):
+            raise Refused(400, "Workspace not found or you do not have access to this resource")
+        mc = body.get("model_config_id")
+        if mc and mc != DEFAULT_MODEL_CONFIG_ID:
+            raise Refused(400, f"Invalid model_config_id: {mc}")
+        if body.get("plan_mode") not in (None, "", "plan"):
+            raise Refused(400, "Invalid plan_mode value.")
+        mcp = list(dict.fromkeys(body.get("mcp_server_ids") or []))
+        if mcp:
+            raise Refused(
+                400, "One or more MCP server IDs are invalid or disabled.", ", ".join(map(str, mcp))
+            )
+        body["labels"] = validate_labels(body.get("labels"))
+        validate_dynamic_tools(body.get("unsafe_dynamic_tools"))
+        if body.get("client_type") not in (None, "", "ui", "api"):
+            raise Refused(400, "Invalid client_type.")
+        re_ = body.get("reasoning_effort")
+        if re_ not in (None, "") and re_ not in REASONING_EFFORTS:
+            raise Refused(400, "Invalid reasoning_effort value.")
+        chat = self.core.create_chat(user, body, content)
+        return json_response(201, self._render(chat))
+
+    def _list(self, req: Request, user: User) -> Response:
+        archived: bool | None = False
+        statuses: set[str] | None = None
+        title_like: str | None = None
+        has_unread: bool | None = None
+        source = "created_by_me"
+        pr_none_only = False
+        for key, value in split_query(" ".join(req.query.get("q", []))):
+            if key == "archived":
+                if value not in ("true", "false", "any"):
+                    raise Refused(400, "Invalid chat search query.", f"archived: {value!r}")
+                archived = None if value == "any" else value == "true"
+            elif key == "status":
+                vals = {v for v in value.split(",") if v}
+                if not vals or not vals <= set(sm.STATUSES):
+                    raise Refused(400, "Invalid chat search query.", f"status: {value!r}")
+                statuses = (statuses or set()) | vals
+            elif key == "has_unread":
+                if value not in ("true", "false"):
+                    raise Refused(400, "Invalid chat search query.", f"has_unread: {value!r}")
+                has_unread = value == "true"
+            elif key in ("title", "search"):
+                title_like = value.lower()
+            elif key == "source":
+                if value not in ("created_by_me", "shared_with_me"):
+                    raise Refused(400, "Invalid chat search query.", f"source: {value!r}")
+                source = value
+            elif key == "pr_status":
+                pr_none_only = True
+                if not set(value.split(",")) <= {"draft", "open", "merged", "closed", "none"}:
+                    raise Refused(400, "Invalid chat search query.", f"pr_status: {value!r}")
+                pr_none_only = "none" not in value.split(",")
+            elif key in ("pr", "repo", "pr_title", "diff_url"):
+                pr_none_only = True  # emulated chats have no PRs: these match nothing
+            else:
+                raise Refused(400, "Invalid chat search query.", f"unknown key {key!r}")
+        labels: dict[str, str] = {}
+        for raw in req.query.get("label", []):
+            k, sep, v = raw.partition(":")
+            if not sep or not k or not v:
+                raise Refused(
+                    400,
+                    f'Invalid label filter: "{raw}" (expected format key:value, both must be '
+                    "non-empty)",
+                )
+            labels[k] = v
+        limit = positive_int(_q1(req, "limit")) or 50
+        offset = positive_int(_q1(req, "offset")) or 0
+        after = _q1(req, "after_id")
+        if after is not None and after != "" and not is_uuid(after):
+            raise Refused(400, "Query parameters have invalid values.", "after_id must be a UUID")
+        rows = []
+        for c in self.core.chats.values():
+            if c.parent_chat_id is not None:
+                continue
+            if source == "created_by_me" and c.owner.id != user.id:
+                continue
+            if source == "shared_with_me" and user.id not in c.shared_with:
+                continue
+            if archived is not None and c.archived != archived:
+                continue
+            if statuses is not None and c.status not in statuses:
+                continue
+            if has_unread is not None and c.has_unread != has_unread:
+                continue
+            if title_like is not None and title_like not in c.title.lower():
+                continue
+            if pr_none_only:
+                continue
+            if any(c.labels.get(k) != v for k, v in labels.items()):
+                continue
+            rows.append(c)
+        rows.sort(key=lambda c: (c.pin_order == 0, c.pin_order, -c.updated_at, _neg_id(c.id)))
+        if after:
+            idx = next((i for i, c in enumerate(rows) if c.id == str(after)), None)
+            rows = [] if idx is None else rows[idx + 1 :]
+        rows = rows[offset : offset + limit]
+        return json_response(200, [self._render(c) for c in rows])
+
+    def _patch(self, req: Request, user: User, chat: ChatRec) -> Response:
+        self._require_update(user, chat)
+        body = self._body(req)
+        if not isinstance(body, dict):
+            raise Refused(400, "Request body must be valid JSON.")
+        # B1 order, not atomic: title → labels → archived → pin → workspace → plan.
+        if "title" in body and body["title"] is not None:
+            self.core.set_title(chat, str(body["title"]))
+        if "labels" in body and body["labels"] is not None:
+            chat.labels = validate_labels(body["labels"])
+            chat.updated_at = self.core.now()
+        if "archived" in body and body["archived"] is not None:
+            if chat.parent_chat_id is not None:
+                raise Refused(400, "Chat archive state can only be changed on the root chat.")
+            self.core.set_archived(chat, bool(body["archived"]))
+        if "pin_order" in body and body["pin_order"] is not None:
+            try:
+                chat.pin_order = max(0, int(body["pin_order"]))
+            except (TypeError, ValueError):
+                raise Refused(400, "Invalid pin_order value.") from None
+        if "workspace_id" in body and body["workspace_id"] is not None:
+            if not is_uuid(body["workspace_id"]):
+                raise Refused(400, "Workspace not found or you do not have access to this resource")
+            chat.workspace_id = str(body["workspace_id"])
+        if "plan_mode" in body and body["plan_mode"] is not None:
+            if body["plan_mode"] not in ("", "plan"):
+                raise Refused(400, "Invalid plan_mode value.")
+            chat.plan_mode = body["plan_mode"]
+        return Response(204)
+
+    def _get_messages(self, req: Request, chat: ChatRec) -> Response:
+        before = _cursor(_q1(req, "before_id"))
+        after = _cursor(_q1(req, "after_id"))
+        raw_limit = _q1(req, "limit")
+        if raw_limit is None or raw_limit == "":
+            limit = 50
+        else:
+            try:
+                limit = int(raw_limit)
+            except ValueError:
+                raise Refused(400, "Query parameters have invalid values.") from None
+            if limit < 0:
+                raise Refused(400, "Query parameters have invalid values.")
+            if limit == 0 or limit > 200:
+                raise Refused(400, "Invalid limit parameter (1-200).")
+        if before is not None and after is not None and after >= before:
+            raise Refused(400, "after_id must be less than before_id.")
+        rows = [m.wire for m in chat.visible_messages()]
+        if after is not None:
+            rows = [r for r in rows if r["id"] > after]
+        if before is not None:
+            rows = [r for r in rows if r["id"] < before]
+        if after is not None and before is None:
+            page = rows[: limit + 1]
+        else:
+            page = list(reversed(rows))[: limit + 1]
+        has_more = len(page) > limit
+        body: dict[str, Any] = {
+            "messages": page[:limit],
+            "queued_messages": [
+                {k: v for k, v in q.items() if not k.startswith("_")} for q in chat.queue
+            ]
+            if before is None and after is None
+            else [],
+            "has_more": has_more,
+        }
+        return json_response(200, body)
+
+    def _post_message(self, req: Request, user: User, chat: ChatRec) -> Response:
+        self._require_owner(user, chat, "send messages")
+        if chat.archived:
+            raise Refused(400, "Cannot send messages to an archived chat.")
+        body = self._body(req)
+        if not isinstance(body, dict):
+            raise Refused(400, "Request body must be valid JSON.")
+        content = parse_content(body.get("content"), self._file_lookup(user))
+        busy = body.get("busy_behavior") or "queue"
+        if busy not in ("queue", "interrupt"):
+            raise Refused(400, "Invalid busy_behavior value.")
+        mc = body.get("model_config_id")
+        if mc and mc != DEFAULT_MODEL_CONFIG_ID:
+            raise Refused(400, f"Invalid model_config_id: {mc}")
+        if body.get("mcp_server_ids"):
+            raise Refused(400, "One or more MCP server IDs are invalid or disabled.")
+        re_ = body.get("reasoning_effort")
+        if re_ not in (None, "") and re_ not in REASONING_EFFORTS:
+            raise Refused(400, "Invalid reasoning_effort value.")
+        if body.get("plan_mode") not in (None, "", "plan"):
+            raise Refused(400, "Invalid plan_mode value.")
+        resp = self.core.send_message(chat, user, content, busy)
+        return json_response(200, resp)
+
+    def _tool_results(self, req: Request, user: User, chat: ChatRec) -> Response:
+        self._require_owner(user, chat, "submit tool results")
+        if chat.archived:
+            raise Refused(400, "Cannot submit tool results to an archived chat.")
+        body = self._body(req)
+        results = body.get("results") if isinstance(body, dict) else None
+        if not results:
+            raise Refused(400, "At least one tool result is required.")
+        if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+            raise Refused(400, "Request body must be valid JSON.")
+        self.core.submit_tool_results(chat, user, results)
+        return Response(204)
+
+    def _models(self, req: Request, path: str) -> Response:
+        org = path[len("/api/v2/organizations/") :].split("/")[0]
+        if parse_uuid(org) != self.core.organization_id:
+            raise Refused(404, NOT_FOUND)
+        model = {
+            "id": DEFAULT_MODEL_CONFIG_ID,
+            "provider": "anthropic",
+            "model": "claude-emulated",
+            "display_name": "Emulated Model",
+            "is_default": True,
+            "context_limit": 200_000,
+        }
+        return json_response(
+            200,
+            {
+                "models": [model],
+                "providers": [{"provider": "anthropic", "available": True}],
+                "unsupported_providers": [],
+            },
+        )
+
+    def _upload(self, req: Request, user: User) -> Response:
+        org = _q1(req, "organization")
+        if not org or not is_uuid(org):
+            raise Refused(400, "Missing or invalid organization query parameter.")
+        if str(org) != self.core.organization_id:
+            raise Refused(403, "You are not a member of the specified organization.")
+        if req.too_large or len(req.body) > FILE_CAP:
+            raise Refused(413, "File too large.", "Maximum file size is 10 MiB.")
+        mt = (req.header("content-type") or "").split(";")[0].strip().lower()
+        if mt not in FILE_TYPES or not _sniff_ok(mt, req.body):
+            raise Refused(400, "Unsupported file type.", f"{mt or 'unknown'} is not allowed.")
+        name = ""
+        cd = req.header("content-disposition") or ""
+        if "filename=" in cd:
+            name = cd.split("filename=", 1)[1].strip().strip('"')
+        f = FileRec(
+            new_uuid(), user.id, self.core.organization_id, mt, name, req.body, self.core.now()
+        )
+        self.core.files[f.id] = f
+        self.core.log("file", None, id=f.id, size=len(req.body))
+        return json_response(201, {"id": f.id})
+
+    def _download(self, user: User, raw: str) -> Response:
+        fid = parse_uuid(raw)
+        f = self.core.files.get(fid)
+        if f is None or f.owner_id != user.id:
+            raise Refused(404, NOT_FOUND)
+        return Response(200, f.data, f.media_type)
+
+    # ------------------------------------------------------------- websockets
+    def _stream(self, req: Request, user: User, chat: ChatRec) -> Result:
+        raw = _q1(req, "after_id")
+        after_id = 0
+        if raw not in (None, ""):
+            try:
+                after_id = int(raw)  # type: ignore[arg-type]
+            except ValueError:
+                raise Refused(400, "Invalid after_id parameter.") from None
+        cursor = StreamCursor(chat.id, after_id=after_id)
+        rev = _q1(req, "after_revision")
+        if rev not in (None, ""):
+            try:
+                r = int(rev)  # type: ignore[arg-type]
+            except ValueError:
+                r = -1
+            if r < 0:
+                raise Refused(400, "Invalid after_revision parameter.")
+            cursor.last_history_version = r
+            cursor.cursor_revision = r
+        if not req.is_upgrade:
+            return error_response(400, "Expected a WebSocket upgrade.")
+        session = StreamSession(self, chat, user, cursor)
+        return Upgrade(session.run)
+
+    def _watch(self, req: Request, user: User) -> Result:
+        if not req.is_upgrade:
+            return error_response(400, "Expected a WebSocket upgrade.")
+        session = WatchSession(self, user)
+        return Upgrade(session.run)
+
+    def drop_streams(self, chat_id: str | None, code: int | None) -> int:
+        """Drop every open stream (of one chat) now."""
+        n = 0
+        for s in list(self.sessions):
+            if chat_id is None or s.chat.id == chat_id:
+                s.drop(code)
+                n += 1
+        return n
+
+
+class StreamSession:
+    """One open ``/stream`` WebSocket."""
+
+    def __init__(self, api: Api, chat: ChatRec, user: User, cursor: StreamCursor) -> None:
+        self.api = api
+        self.core = api.core
+        self.chat = chat
+        self.user = user
+        self.cursor = cursor
+        self._wake = asyncio.Event()
+        self.ws: WebSocket | None = None
+        self.frames_left: int | None = None
+        self.drop_code: int | None = None
+        self.frames_sent = 0
+        self.events_sent = 0
+
+    def wake(self) -> None:
+        """Pubsub hint: the chat changed."""
+        self._wake.set()
+
+    def arm_drop(self, frames: int, code: int | None) -> None:
+        """Drop after ``frames`` more frames (0 = now)."""
+        self.frames_left = frames
+        self.drop_code = code
+        if frames <= 0:
+            self.drop(code)
+
+    def drop(self, code: int | None) -> None:
+        """Drop the connection now (abort TCP, or close with ``code``)."""
+        ws = self.ws
+        if ws is None:
+            return
+        self.core.log("fault", self.chat.id, fault="drop_stream", code=code)
+        if code is None:
+            ws.abort()
+        else:
+            asyncio.get_running_loop().create_task(ws.close(code, ""))
+        self._wake.set()
+
+    async def _unstalled(self) -> None:
+        while True:
+            until = self.core.faults.stalled_until(self.chat.id)
+            if until is False:
+                return
+            if self.ws is None or self.ws.closed.is_set():
+                return
+            await asyncio.sleep(0.02)
+
+    async def run(self, ws: WebSocket) -> None:
+        """Send snapshot + live events until the socket closes."""
+        self.ws = ws
+        chat, core = self.chat, self.core
+        chat.subscribers.add(self)
+        self.api.sessions.add(self)
+        ws.closed_callbacks = [self.wake]  # type: ignore[attr-defined]
+        core.log("ws_connect", chat.id, after_id=self.cursor.after_id, user=self.user.username)
+        if chat.owner.id == self.user.id:
+            chat.has_unread = False
+        rule = core.faults.take_drop(chat.id)
+        if rule is not None:
+            self.arm_drop(rule.frames, rule.code)
+        pinger = asyncio.get_running_loop().create_task(self._ping_loop())
+        closed_waiter = asyncio.get_running_loop().create_task(self._watch_closed())
+        try:
+            while not ws.closed.is_set():
+                self._wake.clear()
+                if core.faults.stalled_until(chat.id) is not False:
+                    await self._unstalled()
+                    continue
+                events = self.cursor.sync(chat)
+                for frame in frames(events):
+                    if ws.closed.is_set():
+                        break
+                    await ws.send_text(json.dumps(frame, separators=(",", ":")).encode() + b"\n")
+                    self.frames_sent += 1
+                    self.events_sent += len(frame)
+                    if self.frames_left is not None:
+                        self.frames_left -= 1
+                        if self.frames_left <= 0:
+                            self.frames_left = None
+                            self.drop(self.drop_code)
+                            break
+                if ws.closed.is_set():
+                    break
+                await self._wake.wait()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            pinger.cancel()
+            closed_waiter.cancel()
+            chat.subscribers.discard(self)
+            self.api.sessions.discard(self)
+            if chat.owner.id == self.user.id:
+                chat.has_unread = False
+            core.log("ws_disconnect", chat.id, frames=self.frames_sent)
+
+    async def _watch_closed(self) -> None:
+        assert self.ws is not None
+        await self.ws.closed.wait()
+        self._wake.set()
+
+    async def _ping_loop(self) -> None:
+        ws = self.ws
+        assert ws is not None
+        interval = self.core.cfg.ping_interval
+        while not ws.closed.is_set():
+            await asyncio.sleep(interval)
+            if self.core.faults.stalled_until(self.chat.id) is not False:
+                continue
+            if not await ws.ping(self.core.cfg.ping_timeout):
+                if not ws.closed.is_set():
+                    await ws.close(1001, "liveness probe failed")
+                return
+
+
+class WatchSession:
+    """One open ``/chats/watch`` WebSocket: one JSON object per frame."""
+
+    def __init__(self, api: Api, user: User) -> None:
+        self.api = api
+        self.user = user
+
+    async def run(self, ws: WebSocket) -> None:
+        """Forward watch events until the socket closes."""
+        core = self.api.core
+        sub = WatchSub(self.user)
+        core.watchers.add(sub)
+        core.log("watch_connect", None, user=self.user.username)
+        closed = asyncio.get_running_loop().create_task(ws.closed.wait())
+        try:
+            while not ws.closed.is_set():
+                getter = asyncio.get_running_loop().create_task(sub.queue.get())
+                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                ev = getter.result()
+                await ws.send_text(json.dumps(ev).encode() + b"\n")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            closed.cancel()
+            core.watchers.discard(sub)
+            with contextlib.suppress(Exception):
+                core.log("watch_disconnect", None, user=self.user.username)
+
+
+def _q1(req: Request, name: str) -> str | None:
+    vals = req.query.get(name)
+    return vals[-1] if vals else None
+
+
+def _cursor(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        v = int(raw)
+    except ValueError:
+        raise Refused(400, "Query parameters have invalid values.") from None
+    if v <= 0:
+        raise Refused(400, "Query parameters have invalid values.")
+    return v
+
+
+def _queued_id(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise Refused(400, "Invalid queued message ID.") from None
+
+
+def _neg_id(cid: str) -> tuple[int, ...]:
+    return tuple(-b for b in bytes.fromhex(cid.replace("-", "")))
+
+
+def _chat_id_of(path: str) -> str | None:
+    for prefix in PREFIXES:
+        if path.startswith(prefix + "/"):
+            seg = path[len(prefix) + 1 :].split("/")[0]
+            if is_uuid(seg):
+                return seg
+    return None
+
+
+def _method_not_allowed() -> Response:
+    return error_response(405, "Method not allowed.")
+
+
+_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+    "application/pdf": (b"%PDF-",),
+}
+
+
+def _sniff_ok(mt: str, data: bytes) -> bool:
+    """The declared type must agree with the bytes (header and sniffed type both checked)."""
+    if mt in _MAGIC:
+        return any(data.startswith(m) for m in _MAGIC[mt])
+    if mt == "image/webp":
+        return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    if b"\x00" in data[:8192]:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_ = time  # time is used by callers via core.now()
