@@ -72,6 +72,15 @@ def requests(emu: Emulator, chat_id: str, suffix: str) -> list[dict[str, Any]]:
     ]
 
 
+async def started(agent: CoderAgent) -> str:
+    """Wait until a running turn has created its chat."""
+    for _ in range(1000):
+        if agent.chat_id is not None:
+            return agent.chat_id
+        await asyncio.sleep(0.005)
+    raise AssertionError("the turn never created its chat")
+
+
 def directive(script: Script, text: str = "go") -> str:
     return f"{text} #emu {json.dumps(script.to_json())}"
 
@@ -315,8 +324,7 @@ async def test_interrupt_archive_reset(emu: Emulator) -> None:
     assert await agent.interrupt() == type(await agent.interrupt())(False, None)
     assert (await agent.archive()).archived is False
     task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))
-    while agent.chat_id is None:
-        await asyncio.sleep(0.01)
+    await started(agent)
     chat_id = agent.chat_id
     await emu.await_status(chat_id, "running")
     other = make(emu, chat_id=chat_id)
@@ -341,8 +349,7 @@ async def test_interrupt_archive_reset(emu: Emulator) -> None:
 async def test_archive_retries_409_until_run_winds_down(emu: Emulator) -> None:
     agent = make(emu)
     task = asyncio.create_task(agent.generate(directive(Script.long_running(0.4))))
-    while agent.chat_id is None:
-        await asyncio.sleep(0.01)
+    await started(agent)
     other = make(emu, chat_id=agent.chat_id)
     res = await other.archive()  # busy at first: 409s retried 50 ms apart
     assert res.archived
@@ -352,8 +359,7 @@ async def test_archive_retries_409_until_run_winds_down(emu: Emulator) -> None:
     # a window too short to outlast the run: the last 409 surfaces
     short = make(emu, timings=AgentTimings(settle_deadline=0.1, settle_retry_delay=0.05))
     t2 = asyncio.create_task(short.generate(directive(Script.long_running(1.0))))
-    while short.chat_id is None:
-        await asyncio.sleep(0.01)
+    await started(short)
     await emu.await_status(short.chat_id, "running")
     with pytest.raises(CoderApiError) as conflict:
         await make(emu, chat_id=short.chat_id, timings=short._timings).archive()
