@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from coder_chat.emulator import Emulator, Script, Step, Text
+from coder_chat.emulator import Emulator, Script, Sleep, Step, Text
 
 from .helpers import P, Tap, client, create_chat, send, wait_status
 
@@ -95,7 +95,7 @@ async def test_follow_up_mentions_results(emu: Emulator) -> None:
 async def test_server_tool_and_multistep_and_reasoning(emu: Emulator) -> None:
     async with client(emu) as c:
         script = Script.of(
-            Step((Text("thinking", deltas=2),)),
+            Step((Sleep(0.1), Text("thinking", deltas=2))),
             Script.server_tool("web_search", {"q": "x"}, {"hits": 1}).steps[0],
             Step((Text("final"),)),
         )
