@@ -1,0 +1,288 @@
+"""Stream reader against the chatd emulator: drops mid-text, mid tool-call args and
+across a committed-message gap (exactly-once deltas), paused redial during tool
+execution, upgrade refusals, budget exhaustion, and a token scan."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from coder_chat.emulator.script import Script
+from coder_chat.errors import CoderAgentError, CoderApiError, CoderStreamError
+from coder_chat.models import (
+    ChatInputPart,
+    ChatStreamEvent,
+    CreateChatMessageRequest,
+    CreateChatRequest,
+    DynamicToolDefinition,
+    ToolResult,
+)
+from coder_chat.rest import ChatClient
+from coder_chat.stream import ChatStreamReader, StreamOptions
+
+FAST = StreamOptions(backoff_initial_ms=5, backoff_cap_ms=40, open_timeout=2.0, close_timeout=0.5)
+LONG_TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the end."
+
+
+def client_for(emu: Any, events: Any = None, token: str | None = None) -> ChatClient:
+    return ChatClient(
+        emu.base_url,
+        token or emu.token,
+        organization_id=emu.organization_id,
+        on_transport_event=events,
+    )
+
+
+async def idle_chat(client: ChatClient, emu: Any, tools: list[str] | None = None) -> str:
+    """A chat whose first (echo) turn is done, so the next turn can be scripted."""
+    chat = await client.create_chat(
+        CreateChatRequest(
+            organization_id=emu.organization_id,
+            content=[ChatInputPart.text_part("setup")],
+            unsafe_dynamic_tools=[DynamicToolDefinition(name=t) for t in tools or []] or None,
+        )
+    )
+    await emu.await_status(chat.id, "waiting")
+    return chat.id
+
+
+async def send(client: ChatClient, chat_id: str, text: str) -> int:
+    resp = await client.create_message(
+        chat_id, CreateChatMessageRequest(content=[ChatInputPart.text_part(text)])
+    )
+    assert resp.message is not None
+    return resp.message.id
+
+
+async def read_until(
+    reader: ChatStreamReader, stop: Any, out: list[ChatStreamEvent], limit: float = 5.0
+) -> ChatStreamEvent:
+    while True:
+        ev = await reader.next_event(timeout=limit)
+        assert ev is not None
+        out.append(ev)
+        if stop(ev):
+            return ev
+
+
+def is_status(s: str) -> Any:
+    return lambda ev: ev.type == "status" and ev.status is not None and ev.status.status == s
+
+
+def deltas(evs: list[ChatStreamEvent]) -> list[ChatStreamEvent]:
+    return [e for e in evs if e.type == "message_part"]
+
+
+def coords(evs: list[ChatStreamEvent]) -> list[tuple[int, int, int]]:
+    out = []
+    for e in deltas(evs):
+        mp = e.message_part
+        assert mp is not None and mp.has_coordinates
+        out.append((mp.history_version, mp.generation_attempt, mp.seq))  # type: ignore[arg-type]
+    return out
+
+
+def assert_each_delta_once(evs: list[ChatStreamEvent]) -> None:
+    c = coords(evs)
+    assert len(c) == len(set(c)), "a delta was delivered twice"
+    assert c == sorted(c)
+
+
+@pytest.mark.chatd_emulator(delta_delay=0.02)
+async def test_drop_mid_text_delivers_every_delta_exactly_once(
+    chatd_emulator: Any, events: Any
+) -> None:
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        emu.script_next_turn(chat_id, Script.text(LONG_TEXT, deltas=15))
+        after_id = await send(client, chat_id, "talk")
+        reader = ChatStreamReader(client, chat_id, after_id=after_id, options=FAST)
+        got: list[ChatStreamEvent] = []
+        await read_until(reader, lambda e: len(deltas(got)) >= 4, got)
+        assert emu.faults.drop_stream(chat_id) == 1  # TCP abort, no close frame
+        await read_until(reader, is_status("waiting"), got)
+        await reader.aclose()
+    text = "".join(e.message_part.part.text or "" for e in deltas(got))  # type: ignore[union-attr]
+    assert text == LONG_TEXT
+    assert_each_delta_once(got)
+    (final,) = [e.message for e in got if e.type == "message" and e.message.role == "assistant"]  # type: ignore[union-attr]
+    assert final.content[0].text == LONG_TEXT
+    dials = events.of("ws:dial")
+    assert len(dials) >= 2 and all(d.url.endswith(f"?after_id={after_id}") for d in dials)
+    assert [c.attempt for c in events.of("ws:close")] == [d.attempt for d in dials]
+    assert events.of("ws:close")[0].code == 1006
+    suppressed = [e for e in events.of("ws:event") if not e.forwarded]
+    assert suppressed and all(e.event.type == "message_part" for e in suppressed)
+
+
+@pytest.mark.chatd_emulator(delta_delay=0.03)
+async def test_drop_mid_tool_call_args(chatd_emulator: Any, events: Any) -> None:
+    emu = chatd_emulator
+    args = {"query": "weather in Lisbon", "days": [1, 2, 3]}
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu, tools=["lookup"])
+        emu.script_next_turn(chat_id, Script.client_tool("lookup", args))
+        after_id = await send(client, chat_id, "call it")
+        reader = ChatStreamReader(client, chat_id, after_id=after_id, options=FAST)
+        got: list[ChatStreamEvent] = []
+
+        def first_args_delta(ev: ChatStreamEvent) -> bool:
+            return ev.type == "message_part" and ev.message_part.part.args_delta is not None  # type: ignore[union-attr]
+
+        await read_until(reader, first_args_delta, got)
+        emu.faults.drop_stream(chat_id)
+        await read_until(reader, lambda e: e.type == "action_required", got)
+        await reader.aclose()
+    assert_each_delta_once(got)
+    parts = [e.message_part.part for e in deltas(got)]  # type: ignore[union-attr]
+    streamed = "".join(p.args_delta for p in parts if p.args_delta is not None)
+    assert json.loads(streamed) == args
+    full = [p for p in parts if p.type == "tool-call" and "args" in p.model_fields_set]
+    assert len(full) == 1 and full[0].args == args
+    (action,) = [e for e in got if e.type == "action_required"]
+    assert action.action_required is not None
+    assert json.loads(action.action_required.tool_calls[0].args) == args
+    assert len(events.of("ws:dial")) >= 2
+
+
+@pytest.mark.chatd_emulator(delta_delay=0.02)
+async def test_message_committed_during_outage_arrives_after_redial(
+    chatd_emulator: Any, events: Any
+) -> None:
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        emu.script_next_turn(chat_id, Script.text(LONG_TEXT, deltas=10))
+        after_id = await send(client, chat_id, "talk")
+        reader = ChatStreamReader(
+            client,
+            chat_id,
+            after_id=after_id,
+            options=StreamOptions(backoff_initial_ms=60, backoff_cap_ms=200, close_timeout=0.5),
+        )
+        got: list[ChatStreamEvent] = []
+        await read_until(reader, lambda e: len(deltas(got)) >= 3, got)
+        # the outage: drop now and refuse the next two dials while the turn commits
+        emu.faults.refuse_upgrades(503, count=2)
+        emu.faults.drop_stream(chat_id)
+        await emu.await_status(chat_id, "waiting")
+        await read_until(reader, is_status("waiting"), got)
+        await reader.aclose()
+    assert_each_delta_once(got)
+    streamed = "".join(e.message_part.part.text or "" for e in deltas(got))  # type: ignore[union-attr]
+    assert (
+        LONG_TEXT.startswith(streamed) and streamed != LONG_TEXT
+    )  # the tail arrives only as a snapshot
+    assistant = [e.message for e in got if e.type == "message" and e.message.role == "assistant"]  # type: ignore[union-attr]
+    assert len(assistant) == 1 and assistant[0].content[0].text == LONG_TEXT
+    redials = events.of("ws:redial")
+    assert [r.consecutive_failures for r in redials] == [0, 1, 2]
+    assert [r.backoff_ms for r in redials] == [60, 120, 200]
+    assert len(events.of("ws:error")) >= 2
+
+
+@pytest.mark.chatd_emulator(delta_delay=0.02)
+async def test_paused_reader_redials_while_tools_run(chatd_emulator: Any, events: Any) -> None:
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu, tools=["lookup"])
+        emu.script_next_turn(chat_id, Script.client_tool("lookup", {"q": 1}))
+        after_id = await send(client, chat_id, "call it")
+        reader = ChatStreamReader(client, chat_id, after_id=after_id, options=FAST)
+        got: list[ChatStreamEvent] = []
+        action = await read_until(reader, lambda e: e.type == "action_required", got)
+        reader.pause()  # segment 1 ends healthy; the tool runs now
+        emu.faults.drop_stream(chat_id)
+        assert action.action_required is not None
+        call = action.action_required.tool_calls[0]
+        await client.submit_tool_results(
+            chat_id, [ToolResult(tool_call_id=call.tool_call_id, output="ok")]
+        )
+        assert reader.reusable_for(chat_id)
+        reader.resume()  # segment 2 attaches
+        await read_until(reader, is_status("waiting"), got)
+        await reader.aclose()
+    assert_each_delta_once(got)
+    roles = [e.message.role for e in got if e.type == "message"]  # type: ignore[union-attr]
+    assert "tool" in roles and roles[-1] == "assistant"
+    assert len(events.of("ws:dial")) == 2 and len({d.reader for d in events.of("ws:dial")}) == 1
+
+
+async def test_transient_upgrade_refusals_then_recovery(chatd_emulator: Any, events: Any) -> None:
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        emu.faults.refuse_upgrades(429, count=2)
+        async with ChatClient(emu.base_url, emu.token, on_transport_event=events) as c2:
+            async with ChatStreamReader(c2, chat_id, options=FAST) as reader:
+                got: list[ChatStreamEvent] = []
+                await read_until(reader, is_status("waiting"), got)
+    assert [r.consecutive_failures for r in events.of("ws:redial")] == [1, 2]
+    assert len(events.of("ws:dial")) == 3
+
+
+async def test_budget_exhaustion_and_terminal_refusals(chatd_emulator: Any, events: Any) -> None:
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        emu.faults.refuse_upgrades(503)
+        reader = ChatStreamReader(client, chat_id, after_id=1, options=FAST)
+        with pytest.raises(CoderStreamError) as exhausted:
+            await reader.next_event(timeout=5)
+        await reader.aclose()
+        emu.faults.clear()
+        assert exhausted.value.chat_id == chat_id and exhausted.value.is_retryable is False
+        assert (
+            isinstance(exhausted.value.cause, CoderApiError) and exhausted.value.cause.status == 503
+        )
+        assert len(events.of("ws:dial")) == 5
+
+        # unknown chat: terminal 404 with no redial
+        unknown = ChatStreamReader(client, "00000000-0000-4000-8000-000000000009", options=FAST)
+        with pytest.raises(CoderApiError) as missing:
+            await unknown.next_event(timeout=5)
+        await unknown.aclose()
+        assert missing.value.status == 404 and missing.value.method == "GET"
+        assert missing.value.path == "/api/v2/chats/00000000-0000-4000-8000-000000000009/stream"
+
+
+async def test_bad_token_upgrade_is_terminal_and_token_never_leaks(
+    chatd_emulator: Any, events: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    emu = chatd_emulator
+    bad_token = "bad-token-" + "x" * 24
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        emu.script_next_turn(chat_id, Script.text("short answer"))
+        after_id = await send(client, chat_id, "hi")
+        async with ChatStreamReader(client, chat_id, after_id=after_id, options=FAST) as reader:
+            got: list[ChatStreamEvent] = []
+            await read_until(reader, lambda e: len(deltas(got)) >= 1, got)
+            emu.faults.drop_stream(chat_id)
+            await read_until(reader, is_status("waiting"), got)
+            scan = [repr(reader), repr(client)]
+    async with client_for(emu, events, token=bad_token) as bad:
+        reader = ChatStreamReader(bad, chat_id, options=FAST)
+        with pytest.raises(CoderApiError) as denied:
+            await reader.next_event(timeout=5)
+        await reader.aclose()
+    err = denied.value
+    assert isinstance(err, CoderAgentError) and err.status == 401 and err.method == "GET"
+    scan += [str(err), repr(err)]
+    scan += [repr(e) for e in events.events]
+    # Server-side records (the emulator and its websockets ServerProtocol, which logs
+    # received headers at DEBUG) are not the client's; every other record is scanned.
+    client_logs = [
+        r
+        for r in caplog.records
+        if not r.name.startswith(("coder_chat.emulator", "websockets.server"))
+    ]
+    assert any(r.name.startswith("httpcore") for r in client_logs)
+    scan += [r.getMessage() for r in client_logs] + [str(r.args) for r in client_logs]
+    for text in scan:
+        assert emu.token not in text and bad_token not in text
