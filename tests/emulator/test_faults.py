@@ -1,0 +1,211 @@
+"""Fault injection over real sockets: in-process handle and control API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import websockets
+
+from coder_chat.emulator import Emulator, Script
+
+from .helpers import P, Tap, client, create_chat, send, wait_status
+
+
+async def test_drop_stream_after_frames_and_reconnect_replays(emu: Emulator) -> None:
+    async with client(emu) as c:
+        emu.set_default_script(Script.long_running(0.3, "abcdefghij", chunks=10))
+        chat = await create_chat(c, emu, "go")
+        tap = Tap(emu, chat["id"])
+        async with tap:
+            await tap.wait_for(lambda ev: any(e["type"] == "message_part" for e in ev))
+            assert emu.faults.drop_stream(chat["id"], after_frames=2) == 1
+            await asyncio.wait_for(tap.closed.wait(), 5)
+        assert tap.close_code == 1006  # TCP abort, no close frame
+        last = max(e["message"]["id"] for e in tap.of("message"))
+        async with Tap(emu, chat["id"], after_id=last) as tap2:
+            await tap2.wait_status("waiting")
+        # reconnect mid-episode: snapshot, then the episode replayed from seq 1
+        types = tap2.types()
+        assert types[0] == "status" and types[1] == "preview_reset"
+        parts = [e["message_part"] for e in tap2.of("message_part")]
+        first_ep = (parts[0]["history_version"], parts[0]["generation_attempt"])
+        seqs = [p["seq"] for p in parts if (p["history_version"], p["generation_attempt"]) == first_ep]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert [e["message"]["role"] for e in tap2.of("message")] == ["assistant"]
+
+
+async def test_drop_now_with_close_code(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "go")
+        await wait_status(emu, chat["id"], "waiting")
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_status("waiting")
+            emu.faults.drop_stream(code=1001)
+            await asyncio.wait_for(tap.closed.wait(), 5)
+        assert tap.close_code == 1001
+
+
+async def test_drop_next_stream(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "go")
+        await wait_status(emu, chat["id"], "waiting")
+        emu.faults.drop_next_stream(chat["id"], after_frames=1)
+        async with Tap(emu, chat["id"]) as tap:
+            await asyncio.wait_for(tap.closed.wait(), 5)
+        assert len(tap.frames) == 1
+        async with Tap(emu, chat["id"]) as tap2:  # only the next one
+            await tap2.wait_status("waiting")
+            await asyncio.sleep(0.05)
+            assert not tap2.closed.is_set()
+
+
+async def test_refuse_upgrades_count_and_period(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "go")
+        emu.faults.refuse_upgrades(503, count=2)
+        for _ in range(2):
+            with pytest.raises(websockets.InvalidStatus) as ei:
+                async with Tap(emu, chat["id"]):
+                    pass
+            assert ei.value.response.status_code == 503
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_status("waiting")
+        emu.faults.refuse_upgrades(502, seconds=0.15)
+        with pytest.raises(websockets.InvalidStatus):
+            async with Tap(emu, chat["id"]):
+                pass
+        await asyncio.sleep(0.2)
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_status("waiting")
+
+
+async def test_fail_next_rest_calls(emu: Emulator) -> None:
+    async with client(emu) as c:
+        emu.faults.fail_rest(2, status=502, method="POST", path="/chats")
+        for _ in range(2):
+            r = await c.post(P, json={"organization_id": emu.organization_id,
+                                      "content": [{"type": "text", "text": "x"}]})
+            assert r.status_code == 502 and "message" in r.json()
+        assert emu.chats() == []  # nothing committed
+        chat = await create_chat(c, emu, "ok")
+        assert (await c.get(f"{P}/{chat['id']}")).status_code == 200
+
+
+async def test_drop_response_commits(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "first")
+        await wait_status(emu, chat["id"], "waiting")
+        emu.faults.drop_response(1, method="POST", path="/messages")
+        with pytest.raises(httpx.RemoteProtocolError):
+            await send(c, chat["id"], "landed")
+        await wait_status(emu, chat["id"], "waiting")
+        texts = [m["content"][0]["text"] for m in emu.messages(chat["id"], include_system=False)
+                 if m["role"] == "user"]
+        assert texts == ["first", "landed"]
+        # create chat: the chat exists although the client saw no response
+        emu.faults.drop_response(1, path=P)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.post(P, json={"organization_id": emu.organization_id,
+                                  "content": [{"type": "text", "text": "lost"}]})
+        assert len(emu.chats()) == 2
+
+
+async def test_delay_commit(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "first")
+        await wait_status(emu, chat["id"], "waiting")
+        emu.faults.delay_commit(0.2, path="/messages")
+        task = asyncio.create_task(send(c, chat["id"], "late"))
+        await asyncio.sleep(0.1)
+        assert len(emu.messages(chat["id"], include_system=False)) == 2
+        r = await task
+        assert r.status_code == 200
+
+
+async def test_stall_stream(emu: Emulator) -> None:
+    async with client(emu) as c:
+        emu.set_default_script(Script.long_running(0.2, "abcdef", chunks=6))
+        chat = await create_chat(c, emu, "go")
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_for(lambda ev: any(e["type"] == "message_part" for e in ev))
+            emu.faults.stall_stream(chat["id"], seconds=0.4)
+            n = len(tap.frames)
+            await wait_status(emu, chat["id"], "waiting")
+            assert len(tap.frames) <= n + 1
+            await tap.wait_status("waiting", timeout=3)
+        assert not tap.closed.is_set() or tap.close_code is not None
+
+
+async def test_restart_keeps_state(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "before")
+        await wait_status(emu, chat["id"], "waiting")
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_status("waiting")
+            port = emu.port
+            await emu.arestart(downtime=0.05)
+            await asyncio.wait_for(tap.closed.wait(), 5)
+        assert emu.port == port
+        r = await c.get(f"{P}/{chat['id']}")
+        assert r.status_code == 200 and r.json()["status"] == "waiting"
+        r = await send(c, chat["id"], "after")
+        assert r.status_code == 200
+        assert r.json()["message"]["id"] > 2
+        await wait_status(emu, chat["id"], "waiting")
+
+
+def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None:
+    emu = chatd_emulator
+    admin = {"X-Emulator-Admin-Token": emu.admin_token}
+    h = {"Coder-Session-Token": emu.token}
+    with httpx.Client(base_url=emu.base_url) as c:
+        assert c.get("/__emulator__/chats").status_code == 401
+        assert c.get("/__emulator__/chats", headers=admin).json() == []
+        r = c.post(P, headers=h, json={"organization_id": emu.organization_id,
+                                       "content": [{"type": "text", "text": "a"}],
+                                       "unsafe_dynamic_tools": [{"name": "structured_output"}]})
+        cid = r.json()["id"]
+        emu.wait_for_status(cid, "waiting")
+        r = c.post(f"/__emulator__/chats/{cid}/script", headers=admin,
+                   json={"script": {"structured_output": {"v": 1}}})
+        assert r.status_code == 200, r.text
+        c.post(f"{P}/{cid}/messages", headers=h, json={"content": [{"type": "text", "text": "b"}]})
+        emu.wait_for_status(cid, "requires_action")
+        info = c.get(f"/__emulator__/chats/{cid}", headers=admin).json()
+        assert info["execution_state"] == "A0"
+        assert info["pending_tool_calls"][0]["tool_name"] == "structured_output"
+        r = c.post(f"/__emulator__/chats/{cid}/expire-requires-action", headers=admin)
+        assert r.json() == {"expired": True}
+        emu.wait_for_status(cid, "waiting")
+        msgs = c.get(f"/__emulator__/chats/{cid}/messages", headers=admin).json()
+        tool = [m for m in msgs if m["role"] == "tool"][-1]
+        assert tool["content"][0]["result"] == "Tool execution timed out"
+        assert tool["content"][0]["is_error"] is True
+        assert c.post("/__emulator__/faults/fail-rest", headers=admin,
+                      json={"count": 1, "status": 503}).status_code == 200
+        assert c.get(f"{P}/{cid}", headers=h).status_code == 503
+        assert c.get(f"{P}/{cid}", headers=h).status_code == 200
+        r = c.post("/__emulator__/restart", headers=admin, json={"downtime": 0.05})
+        assert r.status_code == 202
+        time.sleep(0.15)
+        assert c.get(f"{P}/{cid}", headers=h).status_code == 200
+        ev = c.get("/__emulator__/events?kind=restart", headers=admin).json()
+        assert len(ev) == 1
+
+
+@pytest.mark.chatd_emulator(requires_action_timeout=0.1)
+def test_requires_action_deadline(chatd_emulator: Emulator) -> None:
+    emu = chatd_emulator
+    emu.set_default_script(Script.client_tool("t", {"a": 1}))
+    h = {"Coder-Session-Token": emu.token}
+    with httpx.Client(base_url=emu.base_url, headers=h) as c:
+        r = c.post(P, json={"organization_id": emu.organization_id,
+                            "content": [{"type": "text", "text": "a"}],
+                            "unsafe_dynamic_tools": [{"name": "t"}]})
+        cid = r.json()["id"]
+        emu.wait_for_status(cid, "requires_action")
+        emu.wait_for_status(cid, "waiting", timeout=3)
+        assert any(e["kind"] == "requires_action_timeout" for e in emu.event_log())
