@@ -54,6 +54,9 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        # WAL: readers never block the writer and vice versa; persistent in the file,
+        # so this is a no-op after the first connection.
+        cur.execute("PRAGMA journal_mode = WAL")
         # FULL: a committed checkpoint survives power loss, not only a process crash.
         cur.execute("PRAGMA synchronous = FULL")
         cur.close()

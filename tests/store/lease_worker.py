@@ -1,0 +1,62 @@
+"""A separate OS process contending for leases (driven by test_lease_processes.py).
+
+Started once and reused (importing Prefect costs ≈ 1 s per process): it prints
+``READY``, then runs one JSON command per stdin line:
+
+* ``{"op": "contend", "url", "tenant", "key_once", "key_cm", "hold"}`` — waits for a
+  ``go`` line, then one raw acquire of ``key_once`` (exactly one process may win) and a
+  waited, held lease on ``key_cm``; prints one JSON result line.
+* ``{"op": "hold", "url", "tenant", "key", "ttl"}`` — prints ``HELD <fence> <holder>``
+  and holds the lease, renewing it, until the process is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from blocks import StateStore
+from blocks.state import default_holder
+
+
+async def _line() -> str:
+    return await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
+async def contend(cmd: dict[str, Any]) -> None:
+    store = StateStore(cmd["url"], tenant=cmd["tenant"])
+    holder = default_holder()
+    await store.ensure_schema()
+    print("ARMED", flush=True)
+    await _line()  # "go": released together with the other processes
+    won = await store.leases.acquire(cmd["key_once"], holder, ttl=30) is not None
+    async with store.lease(cmd["key_cm"], holder=holder, ttl=5, wait=20, poll_interval=0.01) as h:
+        enter = time.time()
+        await asyncio.sleep(cmd["hold"])
+        leave = time.time()
+        fence = h.fence
+    await store.aclose()
+    result = {"holder": holder, "won": won, "enter": enter, "leave": leave, "fence": fence}
+    print(json.dumps(result), flush=True)
+
+
+async def hold(cmd: dict[str, Any]) -> None:
+    store = StateStore(cmd["url"], tenant=cmd["tenant"])
+    ttl = float(cmd["ttl"])
+    async with store.lease(cmd["key"], ttl=ttl, wait=5, renew_interval=ttl / 4) as held:
+        print(f"HELD {held.fence} {held.holder}", flush=True)
+        await asyncio.sleep(3600)  # until SIGKILL
+
+
+async def main() -> None:
+    print("READY", flush=True)
+    while line := await _line():
+        cmd = json.loads(line)
+        await {"contend": contend, "hold": hold}[cmd["op"]](cmd)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

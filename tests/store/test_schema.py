@@ -1,0 +1,110 @@
+"""Schema: created on first use (parent dirs too), re-opened intact, versioned."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from blocks import SchemaVersionError, StateStore
+from blocks.state import SCHEMA_VERSION
+from blocks.state.schema import ALL_TABLES
+
+
+@pytest.fixture
+async def fresh_url(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A URL to a database that does not exist yet (SQLite) or is empty (PostgreSQL)."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path}/deep/er/state.db"
+        return
+    base: str = request.getfixturevalue("postgres_url")
+    name = f"fresh_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(base.replace("+asyncpg", ""))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield base.rsplit("/", 1)[0] + "/" + name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def _tables(url: str) -> set[str]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
+    finally:
+        await engine.dispose()
+
+
+async def _version(url: str) -> list[tuple[str, int]]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                sa.text("SELECT component, version FROM coder_state_schema_version")
+            )
+            return [(r[0], r[1]) for r in rows]
+    finally:
+        await engine.dispose()
+
+
+async def test_created_on_first_use_and_reopened(fresh_url: str, backend: str) -> None:
+    if backend == "sqlite":
+        assert not Path(fresh_url.split("///", 1)[1]).parent.exists()
+    store = StateStore(fresh_url)
+    await store.checkpoints.set("wf", "chat", 5)  # first use: creates dirs + tables
+    await store.aclose()
+    assert {t.name for t in ALL_TABLES} <= await _tables(fresh_url)
+    assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
+    if backend == "sqlite":
+        engine = create_async_engine(fresh_url)
+        async with engine.connect() as conn:
+            assert (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
+        await engine.dispose()
+
+    # Re-open from a new process-level view: forget that this process ensured it.
+    from blocks.state import store as store_mod
+
+    store_mod._schema_ready.clear()
+    again = StateStore(fresh_url)
+    got = await again.checkpoints.get("wf")
+    assert got is not None and got.last_seen_message_id == 5
+    await again.ensure_schema()  # idempotent
+    assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
+    await again.aclose()
+
+
+async def test_newer_schema_is_refused(fresh_url: str) -> None:
+    from blocks.state import store as store_mod
+
+    store = StateStore(fresh_url)
+    await store.ensure_schema()
+    await store.aclose()
+    engine = create_async_engine(fresh_url)
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("UPDATE coder_state_schema_version SET version = version + 1"))
+    await engine.dispose()
+    store_mod._schema_ready.clear()
+    with pytest.raises(SchemaVersionError, match="upgrade prefect-coder"):
+        await StateStore(fresh_url).checkpoints.get("wf")
+
+
+async def test_concurrent_first_use_creates_schema_once(fresh_url: str) -> None:
+    import asyncio
+
+    from blocks.state import store as store_mod
+
+    store_mod._schema_ready.clear()
+    stores = [StateStore(fresh_url, tenant=f"t{i}") for i in range(6)]
+    await asyncio.gather(*(s.checkpoints.set("wf", f"c{i}") for i, s in enumerate(stores)))
+    assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
+    for s in stores:
+        await s.aclose()
