@@ -200,3 +200,22 @@ async def test_token_only_in_header_never_in_url_logs_or_events(
     scan += [r.getMessage() for r in caplog.records] + [str(r.args) for r in caplog.records]
     assert caplog.records
     assert not any(TOKEN in s for s in scan)
+
+
+async def test_from_settings_reads_env_and_hides_the_token(
+    mini_http: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coder_chat.settings import CoderSettings
+
+    async with mini_http(router("/api/v2/chats")) as server:
+        monkeypatch.setenv("CODER_URL", server.base_url)
+        monkeypatch.setenv("CODER_SESSION_TOKEN", TOKEN)
+        monkeypatch.setenv("CODER_ORG_ID", "org-1")
+        monkeypatch.setenv("CODER_HTTP_TIMEOUT", "5")
+        settings = CoderSettings()
+        assert TOKEN not in repr(settings) and TOKEN not in str(settings.model_dump())
+        assert settings.organization_id == "org-1" and settings.http_timeout == 5.0
+        async with ChatClient.from_settings(settings) as client:
+            assert client.organization_id == "org-1"
+            assert (await client.get_chat(CHAT)).id == CHAT
+    assert server.requests[0][2]["coder-session-token"] == TOKEN

@@ -85,6 +85,7 @@ async def test_replay_after_drop_is_delivered_exactly_once(scripted: Any, events
     ]  # fmt: skip
     # every dial (and redial) used the turn's original after_id, token only in the header
     assert [d.path for d in scripted.dials] == [f"/api/v2/chats/{CHAT}/stream?after_id=10"] * 2
+    assert scripted.preflights == 1  # only while the prefix was unlocked
     assert all(d.headers["Coder-Session-Token"] == TOKEN for d in scripted.dials)
     forwarded = [
         (e.attempt, e.forwarded) for e in events.of("ws:event") if e.event.type == "message_part"
@@ -328,3 +329,20 @@ async def test_token_never_logged_or_in_events(
     assert any(r.name.startswith("httpcore") for r in client_records), "DEBUG logs captured"
     for text in texts_to_scan:
         assert TOKEN not in text
+
+
+async def test_network_failures_consume_the_budget(events: Any) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with ChatClient(f"http://127.0.0.1:{port}", TOKEN, on_transport_event=events) as client:
+        reader = ChatStreamReader(client, CHAT, options=FAST)
+        with pytest.raises(CoderStreamError) as info:
+            await reader.next_event(timeout=5)
+        await reader.aclose()
+    assert info.value.cause is not None and TOKEN not in repr(info.value.cause)
+    assert len(events.of("ws:dial")) == len(events.of("ws:close")) == 5
+    assert len(events.of("http:error")) == 5  # each unlocked dial tried the preflight
+    assert all(e.op == "streamEvents" for e in events.of("http:request"))
