@@ -166,6 +166,7 @@ class TurnFailure:
 class _Block:
     text: str
     message_id: int | None  # None = pending (not yet claimed by a snapshot)
+    episode: tuple[Any, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -186,6 +187,14 @@ class _KindState:
                 break
             out.append(block.text)
         return "".join(reversed(out))
+
+    def first_pending_episode(self) -> tuple[Any, Any] | None:
+        first = None
+        for block in reversed(self.blocks):
+            if block.message_id is not None:
+                break
+            first = block.episode
+        return first
 
     def drop_pending(self) -> None:
         while self.blocks and self.blocks[-1].message_id is None:
@@ -259,6 +268,7 @@ class TurnTranslator:
         self._text = _KindState()
         self._reasoning = _KindState()
         self._ledger: dict[int, _Ledger] = {}
+        self._closed_episodes: set[tuple[Any, Any]] = set()
         self._deferred: dict[int, tuple[str, str]] = {}
         self._usage: dict[int, dict[str, Any]] = {}
         self.message_ids: list[int] = []
@@ -526,6 +536,10 @@ class TurnTranslator:
                 return []
             state = self._text if ptype == "text" else self._reasoning
             episode = (field(mp, "history_version"), field(mp, "generation_attempt"))
+            if episode[0] is not None and episode in self._closed_episodes:
+                # A committed step's episode is over: a late replay of its preview
+                # (e.g. re-sent after a reconnect) must not become new pending text.
+                return []
             if (
                 state.has_pending()
                 and state.episode is not None
@@ -536,7 +550,7 @@ class TurnTranslator:
                 # Same history, new generation attempt: the old attempt's preview is void.
                 state.drop_pending()
             state.episode = episode
-            state.blocks.append(_Block(text, None))
+            state.blocks.append(_Block(text, None, episode))
             return [TextDelta(text) if ptype == "text" else ReasoningDelta(text)]
         if ptype == "tool-call":
             return self._server_call(part, require_args=True)
@@ -595,6 +609,10 @@ class TurnTranslator:
         if ledger is None:
             out.extend(self._flush_deferred())
             self._ledger[mid] = _Ledger(full_text, full_reasoning)
+            for state in (self._text, self._reasoning):
+                closed = state.first_pending_episode() if state.has_pending() else None
+                if closed is not None and closed[0] is not None:
+                    self._closed_episodes.add(closed)
             out.extend(self._claim(self._reasoning, mid, full_reasoning, ReasoningDelta))
             out.extend(self._claim(self._text, mid, full_text, TextDelta))
             return out

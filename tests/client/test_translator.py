@@ -558,3 +558,13 @@ def test_pending_client_calls_none_without_assistant() -> None:
     assert pending_client_calls(
         [{"id": 5, "role": "user", "content": []}], after_id=0, client_tool_names={"x"}
     ) == ([{"id": 5, "role": "user", "content": []}], [])
+
+
+def test_late_replay_of_a_committed_episode_is_ignored() -> None:
+    # seq 1-2 seen, drop; the reconnect shows the commit first and then (late) the
+    # rest of the closed episode's preview: it must not become new pending text.
+    tr = TurnTranslator(cursor=1)
+    tr.feed_many([delta("ab", 1), delta("cd", 2), msg(2, "assistant", text("abcdef"))])
+    assert tr.feed_many([delta("ef", 3), delta("more", 4)]) == []
+    tr.feed_many([delta("next", 1, hv=2), msg(3, "assistant", text("next"))])
+    assert tr.text == "abcdefnext"
