@@ -63,8 +63,8 @@ def requests(
     ]
 
 
-async def eventually(check: Any, timeout: float = 3.0) -> None:
-    for _ in range(int(timeout / 0.01)):
+async def eventually(check: Any, within: float = 3.0) -> None:
+    for _ in range(int(within / 0.01)):
         if check():
             return
         await asyncio.sleep(0.01)
