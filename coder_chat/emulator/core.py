@@ -45,6 +45,7 @@ class Config:
     delta_count: int = 5
     delta_delay: float = 0.005
     commit_delay: float = 0.0
+    interrupt_wind_down: float = 0.02
     max_concurrent_root_chats: int | None = None
     clock: Callable[[], float] = time.time
     log_requests: bool = True
@@ -525,6 +526,7 @@ class Core:
             turn_open = False
             while chat.status in (sm.RUNNING, sm.INTERRUPTING):
                 if chat.interrupt_flag or chat.status == sm.INTERRUPTING:
+                    await self._wind_down(chat)
                     if turn_open:
                         self._turn_end(chat, "interrupted")
                         turn_open = False
@@ -590,6 +592,12 @@ class Core:
                     if p.get("type") == "tool-result":
                         results.append(f"{p['tool_name']} → {json.dumps(p['result'])}")
         return "Results: " + "; ".join(reversed(results)) if results else "Results: (none)"
+
+    async def _wind_down(self, chat: ChatRec) -> None:
+        # The worker needs a moment to notice the interrupt and commit; during this window
+        # archive keeps answering 409 (spec §1.9).
+        if self.cfg.interrupt_wind_down > 0:
+            await asyncio.sleep(self.cfg.interrupt_wind_down)
 
     def _finish_interruption(self, chat: ChatRec) -> None:
         chat.interrupt_flag = False

@@ -32,7 +32,9 @@ async def test_drop_stream_after_frames_and_reconnect_replays(emu: Emulator) -> 
         assert types[0] == "status" and types[1] == "preview_reset"
         parts = [e["message_part"] for e in tap2.of("message_part")]
         first_ep = (parts[0]["history_version"], parts[0]["generation_attempt"])
-        seqs = [p["seq"] for p in parts if (p["history_version"], p["generation_attempt"]) == first_ep]
+        seqs = [
+            p["seq"] for p in parts if (p["history_version"], p["generation_attempt"]) == first_ep
+        ]
         assert seqs == list(range(1, len(seqs) + 1))
         assert [e["message"]["role"] for e in tap2.of("message")] == ["assistant"]
 
@@ -86,8 +88,13 @@ async def test_fail_next_rest_calls(emu: Emulator) -> None:
     async with client(emu) as c:
         emu.faults.fail_rest(2, status=502, method="POST", path="/chats")
         for _ in range(2):
-            r = await c.post(P, json={"organization_id": emu.organization_id,
-                                      "content": [{"type": "text", "text": "x"}]})
+            r = await c.post(
+                P,
+                json={
+                    "organization_id": emu.organization_id,
+                    "content": [{"type": "text", "text": "x"}],
+                },
+            )
             assert r.status_code == 502 and "message" in r.json()
         assert emu.chats() == []  # nothing committed
         chat = await create_chat(c, emu, "ok")
@@ -102,14 +109,22 @@ async def test_drop_response_commits(emu: Emulator) -> None:
         with pytest.raises(httpx.RemoteProtocolError):
             await send(c, chat["id"], "landed")
         await wait_status(emu, chat["id"], "waiting")
-        texts = [m["content"][0]["text"] for m in emu.messages(chat["id"], include_system=False)
-                 if m["role"] == "user"]
+        texts = [
+            m["content"][0]["text"]
+            for m in emu.messages(chat["id"], include_system=False)
+            if m["role"] == "user"
+        ]
         assert texts == ["first", "landed"]
         # create chat: the chat exists although the client saw no response
         emu.faults.drop_response(1, path=P)
         with pytest.raises(httpx.RemoteProtocolError):
-            await c.post(P, json={"organization_id": emu.organization_id,
-                                  "content": [{"type": "text", "text": "lost"}]})
+            await c.post(
+                P,
+                json={
+                    "organization_id": emu.organization_id,
+                    "content": [{"type": "text", "text": "lost"}],
+                },
+            )
         assert len(emu.chats()) == 2
 
 
@@ -164,13 +179,22 @@ def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None
     with httpx.Client(base_url=emu.base_url) as c:
         assert c.get("/__emulator__/chats").status_code == 401
         assert c.get("/__emulator__/chats", headers=admin).json() == []
-        r = c.post(P, headers=h, json={"organization_id": emu.organization_id,
-                                       "content": [{"type": "text", "text": "a"}],
-                                       "unsafe_dynamic_tools": [{"name": "structured_output"}]})
+        r = c.post(
+            P,
+            headers=h,
+            json={
+                "organization_id": emu.organization_id,
+                "content": [{"type": "text", "text": "a"}],
+                "unsafe_dynamic_tools": [{"name": "structured_output"}],
+            },
+        )
         cid = r.json()["id"]
         emu.wait_for_status(cid, "waiting")
-        r = c.post(f"/__emulator__/chats/{cid}/script", headers=admin,
-                   json={"script": {"structured_output": {"v": 1}}})
+        r = c.post(
+            f"/__emulator__/chats/{cid}/script",
+            headers=admin,
+            json={"script": {"structured_output": {"v": 1}}},
+        )
         assert r.status_code == 200, r.text
         c.post(f"{P}/{cid}/messages", headers=h, json={"content": [{"type": "text", "text": "b"}]})
         emu.wait_for_status(cid, "requires_action")
@@ -184,8 +208,12 @@ def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None
         tool = [m for m in msgs if m["role"] == "tool"][-1]
         assert tool["content"][0]["result"] == "Tool execution timed out"
         assert tool["content"][0]["is_error"] is True
-        assert c.post("/__emulator__/faults/fail-rest", headers=admin,
-                      json={"count": 1, "status": 503}).status_code == 200
+        assert (
+            c.post(
+                "/__emulator__/faults/fail-rest", headers=admin, json={"count": 1, "status": 503}
+            ).status_code
+            == 200
+        )
         assert c.get(f"{P}/{cid}", headers=h).status_code == 503
         assert c.get(f"{P}/{cid}", headers=h).status_code == 200
         r = c.post("/__emulator__/restart", headers=admin, json={"downtime": 0.05})
@@ -202,9 +230,14 @@ def test_requires_action_deadline(chatd_emulator: Emulator) -> None:
     emu.set_default_script(Script.client_tool("t", {"a": 1}))
     h = {"Coder-Session-Token": emu.token}
     with httpx.Client(base_url=emu.base_url, headers=h) as c:
-        r = c.post(P, json={"organization_id": emu.organization_id,
-                            "content": [{"type": "text", "text": "a"}],
-                            "unsafe_dynamic_tools": [{"name": "t"}]})
+        r = c.post(
+            P,
+            json={
+                "organization_id": emu.organization_id,
+                "content": [{"type": "text", "text": "a"}],
+                "unsafe_dynamic_tools": [{"name": "t"}],
+            },
+        )
         cid = r.json()["id"]
         emu.wait_for_status(cid, "requires_action")
         emu.wait_for_status(cid, "waiting", timeout=3)

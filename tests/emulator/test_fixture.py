@@ -14,14 +14,24 @@ def test_fixture_sync_round_trip(chatd_emulator: Emulator) -> None:
     emu = chatd_emulator
     h = {"Coder-Session-Token": emu.token}
     with httpx.Client(base_url=emu.base_url, headers=h) as c:
-        r = c.post("/api/v2/chats", json={"organization_id": emu.organization_id,
-                                          "content": [{"type": "text", "text": "hi"}]})
+        r = c.post(
+            "/api/v2/chats",
+            json={
+                "organization_id": emu.organization_id,
+                "content": [{"type": "text", "text": "hi"}],
+            },
+        )
         assert r.status_code == 201
         cid = r.json()["id"]
         emu.wait_for_status(cid, "waiting")
         emu.script_next_turn(cid, Script.text("scripted", deltas=2))
-        assert c.post(f"/api/v2/chats/{cid}/messages",
-                      json={"content": [{"type": "text", "text": "more"}]}).status_code == 200
+        assert (
+            c.post(
+                f"/api/v2/chats/{cid}/messages",
+                json={"content": [{"type": "text", "text": "more"}]},
+            ).status_code
+            == 200
+        )
         emu.wait_for_status(cid, "waiting")
         texts = [m["content"][0]["text"] for m in emu.messages(cid, include_system=False)]
         assert texts == ["hi", "Echo: hi", "more", "scripted"]
