@@ -285,23 +285,33 @@ async def fetch_until(
 
 
 async def marker_attempts(
-    client: ChatClient, chat_id: str, marker: str, *, timeout: float | None = None
+    client: ChatClient,
+    chat_id: str,
+    marker: str,
+    *,
+    page_size: int = PAGE_SIZE,
+    timeout: float | None = None,
 ) -> int:
     """How many committed attempts of a step (user messages carrying ``marker``) the chat holds."""
     messages, _ = await fetch_until(
-        client, chat_id, lambda ms: count_marker_attempts(ms, marker)[1], timeout=timeout
+        client,
+        chat_id,
+        lambda ms: count_marker_attempts(ms, marker)[1],
+        page_size=page_size,
+        timeout=timeout,
     )
     return count_marker_attempts(messages, marker)[0]
 
 
 async def fetch_turn(
-    client: ChatClient, chat_id: str, *, timeout: float | None = None
+    client: ChatClient, chat_id: str, *, page_size: int = PAGE_SIZE, timeout: float | None = None
 ) -> list[Any]:
     """The newest turn: history paged back until its user message is on hand."""
     messages, _ = await fetch_until(
         client,
         chat_id,
         lambda ms: any(field(m, "role") == "user" for m in ms),
+        page_size=page_size,
         timeout=timeout,
     )
     return messages
