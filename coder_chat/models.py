@@ -40,6 +40,7 @@ __all__ = [
     "ChatStatus",
     "ChatStreamEvent",
     "ChatUsage",
+    "ChatWatchEvent",
     "CreateChatMessageRequest",
     "CreateChatMessageResponse",
     "CreateChatRequest",
@@ -447,3 +448,16 @@ def parse_frame(data: str | bytes) -> list[ChatStreamEvent]:
             raise ValueError(f"stream frame element is not an object: {type(item).__name__}")
         events.append(ChatStreamEvent.model_validate(item))
     return events
+
+
+class ChatWatchEvent(WireModel):
+    """One ``/chats/watch`` frame (a single JSON object, not an array).
+
+    ``kind``: ``status_change``, ``summary_change``, ``chat_summary_change``,
+    ``title_change``, ``created``, ``deleted``, ``diff_status_change``,
+    ``action_required`` (carries ``tool_calls``), ``context_dirty`` or a future kind.
+    """
+
+    kind: str
+    chat: Chat | None = None
+    tool_calls: list[ActionRequiredToolCall] | None = None

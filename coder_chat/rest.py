@@ -203,6 +203,11 @@ class ChatClient:
     def stream_path(self, chat_id: str) -> str:
         return f"{self.prefix}/{_seg(chat_id)}/stream"
 
+    def watch_url(self) -> str:
+        """``ws(s)://host{prefix}/watch`` (lifecycle events of every visible chat)."""
+        scheme = "wss" if self._base_url.startswith("https://") else "ws"
+        return f"{scheme}://{self._base_url.split('://', 1)[1]}{self.prefix}/watch"
+
     async def aclose(self) -> None:
         if self._closed:
             return

@@ -74,7 +74,7 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Generic, Self, TypeVar
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -93,10 +93,12 @@ from coder_chat.events import (
     WsRedial,
     next_reader_id,
 )
-from coder_chat.models import ChatStreamEvent, parse_frame
+from coder_chat.models import ChatStreamEvent, ChatWatchEvent, parse_frame
 from coder_chat.rest import ChatClient
 
-__all__ = ["TRANSIENT_UPGRADE_STATUSES", "ChatStreamReader", "StreamOptions"]
+__all__ = ["TRANSIENT_UPGRADE_STATUSES", "ChatStreamReader", "ChatWatcher", "StreamOptions"]
+
+T = TypeVar("T")
 
 #: Upgrade refusals that may succeed on a later identical attempt.
 TRANSIENT_UPGRADE_STATUSES: Final = frozenset({408, 425, 429})
@@ -131,6 +133,7 @@ class _QuietLogger(logging.LoggerAdapter):  # type: ignore[type-arg,unused-ignor
 
 
 _WS_LOGGER: Final = _QuietLogger(logging.getLogger("coder_chat.stream.websockets"), {})
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +151,143 @@ class _Terminal(Exception):
         self.error = error
 
 
-class ChatStreamReader:
+class _PumpedReader(Generic[T]):
+    """A background pump task feeding an ``asyncio.Queue``: reads never lose an
+    item to a cancelled/timed-out caller, and the end of the pump is sticky."""
+
+    _kind = "reader"
+
+    def __init__(self, client: ChatClient) -> None:
+        self._client = client
+        self._queue: asyncio.Queue[T | _End] = asyncio.Queue()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._end: _End | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose`/:meth:`close_nowait` was called."""
+        return self._closed
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The terminal error, once the pump has failed and a read has observed it."""
+        return self._end.error if self._end else None
+
+    def start(self) -> None:
+        """Spawn the pump (idempotent). Needs a running event loop."""
+        if self._pump_task is not None or self._closed:
+            return
+        if self._client.closed:
+            raise CoderAgentError("ChatClient is closed")
+        self._pump_task = asyncio.get_running_loop().create_task(
+            self._pump(), name=f"coder-chat-{self._kind}"
+        )
+
+    async def next_event(self, timeout: float | None = None) -> T | None:
+        """The next item; ``None`` once closed by us.
+
+        ``timeout`` (seconds) raises ``TimeoutError`` without losing anything;
+        ``timeout=0`` only takes an already-arrived item. Raises the terminal
+        error (sticky) after the items that preceded it.
+        """
+        if self._end is not None and self._queue.empty():
+            self._raise_if_failed(self._end)
+            return None
+        self.start()
+        item: T | _End
+        if timeout is not None and timeout <= 0:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                raise TimeoutError("no stream event available") from None
+        elif timeout is None:
+            item = await self._queue.get()
+        else:
+            # asyncio.Queue.get takes the item only after its wait completes, so a
+            # timeout or cancellation here leaves the item queued for the next read.
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
+        if isinstance(item, _End):
+            self._end = item
+            self._raise_if_failed(item)
+            return None
+        return item
+
+    def next_event_nowait(self) -> T | None:
+        """An already-arrived item or ``None`` (raises a stored terminal error)."""
+        try:
+            item = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if isinstance(item, _End):
+            self._end = item
+            self._raise_if_failed(item)
+            return None
+        return item
+
+    @staticmethod
+    def _raise_if_failed(end: _End) -> None:
+        # The marker is sticky (kept in self._end): later reads end the same way.
+        if end.error is not None:
+            raise end.error
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while True:
+            item = await self.next_event()
+            if item is None:
+                return
+            yield item
+
+    def close_nowait(self) -> None:
+        """Close now without waiting: marks closed, cancels the pump (which closes
+        the socket on its way out); pending and later reads get ``None``."""
+        if self._closed:
+            return
+        self._closed = True
+        task = self._pump_task
+        if task is not None and not task.done():
+            task.cancel()
+        self._queue.put_nowait(_End(None))
+
+    async def aclose(self) -> None:
+        """Close and wait until the socket is closed (idempotent)."""
+        self.close_nowait()
+        task = self._pump_task
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _pump(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # every terminal outcome reaches the reader
+            self._queue.put_nowait(_End(exc))
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
     """A retained, self-redialing reader of one chat's event stream."""
+
+    _kind = "stream"
 
     def __init__(
         self,
@@ -164,35 +302,18 @@ class ChatStreamReader:
             raise CoderAgentError("a chat id is required to open its stream")
         if after_id is not None and after_id < 0:
             raise CoderAgentError("after_id must be a non-negative integer")
-        self._client = client
+        super().__init__(client)
         self.chat_id = chat_id
         self.after_id = after_id if after_id else None
         self.options = options or StreamOptions()
         self.reader_id = next_reader_id()
         self._emitter = emitter if emitter is not None else client.emitter
-        self._queue: asyncio.Queue[ChatStreamEvent | _End] = asyncio.Queue()
-        self._pump_task: asyncio.Task[None] | None = None
-        self._end: _End | None = None
-        self._closed = False
         self._paused = False
         self._attempt = 0
-        self._close_tasks: set[asyncio.Task[None]] = set()
-
-    # ------------------------------------------------------------------ state
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`aclose`/:meth:`close_nowait` was called."""
-        return self._closed
 
     @property
     def paused(self) -> bool:
         return self._paused
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The terminal error, once the pump has failed and a read has observed it."""
-        return self._end.error if self._end else None
 
     @property
     def attempt(self) -> int:
@@ -218,129 +339,7 @@ class ChatStreamReader:
             f"paused={self._paused})"
         )
 
-    # ------------------------------------------------------------------ reading
-
-    def start(self) -> None:
-        """Spawn the pump (idempotent). Needs a running event loop."""
-        if self._pump_task is not None or self._closed:
-            return
-        if self._client.closed:
-            raise CoderAgentError("ChatClient is closed")
-        self._pump_task = asyncio.get_running_loop().create_task(
-            self._pump(), name=f"coder-chat-stream-{self.reader_id}"
-        )
-
-    async def next_event(self, timeout: float | None = None) -> ChatStreamEvent | None:
-        """The next forwarded event; ``None`` once closed by us.
-
-        ``timeout`` (seconds) raises ``TimeoutError`` without losing anything;
-        ``timeout=0`` only takes an already-arrived event. Raises the reader's
-        terminal error (sticky) after the events that preceded it.
-        """
-        if self._end is not None and self._queue.empty():
-            self._raise_if_failed(self._end)
-            return None
-        self.start()
-        item: ChatStreamEvent | _End
-        if timeout is not None and timeout <= 0:
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                raise TimeoutError("no stream event available") from None
-        elif timeout is None:
-            item = await self._queue.get()
-        else:
-            async with asyncio.timeout(timeout):
-                item = await self._queue.get()
-        if isinstance(item, _End):
-            self._end = item
-            self._raise_if_failed(item)
-            return None
-        return item
-
-    def next_event_nowait(self) -> ChatStreamEvent | None:
-        """An already-arrived event or ``None`` (raises a stored terminal error)."""
-        try:
-            item = self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-        if isinstance(item, _End):
-            self._end = item
-            self._raise_if_failed(item)
-            return None
-        return item
-
-    @staticmethod
-    def _raise_if_failed(end: _End) -> None:
-        # The marker is sticky (kept in self._end): later reads end the same way.
-        if end.error is not None:
-            raise end.error
-
-    def __aiter__(self) -> AsyncIterator[ChatStreamEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[ChatStreamEvent]:
-        while True:
-            event = await self.next_event()
-            if event is None:
-                return
-            yield event
-
-    # ------------------------------------------------------------------ closing
-
-    async def aclose(self) -> None:
-        """Close the socket and stop redialing; pending and later reads get ``None``
-        (unless a terminal error was already queued before the close)."""
-        if self._closed:
-            task = self._pump_task
-            if task is not None and not task.done():
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(task)
-            return
-        self._closed = True
-        task = self._pump_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(task)
-        self._queue.put_nowait(_End(None))
-
-    def close_nowait(self) -> None:
-        """Fire-and-forget close (e.g. from ``reset_session``)."""
-        if self._closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._closed = True
-            if self._pump_task is not None:
-                self._pump_task.cancel()
-            return
-        task = loop.create_task(self.aclose())
-        self._close_tasks.add(task)
-        task.add_done_callback(self._close_tasks.discard)
-
-    async def __aenter__(self) -> Self:
-        self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # ------------------------------------------------------------------ pump
-
-    async def _pump(self) -> None:
-        try:
-            await self._run()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # every terminal outcome reaches the reader
-            self._queue.put_nowait(_End(exc))
 
     async def _run(self) -> None:
         budget = RedialBudget(self.options.policy())
@@ -389,14 +388,6 @@ class ChatStreamReader:
                 backoff_ms=backoff_ms,
             )
         )
-
-    def _ssl_context(self, url: str) -> ssl.SSLContext | None:
-        if not url.startswith("wss://") or self._client.verify:
-            return None  # websockets builds a verifying default context for wss
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
 
     def _ws_error(self, attempt: int, message: str) -> None:
         self._emitter.emit(
@@ -447,7 +438,7 @@ class ChatStreamReader:
                 ping_timeout=opts.ping_timeout,
                 close_timeout=opts.close_timeout,
                 max_size=opts.max_frame_bytes,
-                ssl=self._ssl_context(url),
+                ssl=_ssl_context(url, self._client.verify),
                 logger=_WS_LOGGER,
                 compression=None,
             )
@@ -536,6 +527,85 @@ class ChatStreamReader:
     async def _close_socket(ws: ClientConnection) -> None:
         with contextlib.suppress(Exception):
             await ws.close()
+
+
+class ChatWatcher(_PumpedReader[ChatWatchEvent]):
+    """``/chats/watch``: lifecycle events of every chat visible to the token.
+
+    Same read API as :class:`ChatStreamReader` (``next_event``, async iteration,
+    ``aclose``). Redials forever with ``backoff_initial_ms`` doubling to
+    ``backoff_cap_ms``, reset by any event (there is no cursor and no replay, so
+    reconcile against :meth:`ChatClient.iter_chats` after a gap). An upgrade
+    refused with a 4xx other than 408/425/429 (bad token, a server without the
+    endpoint) raises :class:`~coder_chat.errors.CoderApiError`. An unparseable
+    frame is skipped (nothing is replayed, so skipping loses only that event).
+    Not instrumented with ``ws:*`` transport events (as in the TypeScript SDK);
+    the prefix preflight, when needed, reports op ``watchChats``.
+    """
+
+    _kind = "watch"
+
+    def __init__(self, client: ChatClient, *, options: StreamOptions | None = None) -> None:
+        super().__init__(client)
+        self.options = options or StreamOptions()
+
+    def __repr__(self) -> str:
+        return f"ChatWatcher(base_url={self._client.base_url!r}, closed={self._closed})"
+
+    async def _run(self) -> None:
+        opts = self.options
+        backoff_ms = opts.backoff_initial_ms
+        while True:
+            try:
+                if not self._client.prefix_locked:
+                    await self._client.ensure_prefix(op="watchChats")
+                url = self._client.watch_url()
+                ws = await connect(
+                    url,
+                    additional_headers=self._client.auth_headers(),
+                    open_timeout=opts.open_timeout,
+                    ping_interval=opts.ping_interval,
+                    ping_timeout=opts.ping_timeout,
+                    close_timeout=opts.close_timeout,
+                    max_size=opts.max_frame_bytes,
+                    ssl=_ssl_context(url, self._client.verify),
+                    logger=_WS_LOGGER,
+                    compression=None,
+                )
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if 400 <= status < 500 and status not in TRANSIENT_UPGRADE_STATUSES:
+                    message, detail = _upgrade_envelope(exc.response.body, status)
+                    path = f"{self._client.prefix}/watch"
+                    raise CoderApiError(status, "GET", path, message, detail) from None
+            except (OSError, TimeoutError, WebSocketException, httpx.TransportError):
+                pass
+            else:
+                try:
+                    async for raw in ws:
+                        try:
+                            event = ChatWatchEvent.model_validate_json(raw)
+                        except ValueError:
+                            _log.debug("skipping an unparseable watch frame")
+                            continue
+                        backoff_ms = opts.backoff_initial_ms
+                        self._queue.put_nowait(event)
+                except ConnectionClosed:
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        await ws.close()
+            await asyncio.sleep(backoff_ms / 1000.0)
+            backoff_ms = min(backoff_ms * 2, opts.backoff_cap_ms)
+
+
+def _ssl_context(url: str, verify: bool) -> ssl.SSLContext | None:
+    if not url.startswith("wss://") or verify:
+        return None  # websockets builds a verifying default context for wss
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def _upgrade_envelope(body: bytes | bytearray | None, status: int) -> tuple[str, str | None]:

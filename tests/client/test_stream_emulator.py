@@ -4,6 +4,7 @@ execution, upgrade refusals, budget exhaustion, and a token scan."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -21,7 +22,7 @@ from coder_chat.models import (
     ToolResult,
 )
 from coder_chat.rest import ChatClient
-from coder_chat.stream import ChatStreamReader, StreamOptions
+from coder_chat.stream import ChatStreamReader, ChatWatcher, StreamOptions
 
 FAST = StreamOptions(backoff_initial_ms=5, backoff_cap_ms=40, open_timeout=2.0, close_timeout=0.5)
 LONG_TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the end."
@@ -286,3 +287,40 @@ async def test_bad_token_upgrade_is_terminal_and_token_never_leaks(
     scan += [r.getMessage() for r in client_logs] + [str(r.args) for r in client_logs]
     for text in scan:
         assert emu.token not in text and bad_token not in text
+
+
+async def _watch_connected(emu: Any, n: int) -> None:
+    for _ in range(500):
+        if len(emu.event_log(["watch_connect"])) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("watcher never connected")
+
+
+async def _next_status(watcher: Any, chat_id: str, status: str) -> Any:
+    while True:
+        ev = await watcher.next_event(timeout=5)
+        assert ev is not None
+        if ev.chat is not None and ev.chat.id == chat_id and ev.chat.status == status:
+            return ev
+
+
+async def test_watch_chats_redials_after_a_restart(chatd_emulator: Any) -> None:
+    emu = chatd_emulator
+    async with client_for(emu) as client:
+        async with ChatWatcher(client, options=FAST) as watcher:
+            await _watch_connected(emu, 1)
+            first = await idle_chat(client, emu)
+            ev = await _next_status(watcher, first, "waiting")
+            assert ev.kind == "status_change"
+            await asyncio.to_thread(emu.faults.restart, 0.05)
+            await _watch_connected(emu, 2)
+            second = await idle_chat(client, emu)
+            await _next_status(watcher, second, "waiting")
+        assert await watcher.next_event() is None  # closed by us
+
+    async with client_for(emu, token="bad-token-" + "y" * 20) as bad:
+        with pytest.raises(CoderApiError) as denied:
+            async with ChatWatcher(bad, options=FAST) as w:
+                await w.next_event(timeout=5)
+        assert denied.value.status == 401 and denied.value.path == "/api/v2/chats/watch"

@@ -278,7 +278,7 @@ async def test_paused_reader_keeps_redialing_and_surfaces_budget_failure_on_resu
         assert reader.reusable_for(CHAT) and not reader.reusable_for("other")
         # while "tools run", the pump redials in the background until the budget is spent
         for _ in range(200):
-            if len(events.of("ws:dial")) >= 6:
+            if len(events.of("ws:close")) >= 5:
                 break
             await asyncio.sleep(0.01)
         reader.resume()
