@@ -233,6 +233,10 @@ class _Segment:
     user_message_id: int | None
 
 
+class _TornDown(CoderAgentError):
+    """The agent was closed while a turn was reading its stream (a teardown)."""
+
+
 class _SideDone:
     """Sentinel: a side task finished before the next stream event."""
 
@@ -351,6 +355,7 @@ class CoderAgent:
         self._stranded: dict[str, None] = {}
         self._submitted: set[str] = set()
         self._reader: ChatStreamReader | None = None
+        self._active_reader: ChatStreamReader | None = None
         self._in_flight = False
         self._segment_no = 0
         self._background: set[asyncio.Task[Any]] = set()
@@ -662,6 +667,8 @@ class CoderAgent:
                         raise CoderChatError(tr.failure.message, kind=tr.failure.kind)
                     if tr.error is not None:
                         raise CoderChatError.from_payload(tr.error)
+                    if not tr.settled and reader.closed:
+                        raise _TornDown("the turn was torn down: the agent was closed mid-turn")
                     if not tr.settled:
                         raise CoderChatError(
                             "Coder chat stream ended before the turn settled",
@@ -696,7 +703,7 @@ class CoderAgent:
             except CoderApiError:
                 raise
             except CoderAgentError as exc:
-                if isinstance(exc, CoderChatError) or reader is None:
+                if isinstance(exc, CoderChatError | _TornDown) or reader is None:
                     raise
                 # An unparseable frame: the stream failed mid-turn.
                 raise CoderChatError(
@@ -709,11 +716,15 @@ class CoderAgent:
                 ending = "failure"
                 error_info = {"name": "CancelledError", "message": "the turn was cancelled"}
             raise
+        except _TornDown:
+            ending = "teardown"
+            raise
         except BaseException as exc:
             ending = "failure"
             error_info = {"name": type(exc).__name__, "message": str(exc)}
             raise
         finally:
+            self._active_reader = None
             if tr is not None:
                 self._cursor = max(self._cursor, tr.max_message_id)
             if keep_stream and reader is not None:
@@ -791,6 +802,7 @@ class CoderAgent:
         retained = self._reader
         if resume and retained is not None and retained.reusable_for(chat_id):
             retained.resume()
+            self._active_reader = retained
             return retained
         if retained is not None:
             retained.close_nowait()
@@ -799,6 +811,7 @@ class CoderAgent:
             self._client, chat_id, after_id or None, options=self._stream_options
         )
         reader.start()
+        self._active_reader = reader
         return reader
 
     async def _read_until_settled(
@@ -1033,9 +1046,10 @@ class CoderAgent:
         if self._closed:
             return
         self._closed = True
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await reader.aclose()
+        for reader in {self._reader, self._active_reader} - {None}:
+            assert reader is not None
+            await reader.aclose()  # a turn still reading ends as a teardown
+        self._reader = None
         await self.wait_background(self._timings.interrupt)
         if self._owns_client:
             await self._client.aclose()

@@ -383,3 +383,31 @@ async def test_prebuilt_client_events_split(emu: Emulator, events: Any) -> None:
         assert not client.closed  # not owned by the agent
     assert set(events.types()) == {"segment:start", "segment:settle"}
     assert "http:request" in seen and "ws:open" in seen
+
+
+async def test_aclose_mid_turn_is_a_teardown(emu: Emulator, events: Any) -> None:
+    agent = make(emu, on_transport_event=events)
+    task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))
+    chat_id = await started(agent)
+    await emu.await_status(chat_id, "running")
+    await asyncio.sleep(0.05)
+    await agent.aclose()
+    with pytest.raises(CoderAgentError, match="torn down"):
+        await task
+    settle = events.of("segment:settle")[-1]
+    assert settle.ending == "teardown" and settle.error is None and settle.finish_reason is None
+    assert len(events.of("segment:start")) == len(events.of("segment:settle")) == 1
+    await emu.await_status(chat_id, "waiting", timeout=3)  # its run was interrupted
+
+
+async def test_transport_handler_exceptions_are_swallowed(emu: Emulator) -> None:
+    def bad_handler(event: Any) -> None:
+        raise RuntimeError("observer bug")
+
+    async def bad_async_handler(event: Any) -> None:
+        raise RuntimeError("async observer bug")
+
+    for handler in (bad_handler, bad_async_handler):
+        agent = make(emu, on_transport_event=handler)
+        assert (await agent.generate("still fine")).text == "Echo: still fine"
+        await agent.aclose()

@@ -329,6 +329,7 @@ async def test_total_timeout_and_cancellation_propagate_unchanged(
         async with asyncio.timeout(0.2):
             await agent.generate(directive(Script.long_running(5)))
     await agent.aclose()
+    assert len(events.of("segment:start")) == len(events.of("segment:settle")) == 3
 
 
 async def test_timeout_while_tool_runs_is_not_request_timeout(emu: Emulator) -> None:
