@@ -117,6 +117,9 @@ class StreamOptions:
     close_timeout: float | None = 2.0
     max_frame_bytes: int | None = 64 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        self.policy()  # validate the backoff constants at construction
+
     def policy(self) -> BackoffPolicy:
         return BackoffPolicy(
             initial_ms=self.backoff_initial_ms,
