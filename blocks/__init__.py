@@ -5,6 +5,7 @@ Imported by the ``prefect.collections`` entry point and by
 """
 
 from .chat_state_store import ChatStateStore
+from .credentials import CoderCredentials
 from .state import (
     Checkpoint,
     HeldLease,
@@ -26,6 +27,7 @@ from .state import (
 __all__ = [
     "ChatStateStore",
     "Checkpoint",
+    "CoderCredentials",
     "HeldLease",
     "JournalEntry",
     "Lease",

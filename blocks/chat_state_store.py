@@ -43,7 +43,7 @@ class ChatStateStore(Block):
 
     _block_type_name = "Chat State Store"
     _block_type_slug = "chat-state-store"
-    _logo_url = "https://github.com/coder.png"  # type: ignore[assignment]
+    _logo_url = "https://github.com/coder.png?size=200"  # type: ignore[assignment]
     _documentation_url = "https://docs.sqlalchemy.org/en/20/core/engines.html#database-urls"  # type: ignore[assignment]
     _description = (
         "Durable store for Coder chat workflow checkpoints, send journal, tool ledger, "

@@ -75,7 +75,7 @@ async def test_password_is_used_and_never_leaks(postgres_url: str) -> None:
         assert (await good.checkpoints.get("wf")) is not None
         await good.aclose()
     finally:
-        await admin.execute("DROP OWNED BY leak_probe")
+        await admin.execute("REASSIGN OWNED BY leak_probe TO postgres")
         await admin.execute("DROP ROLE leak_probe")
         await admin.close()
 
@@ -114,6 +114,10 @@ async def test_secret_scan_every_row(store: StateStore, store_url: str, backend:
     assert "SECRET" not in text
     if s is not store:
         await s.aclose()
+        admin = await asyncpg.connect(store_url.replace("+asyncpg", ""))
+        await admin.execute(f"REASSIGN OWNED BY {role} TO postgres")
+        await admin.execute(f"DROP ROLE {role}")
+        await admin.close()
 
 
 def test_sync_use_from_several_threads_with_own_loops(

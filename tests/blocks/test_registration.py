@@ -1,0 +1,41 @@
+"""What Prefect sees of the blocks: entry point, block types, schemas, secret fields."""
+
+from __future__ import annotations
+
+import uuid
+from importlib.metadata import entry_points
+
+from prefect.blocks.core import Block
+from prefect.utilities.dispatch import get_registry_for_type
+
+import blocks
+from blocks import ChatStateStore, CoderCredentials
+
+
+def test_collections_entry_point_imports_the_blocks() -> None:
+    (ep,) = [e for e in entry_points(group="prefect.collections") if e.name == "prefect_coder"]
+    assert ep.value == "blocks"
+    module = ep.load()
+    assert module is blocks
+    found = {n for n in dir(module) if Block.is_block_class(getattr(module, n))}
+    assert found == {"ChatStateStore", "CoderCredentials"}
+    # Defining the classes registers them in Prefect's dispatch registry, which is what a
+    # server started in this environment registers at start-up.
+    registry = get_registry_for_type(Block) or {}
+    assert registry.get("coder-credentials") is CoderCredentials
+    assert registry.get("chat-state-store") is ChatStateStore
+
+
+def test_schemas_mark_secrets_and_are_json() -> None:
+    creds = CoderCredentials._to_block_schema(block_type_id=uuid.uuid4())
+    assert creds.fields["secret_fields"] == ["token"]
+    props = creds.fields["properties"]
+    assert props["organization_id"]["format"] == "uuid"
+    assert set(creds.fields["required"]) == {"base_url", "organization_id", "token"}
+    store = ChatStateStore._to_block_schema(block_type_id=uuid.uuid4())
+    assert store.fields["secret_fields"] == ["password"]
+    assert "required" not in store.fields or not store.fields["required"]
+    # The default URL is resolved on the machine that uses the block, not stored.
+    assert store.fields["properties"]["url"].get("default") is None
+    assert CoderCredentials.get_block_type_slug() == "coder-credentials"
+    assert ChatStateStore.get_block_type_slug() == "chat-state-store"
