@@ -23,6 +23,7 @@ __all__ = [
     "step_marker",
     "validate_base_url",
     "validate_steps",
+    "validate_toolset",
     "validate_workflow_id",
 ]
 
@@ -111,6 +112,11 @@ class WorkflowSettings(BaseModel):
         gt=0,
         description="Bound of the interrupt-and-settle wait before any resubmission.",
     )
+    redial_backoff_ms: int = Field(
+        default=1000,
+        ge=1,
+        description="First stream redial backoff (doubles per failure; 5 failures end a turn).",
+    )
     artifacts: bool = Field(default=True, description="Publish a markdown artifact per turn.")
     tool_modules: list[str] = Field(
         default_factory=lambda: ["flows.demo_tools"],
@@ -198,4 +204,28 @@ def validate_steps(
                 f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
                 "register it with @flows.registry.output_model in a module listed in "
                 "settings.tool_modules, or fix the name",
+            )
+
+
+def validate_toolset(
+    toolset: object,
+    *,
+    tool_names: set[str],
+    output_model_names: set[str],
+    field: str = "workflow_tools",
+) -> None:
+    """Check a workflow tool set (``flows.toolset.Toolset``) against the registry."""
+    for j, tool in enumerate(getattr(toolset, "tools", [])):
+        if tool not in tool_names:
+            raise WorkflowParameterError(
+                f"{field}.tools[{j}]",
+                f"no client tool named {tool!r} is registered",
+                "register it in a module listed in settings.tool_modules, or fix the name",
+            )
+    for j, model in enumerate(getattr(toolset, "output_models", [])):
+        if model not in output_model_names:
+            raise WorkflowParameterError(
+                f"{field}.output_models[{j}]",
+                f"no output model named {model!r} is registered",
+                "register it in a module listed in settings.tool_modules, or fix the name",
             )

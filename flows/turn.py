@@ -32,8 +32,9 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
-from coder_chat.tools import ClientTool, StructuredOutput, structured_output
-from flows import registry
+from coder_chat.agent import GenerateResult
+from coder_chat.stream import StreamOptions
+from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
 from flows.errors import WorkflowBusyError
 from flows.observe import TurnObserver
@@ -42,6 +43,7 @@ from flows.resources import TurnResources, load_resources
 from flows.resubmit import settle_before_resubmit
 from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
 from flows.retry import is_retryable_failure, retry_if_retryable
+from flows.toolset import Toolset
 
 __all__ = [
     "execute_turn",
@@ -50,20 +52,12 @@ __all__ = [
     "run_turn",
 ]
 
+
 def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     try:
         return get_run_logger()
     except Exception:  # called outside a Prefect run (tests, scripts)
         return logging.getLogger("flows.turn")
-
-
-def _step_tools(step: Step) -> tuple[list[ClientTool[Any]], StructuredOutput[Any] | None]:
-    tools: list[ClientTool[Any]] = [registry.get_tool(name) for name in step.tools]
-    answer = None
-    if step.output_model:
-        answer = structured_output(registry.get_output_model(step.output_model))
-        tools.append(answer)
-    return tools, answer
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -78,20 +72,29 @@ def _usage_dict(usage: Any) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "raw" and v is not None}
 
 
-def _tool_records(gen: Any, client_names: set[str]) -> list[ToolCallRecord]:
-    records: list[ToolCallRecord] = []
-    for call in getattr(gen, "tool_calls", None) or []:
-        name = getattr(call, "tool_name", None) or getattr(call, "name", None) or "?"
-        provider = getattr(call, "provider_executed", None)
-        kind = "server" if provider or name not in client_names else "client"
+def _tool_records(gen: GenerateResult) -> list[ToolCallRecord]:
+    records = [
+        ToolCallRecord(
+            id=call.tool_call_id,
+            name=call.tool_name,
+            kind="client",
+            args=_jsonable(call.input),
+            output=_jsonable(call.output),
+            is_error=call.is_error,
+        )
+        for call in gen.client_tool_calls
+    ]
+    results = {r.tool_call_id: r for r in gen.server_tool_results}
+    for call in gen.server_tool_calls:
+        res = results.get(call.tool_call_id)
         records.append(
             ToolCallRecord(
-                id=getattr(call, "tool_call_id", None) or getattr(call, "id", None),
-                name=name,
-                kind=kind,
-                args=_jsonable(getattr(call, "input", getattr(call, "args", None))),
-                output=_jsonable(getattr(call, "output", getattr(call, "result", None))),
-                is_error=bool(getattr(call, "is_error", False)),
+                id=call.tool_call_id,
+                name=call.tool_name,
+                kind="server",
+                args=_jsonable(call.input),
+                output=_jsonable(res.result) if res else None,
+                is_error=bool(res and res.is_error),
             )
         )
     return records
@@ -157,16 +160,20 @@ async def execute_turn(
     settings: WorkflowSettings,
     resources: TurnResources,
     *,
+    toolset: Toolset | None = None,
     retry_reason: str | None = None,
 ) -> TurnResult:
     """Run one step's turn durably (the body of :func:`run_turn`).
 
-    ``retry_reason`` is set when Prefect retries the task; a resubmission on a
-    checkpointed chat then always goes through the settle seam.
+    ``toolset`` is the workflow's whole tool set (declared when the first step
+    creates the chat; see :mod:`flows.toolset`); the step's own tools are always
+    included. ``retry_reason`` is set when Prefect retries the task.
     """
     logger = _run_logger()
     marker = step_marker(workflow_id, step.name)
-    tools, answer = _step_tools(step)
+    resolved = (toolset or Toolset()).including(step).resolve()
+    tools = resolved.tools
+    answer = resolved.answers.get(step.output_model) if step.output_model else None
     store = resources.store
     async with contextlib.AsyncExitStack() as stack:
         try:
@@ -216,6 +223,7 @@ async def _turn_under_lease(
         tools=tools,
         request_timeout=request_timeout,
         on_transport_event=observer,
+        stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
     )
     attempt = 1
     try:
@@ -271,7 +279,6 @@ async def _turn_under_lease(
                             "duration_ms": round(generate_ms, 1),
                         },
                     )
-        client_names = {t.name for t in tools}
         structured = None
         if answer is not None:
             value = answer.pick(gen)
@@ -293,7 +300,7 @@ async def _turn_under_lease(
             usage=_usage_dict(gen.usage),
             user_message_id=gen.user_message_id,
             message_ids=list(gen.message_ids or []),
-            tool_calls=_tool_records(gen, client_names),
+            tool_calls=_tool_records(gen),
             structured=structured,
             attempt=attempt,
             generate_ms=round(generate_ms, 2),
@@ -342,6 +349,7 @@ async def run_turn(
     step: Step,
     settings: WorkflowSettings,
     resources: TurnResources | None = None,
+    toolset: Toolset | None = None,
 ) -> TurnResult:
     """One durable agent turn. Re-running a finished (workflow, step) returns its
     stored result without sending anything.
@@ -355,4 +363,6 @@ async def run_turn(
         retry_reason = f"Prefect retry {ctx.task_run.run_count - 1} of step {step.name}"
     if resources is None:
         resources = await load_resources(settings)
-    return await execute_turn(workflow_id, step, settings, resources, retry_reason=retry_reason)
+    return await execute_turn(
+        workflow_id, step, settings, resources, toolset=toolset, retry_reason=retry_reason
+    )

@@ -24,25 +24,31 @@ from flows.params import (
     Step,
     WorkflowSettings,
     validate_steps,
+    validate_toolset,
     validate_workflow_id,
 )
 from flows.resources import TurnResources, load_resources
 from flows.results import TurnResult
+from flows.toolset import Toolset
 from flows.turn import run_turn
 
 __all__ = ["agent_turn", "agent_workflow", "prepare"]
 
 
-async def prepare(workflow_id: str, steps: list[Step], settings: WorkflowSettings) -> TurnResources:
+async def prepare(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings,
+    extra_tools: Toolset | None = None,
+) -> TurnResources:
     """Validate every parameter and load the blocks; raises
     :class:`~flows.errors.WorkflowParameterError` before any chat is created."""
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
-    validate_steps(
-        steps,
-        tool_names=registry.tool_names(),
-        output_model_names=registry.output_model_names(),
-    )
+    tool_names, model_names = registry.tool_names(), registry.output_model_names()
+    validate_steps(steps, tool_names=tool_names, output_model_names=model_names)
+    if extra_tools is not None:
+        validate_toolset(extra_tools, tool_names=tool_names, output_model_names=model_names)
     return await load_resources(settings)
 
 
@@ -81,6 +87,8 @@ async def _archive_on_failure(_flow: Any, flow_run: FlowRun, _state: State[Any])
     name="agent-workflow",
     flow_run_name="{workflow_id}",
     on_failure=[_archive_on_failure],
+    persist_result=True,
+    result_serializer="json",
 )
 async def agent_workflow(
     workflow_id: str,
@@ -100,27 +108,41 @@ async def agent_workflow(
     turn = run_turn.with_options(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
     )
+    # Client tools are declared once, when the first step creates the chat.
+    toolset = Toolset.of_steps(steps)
     results: list[TurnResult] = []
     for step in steps:
-        results.append(await turn(workflow_id, step, settings, resources))
+        results.append(await turn(workflow_id, step, settings, resources, toolset))
     if not settings.keep_chat:
         await archive_chat(workflow_id, settings, resources)
     return results
 
 
-@flow(name="agent-turn", flow_run_name="{workflow_id}/{step.name}")
+@flow(
+    name="agent-turn",
+    flow_run_name="{workflow_id}/{step.name}",
+    persist_result=True,
+    result_serializer="json",
+)
 async def agent_turn(
     workflow_id: str,
     step: Step,
     settings: WorkflowSettings | None = None,
+    workflow_tools: Toolset | None = None,
 ) -> TurnResult:
     """Run one durable turn of a workflow (no archive: use ``archive-workflow-chat``).
 
     For engines that drive the steps themselves, one deployment run per step.
+
+    Args:
+        workflow_tools: every client tool and output model the workflow's chat will
+            ever need. chatd learns client tools only when the chat is created, so
+            the first step must declare them all; pass the same value to every step.
+            Default: this step's own tools.
     """
     settings = settings or WorkflowSettings()
-    resources = await prepare(workflow_id, [step], settings)
+    resources = await prepare(workflow_id, [step], settings, workflow_tools)
     turn = run_turn.with_options(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
     )
-    return await turn(workflow_id, step, settings, resources)
+    return await turn(workflow_id, step, settings, resources, workflow_tools)
