@@ -57,7 +57,8 @@ class ScriptedChatd:
     token = TOKEN
     conn = Conn  # tests build scripts with ``scripted.conn(...)`` (no conftest imports)
 
-    def __init__(self) -> None:
+    def __init__(self, ssl: Any = None) -> None:
+        self._ssl = ssl
         self.scripts: list[Conn] = []
         self.dials: list[Dial] = []
         self.preflights = 0
@@ -111,9 +112,10 @@ class ScriptedChatd:
             # The server side logs the headers it received at DEBUG; keep those apart
             # from the client's records that token scans inspect.
             logger=logging.getLogger(SERVER_LOGGER),
+            ssl=self._ssl,
         )
         port = self._server.sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -152,8 +154,9 @@ class MiniHttp:
     the connection without a response.
     """
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, ssl: Any = None) -> None:
         self.route = route
+        self._ssl = ssl
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.base_url = ""
         self._server: asyncio.Server | None = None
@@ -191,9 +194,9 @@ class MiniHttp:
             writer.close()
 
     async def __aenter__(self) -> MiniHttp:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._ssl)
         port = self._server.sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -228,3 +231,52 @@ def mini_http() -> type[MiniHttp]:
 @pytest.fixture
 def events() -> EventLog:
     return EventLog()
+
+
+@pytest.fixture(scope="session")
+def self_signed_tls(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A server-side SSLContext with a fresh self-signed certificate for 127.0.0.1."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    d = tmp_path_factory.mktemp("tls")
+    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "cert.pem", d / "key.pem")
+    return ctx
+
+
+@pytest.fixture
+def scripted_server() -> type[ScriptedChatd]:
+    """The ScriptedChatd class, for tests that need their own (e.g. TLS) instance."""
+    return ScriptedChatd

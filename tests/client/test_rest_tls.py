@@ -1,0 +1,49 @@
+"""TLS verification is on by default, for REST and for the stream upgrade."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from coder_chat.errors import CoderStreamError
+from coder_chat.rest import ChatClient
+from coder_chat.stream import ChatStreamReader, StreamOptions
+
+TOKEN = "tok-3f9a1c77-secret-value"  # = conftest.TOKEN
+CHAT = "5b0d8c0e-1a52-4c8e-9a0e-3e7d7f6b1a01"
+FAST = StreamOptions(backoff_initial_ms=2, backoff_cap_ms=4, open_timeout=2.0)
+
+
+def ok(method: str, target: str, body: bytes) -> tuple[int, Any]:
+    return 200, []
+
+
+async def test_rest_verifies_certificates(mini_http: Any, self_signed_tls: Any) -> None:
+    async with mini_http(ok, ssl=self_signed_tls) as server:
+        assert server.base_url.startswith("https://")
+        async with ChatClient(server.base_url, TOKEN) as client:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await client.list_chats()
+            assert not client.prefix_locked
+        async with ChatClient(server.base_url, TOKEN, verify=False) as insecure:
+            assert await insecure.list_chats() == []
+
+
+async def test_stream_verifies_certificates(scripted_server: Any, self_signed_tls: Any) -> None:
+    async with scripted_server(ssl=self_signed_tls) as server:
+        server.add(server.conn(frames=[[{"type": "status", "status": {"status": "waiting"}}]]))
+        async with ChatClient(server.base_url, TOKEN) as client:
+            assert client.stream_url(CHAT).startswith("wss://")
+            reader = ChatStreamReader(client, CHAT, options=FAST)
+            with pytest.raises(CoderStreamError) as info:
+                await reader.next_event(timeout=5)
+            await reader.aclose()
+            assert "CERTIFICATE_VERIFY_FAILED" in str(info.value.cause)
+        assert server.dials == []  # no handshake ever completed
+        async with ChatClient(server.base_url, TOKEN, verify=False) as insecure:
+            async with ChatStreamReader(insecure, CHAT, options=FAST) as reader:
+                ev = await reader.next_event(timeout=5)
+                assert ev is not None and ev.status is not None and ev.status.status == "waiting"
+        assert len(server.dials) == 1
