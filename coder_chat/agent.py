@@ -839,7 +839,12 @@ class CoderAgent:
                 wait: float | None = None
                 if tr.awaiting_action and recovery is None and not recovered and grace_until:
                     wait = max(0.0, grace_until - loop.time())
-                item = await self._next(reader, wait, recovery)
+                # Fast path: take an already-arrived event without suspending.
+                item: ChatStreamEvent | _SideDone | None = (
+                    reader.next_event_nowait() if recovery is None else None
+                )
+                if item is None:
+                    item = await self._next(reader, wait, recovery)
                 if item is _SIDE_DONE:
                     assert recovery is not None
                     found = None

@@ -43,14 +43,19 @@ REQUIRES_ACTION_SAFETY_VALVE = 200
 FinishReason = Literal["stop", "tool-calls", "error"]
 
 
+_IS_MAPPING: dict[type, bool] = {dict: True}
+
+
 def field(obj: Any, key: str, default: Any = None) -> Any:
     """Read ``key`` from a dict or an attribute-style model; ``None`` → ``default``."""
     if obj is None:
         return default
-    if isinstance(obj, Mapping):
-        value = obj.get(key)
-    else:
-        value = getattr(obj, key, None)
+    # Hot path (every stream event): the Mapping ABC check is memoised per type.
+    cls = type(obj)
+    is_mapping = _IS_MAPPING.get(cls)
+    if is_mapping is None:
+        is_mapping = _IS_MAPPING[cls] = issubclass(cls, Mapping)
+    value = obj.get(key) if is_mapping else getattr(obj, key, None)
     return default if value is None else value
 
 
