@@ -701,6 +701,9 @@ class CoderAgent:
                     discard = True
                 raise exc.with_retry(retryable, reason) from exc.cause
             except CoderApiError:
+                # A rejected submission (non-2xx) landed nothing: no interrupt for it.
+                # A failure after the submission landed still interrupts (`submitted`).
+                submit_ambiguous = False
                 raise
             except CoderAgentError as exc:
                 if isinstance(exc, CoderChatError | _TornDown) or reader is None:

@@ -300,6 +300,12 @@ async def test_archived_unknown_and_bad_token(emu: Emulator) -> None:
     with pytest.raises(CoderApiError) as archived:
         await agent.generate("y")
     assert archived.value.status == 400 and "archived" in archived.value.message
+    await agent.wait_background()
+    assert (
+        not [  # a rejected submission started nothing: nothing to interrupt
+            e for e in emu.event_log(["request"]) if e["details"]["path"].endswith("/interrupt")
+        ]
+    )
     unknown = make(emu, chat_id="00000000-0000-4000-8000-000000000001")
     with pytest.raises(CoderApiError) as missing:
         await unknown.generate("z")
