@@ -107,12 +107,27 @@ def get_engine(
     loop = asyncio.get_running_loop()
     key = (os.getpid(), cache_key(url, password))
     with _lock:
+        _forget_closed_loops()
         per_loop = _engines.setdefault(key, weakref.WeakKeyDictionary())
         engine = per_loop.get(loop)
         if engine is None:
             engine = _create(url, backend, password, connect_timeout, pool_size)
             per_loop[loop] = engine
         return engine
+
+
+def _forget_closed_loops() -> None:
+    """Drop engines whose event loop has closed without ``aclose()`` (caller holds _lock).
+
+    A pooled asyncpg connection references its loop, so the weak key alone never lets go
+    (``asyncio.run()`` per call in a worker thread would pile up engines and open
+    PostgreSQL connections). The loop is gone, so the connections cannot be closed
+    politely: dereference the pool and let garbage collection close the sockets.
+    """
+    for per_loop in _engines.values():
+        for loop in [lp for lp in per_loop if lp.is_closed()]:
+            engine = per_loop.pop(loop)
+            engine.sync_engine.dispose(close=False)
 
 
 def pop_engine(url: URL, password: str | None) -> AsyncEngine | None:

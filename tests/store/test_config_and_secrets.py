@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import threading
 from pathlib import Path
 
 import asyncpg
@@ -118,40 +116,3 @@ async def test_secret_scan_every_row(store: StateStore, store_url: str, backend:
         await admin.execute(f"REASSIGN OWNED BY {role} TO postgres")
         await admin.execute(f"DROP ROLE {role}")
         await admin.close()
-
-
-def test_sync_use_from_several_threads_with_own_loops(
-    tmp_path: Path, backend: str, store_url: str
-) -> None:
-    """Prefect runs tasks in worker threads with their own loops: one store, many loops."""
-    import asyncio
-
-    store = StateStore(store_url, tenant=f"threads-{os.getpid()}-{backend}")
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        async def run() -> None:
-            for j in range(5):
-                await store.checkpoints.set(f"wf-{i}", f"chat-{i}", j + 1)
-            async with store.lease(f"chat:{i}", ttl=5):
-                pass
-            await store.aclose()
-
-        try:
-            asyncio.run(run())
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-
-    async def check() -> list[int | None]:
-        got = [await store.checkpoints.get(f"wf-{i}") for i in range(4)]
-        await store.aclose()
-        return [g.last_seen_message_id if g else None for g in got]
-
-    assert asyncio.run(check()) == [5, 5, 5, 5]
