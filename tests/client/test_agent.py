@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,10 +29,14 @@ FAST = StreamOptions(backoff_initial_ms=20, backoff_cap_ms=80)
 TIMINGS = AgentTimings(action_grace=0.2, settle_deadline=2.0, settle_retry_delay=0.05)
 
 
+# The emulator runs on its own loop in another thread (the chatd_emulator fixture),
+# like a real server: the client loop never shares work with it.
+pytestmark = pytest.mark.chatd_emulator(delta_delay=0.0005)
+
+
 @pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    async with Emulator(delta_delay=0.0005) as e:
-        yield e
+def emu(chatd_emulator: Emulator) -> Emulator:
+    return chatd_emulator
 
 
 def make(emu: Emulator, **kw: Any) -> CoderAgent:

@@ -14,7 +14,6 @@ import contextlib
 import json
 import struct
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -143,10 +142,14 @@ async def add(args: Add, ctx: ToolContext) -> int:
     return args.a + args.b
 
 
+# The emulator runs on its own loop in another thread (the chatd_emulator fixture),
+# like a real server: the client loop never shares work with it.
+pytestmark = pytest.mark.chatd_emulator(delta_delay=0.0005)
+
+
 @pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    async with Emulator(delta_delay=0.0005) as e:
-        yield e
+def emu(chatd_emulator: Emulator) -> Emulator:
+    return chatd_emulator
 
 
 def directive(script: Script) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,11 +23,14 @@ from coder_chat import (
 from coder_chat.emulator.script import Script, ServerToolCall, Step, Text
 from coder_chat.emulator.server import Emulator
 
+# The emulator runs on its own loop in another thread (the chatd_emulator fixture),
+# like a real server: the client loop never shares work with it.
+pytestmark = pytest.mark.chatd_emulator(delta_delay=0.0002)
+
 
 @pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    async with Emulator(delta_delay=0.0002) as e:
-        yield e
+def emu(chatd_emulator: Emulator) -> Emulator:
+    return chatd_emulator
 
 
 class Add(BaseModel):
@@ -68,7 +70,9 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
         Step((Text("Adding. "), *Script.client_tool("add", {"a": 2, "b": 2}).steps[0].parts)),
     )
     r1 = await agent.generate(directive(script, "[wf/1] attempt one"))
-    r2 = await agent.generate(directive(Script.client_tool("add", {"a": 1, "b": 1}), "[wf/1] attempt two"))
+    r2 = await agent.generate(
+        directive(Script.client_tool("add", {"a": 1, "b": 1}), "[wf/1] attempt two")
+    )
     chat_id = r2.chat_id
     client = agent.client
 
@@ -80,8 +84,12 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
     assert rec.text == r2.text
     every, complete = await fetch_until(client, chat_id, lambda ms: False, page_size=3)
     assert complete and len({m.id for m in every}) == len(every)
-    assert sorted(m.id for m in every) == [m["id"] for m in emu.messages(chat_id, include_system=False)]
-    rec1 = recover_turn(every, client_tool_names=agent.client_tool_names, user_message_id=r1.user_message_id)
+    assert sorted(m.id for m in every) == [
+        m["id"] for m in emu.messages(chat_id, include_system=False)
+    ]
+    rec1 = recover_turn(
+        every, client_tool_names=agent.client_tool_names, user_message_id=r1.user_message_id
+    )
     assert rec1 is not None and rec1.text == r1.text
     # narration before the server-side tool survives in the earlier step's history
     assert any(p.type == "dynamic-tool" and p.tool_name == "execute" for p in rec1.parts)

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import pickle
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,10 +29,14 @@ TOKEN = "secret-token-7d41b9e0c2aa4f7e"
 SERVER_LOGGERS = ("websockets.server", "coder_chat.emulator")
 
 
+# The emulator runs on its own loop in another thread (the chatd_emulator fixture),
+# like a real server: the client loop never shares work with it.
+pytestmark = pytest.mark.chatd_emulator(tokens=[TOKEN], delta_delay=0.0005)
+
+
 @pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    async with Emulator(tokens=[TOKEN], delta_delay=0.0005) as e:
-        yield e
+def emu(chatd_emulator: Emulator) -> Emulator:
+    return chatd_emulator
 
 
 class Add(BaseModel):
