@@ -417,3 +417,17 @@ async def test_queued_entry_deleted_by_someone_else_is_a_dead_end(emu: Emulator)
     await t1
     for a in (first, second):
         await a.aclose()
+
+
+async def test_exhausted_redials_on_fresh_chat_with_workspace_not_retryable(emu: Emulator) -> None:
+    emu.faults.refuse_upgrades(503)
+    agent = make(emu, workspace_id="0b0e5a9c-6c59-4b59-9f55-3d1f3f0c2a11")
+    with pytest.raises(CoderStreamError) as info:
+        await agent.generate("with a workspace")
+    err = info.value
+    assert not err.is_retryable and "workspace" in str(err)
+    # the chat was still created by this call: stranded and discarded all the same
+    assert agent.chat_id is None and agent.stranded_chat_ids == [err.chat_id]
+    assert emu.chat(err.chat_id or "")["workspace_id"] == "0b0e5a9c-6c59-4b59-9f55-3d1f3f0c2a11"
+    emu.faults.clear()
+    await agent.aclose()
