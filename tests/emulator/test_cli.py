@@ -1,0 +1,58 @@
+"""The ``coder-chat-emulator`` CLI: output contract and clean shutdown."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coder_chat.emulator.cli", "--token", "t1", "--token", "t2"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        assert first.startswith("CODER_URL=http://127.0.0.1:")
+        url = first.split("=", 1)[1]
+        org = proc.stdout.readline().strip()
+        assert org.startswith("CODER_ORG_ID=")
+        admin = proc.stdout.readline().strip()
+        assert admin.startswith("CODER_EMULATOR_ADMIN_TOKEN=")  # no default token line
+        for tok in ("t1", "t2"):
+            r = httpx.post(f"{url}/api/v2/chats", headers={"Coder-Session-Token": tok},
+                           json={"organization_id": org.split("=", 1)[1],
+                                 "content": [{"type": "text", "text": "hi"}]})
+            assert r.status_code == 201
+        r = httpx.get(f"{url}/api/v2/chats", headers={"Coder-Session-Token": "t2"})
+        assert len(r.json()) == 1  # each token is its own user
+        proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_default_token_line() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "coder_chat.emulator.cli"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().strip() for _ in range(4)]
+        assert lines[0].startswith("CODER_URL=")
+        tok = lines[2].split("=", 1)[1]
+        assert lines[2].startswith("CODER_SESSION_TOKEN=")
+        url = lines[0].split("=", 1)[1]
+        assert httpx.get(f"{url}/api/v2/chats",
+                         headers={"Coder-Session-Token": tok}).status_code == 200
+        proc.terminate()
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
