@@ -8,6 +8,8 @@ Started once and reused (importing Prefect costs ≈ 1 s per process): it prints
   waited, held lease on ``key_cm``; prints one JSON result line.
 * ``{"op": "hold", "url", "tenant", "key", "ttl"}`` — prints ``HELD <fence> <holder>``
   and holds the lease, renewing it, until the process is killed.
+* ``{"op": "write", "url", "tenant"}`` — sets checkpoint ``wf`` to (``chat-i``, ``i``)
+  for i = 1, 2, ... and prints ``i`` after each commit, until the process is killed.
 """
 
 from __future__ import annotations
@@ -66,11 +68,20 @@ async def hold(cmd: dict[str, Any]) -> None:
         await asyncio.sleep(3600)  # until SIGKILL
 
 
+async def write(cmd: dict[str, Any]) -> None:
+    store = StateStore(cmd["url"], tenant=cmd["tenant"])
+    i = 0
+    while True:
+        i += 1
+        await store.checkpoints.set("wf", f"chat-{i}", i)
+        print(i, flush=True)  # acknowledged only after the commit returned
+
+
 async def main() -> None:
     print("READY", flush=True)
     while line := await _line():
         cmd = json.loads(line)
-        await {"contend": contend, "hold": hold}[cmd["op"]](cmd)
+        await {"contend": contend, "hold": hold, "write": write}[cmd["op"]](cmd)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Leases across real OS processes: exactly one winner, mutual exclusion, SIGKILL expiry."""
+"""Real OS processes: exactly one lease winner, mutual exclusion, SIGKILL expiry, and
+writes that a SIGKILL cannot tear or lose once acknowledged."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from blocks import StateStore
 WORKER = str(Path(__file__).with_name("lease_worker.py"))
 N_CONTENDERS = 3
 N_HOLDERS = 2  # one SIGKILL test per backend
+N_WRITERS = 2  # one crash-while-writing test per backend
 
 
 class Pool:
@@ -28,6 +30,7 @@ class Pool:
     def __init__(self) -> None:
         self.contenders = [self._spawn() for _ in range(N_CONTENDERS)]
         self.holders = [self._spawn() for _ in range(N_HOLDERS)]
+        self.writers = [self._spawn() for _ in range(N_WRITERS)]
         self._ready: set[int] = set()
 
     @staticmethod
@@ -60,7 +63,7 @@ class Pool:
         proc.stdin.flush()
 
     def close(self) -> None:
-        for p in self.contenders + self.holders:
+        for p in self.contenders + self.holders + self.writers:
             if p.poll() is None:
                 p.kill()
             p.wait()
@@ -130,3 +133,34 @@ async def test_sigkilled_holder_loses_lease_after_ttl(
     # It lapsed no later than one ttl after the kill (the last renewal preceded it), and
     # not before: renewals every ttl/4 left at least ~3/4 ttl on the clock.
     assert ttl * 0.5 <= waited <= ttl + 0.3, waited
+
+
+async def test_sigkill_mid_writes_never_tears_or_loses_acknowledged_commits(
+    store: StateStore, store_url: str, backend: str, pool: Pool
+) -> None:
+    proc = pool.writers.pop()
+    pool.send(proc, json.dumps({"op": "write", "url": store_url, "tenant": store.tenant}))
+    acked = int(await pool.readline(proc))
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        acked = int(await pool.readline(proc))
+    os.kill(proc.pid, signal.SIGKILL)  # lands somewhere inside a write, most likely
+    proc.wait()
+    assert proc.stdout is not None
+    for line in proc.stdout.read().split():  # acknowledgements still in the pipe
+        acked = max(acked, int(line))
+    assert acked >= 3
+    cp = await store.checkpoints.get("wf")
+    assert cp is not None and cp.last_seen_message_id is not None
+    # Durable: nothing acknowledged is lost (at most the in-flight write also landed).
+    assert cp.last_seen_message_id in (acked, acked + 1)
+    # Atomic: the chat id and cursor come from the same write.
+    assert cp.chat_id == f"chat-{cp.last_seen_message_id}"
+    if backend == "sqlite":
+        import sqlalchemy as sa
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(store_url)
+        async with engine.connect() as conn:
+            assert (await conn.execute(sa.text("PRAGMA integrity_check"))).scalar() == "ok"
+        await engine.dispose()
