@@ -48,27 +48,38 @@ def start_emulator() -> tuple[subprocess.Popen[str], dict[str, str]]:
 
 async def set_default(base: str, admin: str, script: dict[str, Any]) -> None:
     async with httpx.AsyncClient(base_url=base) as c:
-        r = await c.post("/__emulator__/script/default", json={"script": script},
-                         headers={"X-Emulator-Admin-Token": admin})
+        r = await c.post(
+            "/__emulator__/script/default",
+            json={"script": script},
+            headers={"X-Emulator-Admin-Token": admin},
+        )
         r.raise_for_status()
 
 
 async def events_per_second(env: dict[str, str], deltas: int) -> float:
     base, tok, org = env["CODER_URL"], env["CODER_SESSION_TOKEN"], env["CODER_ORG_ID"]
-    await set_default(base, env["CODER_EMULATOR_ADMIN_TOKEN"],
-                      {"parts": [{"type": "sleep", "seconds": 0.2},
-                                 {"type": "text", "text": "x" * deltas, "deltas": deltas,
-                                  "delay": 0}]})
+    await set_default(
+        base,
+        env["CODER_EMULATOR_ADMIN_TOKEN"],
+        {
+            "parts": [
+                {"type": "sleep", "seconds": 0.2},
+                {"type": "text", "text": "x" * deltas, "deltas": deltas, "delay": 0},
+            ]
+        },
+    )
     h = {"Coder-Session-Token": tok}
     async with httpx.AsyncClient(base_url=base, headers=h) as c:
-        r = await c.post(P, json={"organization_id": org,
-                                  "content": [{"type": "text", "text": "go"}]})
+        r = await c.post(
+            P, json={"organization_id": org, "content": [{"type": "text", "text": "go"}]}
+        )
         cid = r.json()["id"]
     ws_url = base.replace("http", "ws", 1) + f"{P}/{cid}/stream"
     parts = 0
     t0 = t1 = 0.0
-    async with websockets.connect(ws_url, additional_headers=h, compression=None,
-                                  max_size=None) as ws:
+    async with websockets.connect(
+        ws_url, additional_headers=h, compression=None, max_size=None
+    ) as ws:
         async for raw in ws:
             for ev in json.loads(raw):
                 if ev["type"] == "message_part":
@@ -94,9 +105,11 @@ class RawConn:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         data = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
-                f"Coder-Session-Token: {self.token}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+            f"Coder-Session-Token: {self.token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + data)
         raw = await self.reader.readuntil(b"\r\n\r\n")
         lines = raw.decode().split("\r\n")
@@ -114,15 +127,18 @@ class RawConn:
 
 async def turn_latency(env: dict[str, str], n: int, rounds: int) -> tuple[float, float, int]:
     base, tok, org = env["CODER_URL"], env["CODER_SESSION_TOKEN"], env["CODER_ORG_ID"]
-    await set_default(base, env["CODER_EMULATOR_ADMIN_TOKEN"],
-                      {"text": "ok", "deltas": 1, "delay": 0})
+    await set_default(
+        base, env["CODER_EMULATOR_ADMIN_TOKEN"], {"text": "ok", "deltas": 1, "delay": 0}
+    )
     h = {"Coder-Session-Token": tok}
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
     errors = 0
     async with httpx.AsyncClient(base_url=base, headers=h, limits=limits, timeout=60) as c:
+
         async def mk() -> str:
-            r = await c.post(P, json={"organization_id": org,
-                                      "content": [{"type": "text", "text": "hi"}]})
+            r = await c.post(
+                P, json={"organization_id": org, "content": [{"type": "text", "text": "hi"}]}
+            )
             r.raise_for_status()
             return str(r.json()["id"])
 
@@ -135,8 +151,9 @@ async def turn_latency(env: dict[str, str], n: int, rounds: int) -> tuple[float,
             nonlocal opened, errors
             url = base.replace("http", "ws", 1) + f"{P}/{cid}/stream"
             try:
-                async with websockets.connect(url, additional_headers=h, compression=None,
-                                              open_timeout=60) as ws:
+                async with websockets.connect(
+                    url, additional_headers=h, compression=None, open_timeout=60
+                ) as ws:
                     opened += 1
                     if opened == n:
                         ready.set()
@@ -161,13 +178,14 @@ async def turn_latency(env: dict[str, str], n: int, rounds: int) -> tuple[float,
         for _ in range(rounds):
             loop = asyncio.get_running_loop()
 
-            async def one(cid: str) -> None:
+            async def one(cid: str, loop: asyncio.AbstractEventLoop = loop) -> None:
                 nonlocal errors
                 fut: asyncio.Future[float] = loop.create_future()
                 waiters[cid] = fut
                 t = time.perf_counter()
                 status, _ = await conns[cid].post(
-                    f"{P}/{cid}/messages", {"content": [{"type": "text", "text": "ping"}]})
+                    f"{P}/{cid}/messages", {"content": [{"type": "text", "text": "ping"}]}
+                )
                 if status != 200:
                     errors += 1
                     return
@@ -199,8 +217,10 @@ async def main() -> None:
         for n in (int(x) for x in args.chats.split(",")):
             rounds = max(1, 50 // n) if n < 50 else 2
             p50, p99, errors = await turn_latency(env, n, rounds)
-            print(f"{n:>5} chats with open streams: trivial turn p50 {p50 * 1000:.1f} ms, "
-                  f"p99 {p99 * 1000:.1f} ms, errors {errors}")
+            print(
+                f"{n:>5} chats with open streams: trivial turn p50 {p50 * 1000:.1f} ms, "
+                f"p99 {p99 * 1000:.1f} ms, errors {errors}"
+            )
     finally:
         proc.terminate()
         proc.wait(10)

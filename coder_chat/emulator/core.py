@@ -732,7 +732,11 @@ class Core:
                 call_id = p.id or self.ids.tool_call()
                 provider = isinstance(p, ServerToolCall)
                 args_text = json.dumps(p.args)
-                base = {"type": "tool-call", "tool_call_id": call_id, "tool_name": p.name}
+                base: dict[str, Any] = {
+                    "type": "tool-call",
+                    "tool_call_id": call_id,
+                    "tool_name": p.name,
+                }
                 if provider:
                     base["provider_executed"] = True
                 for chunk in _chunks(args_text, 2):
@@ -896,8 +900,7 @@ class Core:
         for key, c in partial.calls.items():
             spec = c["spec"]
             if isinstance(spec, ServerToolCall) and c["result"] is None:
-                c["part"] = c["part"]
-                wire["content"].append(
+                content.append(
                     {
                         "type": "tool-result",
                         "tool_call_id": key,

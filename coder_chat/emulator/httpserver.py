@@ -162,15 +162,15 @@ class WebSocket:
         self._flush()
         await self.writer.drain()
 
-    async def ping(self, timeout: float) -> bool:
-        """Send a ping; True when a pong arrived within ``timeout``."""
+    async def ping(self, wait: float) -> bool:
+        """Send a ping; True when a pong arrived within ``wait`` seconds."""
         if self.closed.is_set():
             return False
         self._pong.clear()
         self.proto.send_ping(os.urandom(4))
         self._flush()
         try:
-            await asyncio.wait_for(self._pong.wait(), timeout)
+            await asyncio.wait_for(self._pong.wait(), wait)
         except TimeoutError:
             return False
         return True
@@ -234,8 +234,8 @@ class HttpServer:
                 t = w.transport
                 if t is not None and not t.is_closing():
                     t.abort()
-            for t in list(self._tasks):
-                t.cancel()
+            for task in list(self._tasks):
+                task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from typing import Any
 
 from . import statemachine as sm
@@ -510,14 +509,14 @@ class Api:
         after_id = 0
         if raw not in (None, ""):
             try:
-                after_id = int(raw)  # type: ignore[arg-type]
+                after_id = int(raw)
             except ValueError:
                 raise Refused(400, "Invalid after_id parameter.") from None
         cursor = StreamCursor(chat.id, after_id=after_id)
         rev = _q1(req, "after_revision")
         if rev not in (None, ""):
             try:
-                r = int(rev)  # type: ignore[arg-type]
+                r = int(rev)
             except ValueError:
                 r = -1
             if r < 0:
@@ -599,7 +598,6 @@ class StreamSession:
         chat, core = self.chat, self.core
         chat.subscribers.add(self)
         self.api.sessions.add(self)
-        ws.closed_callbacks = [self.wake]  # type: ignore[attr-defined]
         core.log("ws_connect", chat.id, after_id=self.cursor.after_id, user=self.user.username)
         if chat.owner.id == self.user.id:
             chat.has_unread = False
@@ -754,6 +752,3 @@ def _sniff_ok(mt: str, data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-_ = time  # time is used by callers via core.now()

@@ -136,10 +136,10 @@ class Script:
         for s in steps:
             if isinstance(s, Step):
                 out.append(s)
-            elif isinstance(s, Part):  # type: ignore[misc,arg-type]
-                out.append(Step((s,)))  # type: ignore[arg-type]
+            elif isinstance(s, Part):
+                out.append(Step((s,)))
             else:
-                out.append(Step(tuple(s)))  # type: ignore[arg-type]
+                out.append(Step(tuple(s)))
         return cls(tuple(out))
 
     @classmethod

@@ -461,9 +461,9 @@ class Emulator:
         """Block until the chat has ``status`` (from a non-loop thread)."""
         self.wait_for(lambda: self.chat(chat_id)["status"] == status, timeout)
 
-    async def await_status(self, chat_id: str, status: str, timeout: float = 5.0) -> None:
+    async def await_status(self, chat_id: str, status: str, within: float = 5.0) -> None:
         """Async wait for a chat status (any loop)."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while self.chat(chat_id)["status"] != status:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"chat {chat_id} never reached {status}")

@@ -1,6 +1,6 @@
 """The chatd execution-state machine (current "chatstate" era), pure: no I/O, no clock.
 
-An execution state is ``status × queue empty/non-empty × archived`` (spec §2). Each
+An execution state is ``status x queue empty/non-empty x archived`` (spec §2). Each
 transition takes a :class:`ExecView` snapshot and returns an :class:`Outcome` — the new
 status plus an ordered tuple of :class:`Effect` the server shell must apply — or raises
 :class:`Refused` carrying the exact HTTP status and Coder error message.

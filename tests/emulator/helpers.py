@@ -47,10 +47,10 @@ async def send(
     return await c.post(f"{prefix}/{chat_id}/messages", json=body)
 
 
-async def wait_status(emu: Emulator, chat_id: str, *statuses: str, timeout: float = 5.0) -> str:
+async def wait_status(emu: Emulator, chat_id: str, *statuses: str, within: float = 5.0) -> str:
     """Poll introspection until the chat has one of ``statuses``."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while True:
         st = emu.chat(chat_id)["status"]
         if st in statuses:
@@ -122,10 +122,10 @@ class Tap:
             self._changed.set()
 
     async def wait_for(
-        self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float = 5.0
+        self, pred: Callable[[list[dict[str, Any]]], bool], within: float = 5.0
     ) -> list[dict[str, Any]]:
         """Wait until ``pred(events)`` holds."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             while not pred(self.events):
                 if self.closed.is_set():
                     raise AssertionError(f"stream closed before condition; events={self.types()}")
@@ -133,14 +133,14 @@ class Tap:
                 await self._changed.wait()
         return self.events
 
-    async def wait_status(self, status: str, timeout: float = 5.0, nth: int = 1) -> None:
+    async def wait_status(self, status: str, within: float = 5.0, nth: int = 1) -> None:
         """Wait for the ``nth`` status event with ``status``."""
         await self.wait_for(
             lambda evs: (
                 sum(1 for e in evs if e["type"] == "status" and e["status"]["status"] == status)
                 >= nth
             ),
-            timeout,
+            within,
         )
 
     def types(self) -> list[str]:

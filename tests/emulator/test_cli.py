@@ -14,7 +14,8 @@ import pytest
 def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "coder_chat.emulator.cli", "--token", "t1", "--token", "t2"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -26,9 +27,14 @@ def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
         admin = proc.stdout.readline().strip()
         assert admin.startswith("CODER_EMULATOR_ADMIN_TOKEN=")  # no default token line
         for tok in ("t1", "t2"):
-            r = httpx.post(f"{url}/api/v2/chats", headers={"Coder-Session-Token": tok},
-                           json={"organization_id": org.split("=", 1)[1],
-                                 "content": [{"type": "text", "text": "hi"}]})
+            r = httpx.post(
+                f"{url}/api/v2/chats",
+                headers={"Coder-Session-Token": tok},
+                json={
+                    "organization_id": org.split("=", 1)[1],
+                    "content": [{"type": "text", "text": "hi"}],
+                },
+            )
             assert r.status_code == 201
         r = httpx.get(f"{url}/api/v2/chats", headers={"Coder-Session-Token": "t2"})
         assert len(r.json()) == 1  # each token is its own user
@@ -40,8 +46,9 @@ def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
 
 
 def test_cli_default_token_line() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "coder_chat.emulator.cli"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coder_chat.emulator.cli"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline().strip() for _ in range(4)]
@@ -49,8 +56,10 @@ def test_cli_default_token_line() -> None:
         tok = lines[2].split("=", 1)[1]
         assert lines[2].startswith("CODER_SESSION_TOKEN=")
         url = lines[0].split("=", 1)[1]
-        assert httpx.get(f"{url}/api/v2/chats",
-                         headers={"Coder-Session-Token": tok}).status_code == 200
+        assert (
+            httpx.get(f"{url}/api/v2/chats", headers={"Coder-Session-Token": tok}).status_code
+            == 200
+        )
         proc.terminate()
         assert proc.wait(10) == 0
     finally:

@@ -9,19 +9,37 @@ import pytest
 
 from coder_chat.emulator import Emulator, Script
 
-from .helpers import P, V2, client, create_chat, send, wait_status
+from .helpers import V2, P, client, create_chat, send, wait_status
 
 NOT_FOUND = "Resource not found or you do not have access to this resource"
-CHAT_KEYS = {"id", "organization_id", "owner_id", "last_model_config_id", "title", "status",
-             "created_at", "updated_at", "archived", "shared", "pin_order", "mcp_server_ids",
-             "labels", "has_unread", "client_type", "children", "last_turn_summary", "summary"}
+CHAT_KEYS = {
+    "id",
+    "organization_id",
+    "owner_id",
+    "last_model_config_id",
+    "title",
+    "status",
+    "created_at",
+    "updated_at",
+    "archived",
+    "shared",
+    "pin_order",
+    "mcp_server_ids",
+    "labels",
+    "has_unread",
+    "client_type",
+    "children",
+    "last_turn_summary",
+    "summary",
+}
 
 
 @pytest.mark.parametrize("prefix", [P, V2])
 async def test_create_get_shape(emu: Emulator, prefix: str) -> None:
     async with client(emu) as c:
-        chat = await create_chat(c, emu, "  Title line\nmore  ", prefix=prefix,
-                                 labels={"team": "a", "k.x/y": "v:w"})
+        chat = await create_chat(
+            c, emu, "  Title line\nmore  ", prefix=prefix, labels={"team": "a", "k.x/y": "v:w"}
+        )
         assert CHAT_KEYS <= set(chat)
         assert chat["status"] == "running" and chat["archived"] is False
         assert chat["title"] == "Title line" and chat["client_type"] == "api"
@@ -38,34 +56,100 @@ async def test_create_validation_order(emu: Emulator) -> None:
     org = emu.organization_id
     cases = [
         ({"content": [{"type": "text", "text": "x"}]}, 400, "organization_id is required."),
-        ({"organization_id": str(uuid.uuid4()), "content": []}, 403,
-         "You are not a member of the specified organization."),
+        (
+            {"organization_id": str(uuid.uuid4()), "content": []},
+            403,
+            "You are not a member of the specified organization.",
+        ),
         ({"organization_id": org, "content": []}, 400, "Content is required."),
         ({"organization_id": org}, 400, "Content is required."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "  "}]}, 400,
-         "Invalid input part."),
-        ({"organization_id": org, "content": [{"type": "image", "url": "x"}]}, 400,
-         "Invalid input part."),
-        ({"organization_id": org, "content": [{"type": "file", "file_id": str(uuid.uuid4())}]},
-         400, "Invalid input part."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "model_config_id": str(uuid.uuid4())}, 400, None),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "plan_mode": "yolo"}, 400, "Invalid plan_mode value."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "labels": {"-bad": "v"}}, 400, "Invalid labels."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "unsafe_dynamic_tools": [{"name": "a"}, {"name": "a"}]}, 400,
-         "Duplicate dynamic tool name."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "unsafe_dynamic_tools": [{"name": ""}]}, 400, "Dynamic tool name must not be empty."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "unsafe_dynamic_tools": [{"name": f"t{i}"} for i in range(251)]}, 400,
-         "Too many dynamic tools."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "client_type": "cli"}, 400, "Invalid client_type."),
-        ({"organization_id": org, "content": [{"type": "text", "text": "x"}],
-          "reasoning_effort": "extreme"}, 400, "Invalid reasoning_effort value."),
+        (
+            {"organization_id": org, "content": [{"type": "text", "text": "  "}]},
+            400,
+            "Invalid input part.",
+        ),
+        (
+            {"organization_id": org, "content": [{"type": "image", "url": "x"}]},
+            400,
+            "Invalid input part.",
+        ),
+        (
+            {"organization_id": org, "content": [{"type": "file", "file_id": str(uuid.uuid4())}]},
+            400,
+            "Invalid input part.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "model_config_id": str(uuid.uuid4()),
+            },
+            400,
+            None,
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "plan_mode": "yolo",
+            },
+            400,
+            "Invalid plan_mode value.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "labels": {"-bad": "v"},
+            },
+            400,
+            "Invalid labels.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "unsafe_dynamic_tools": [{"name": "a"}, {"name": "a"}],
+            },
+            400,
+            "Duplicate dynamic tool name.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "unsafe_dynamic_tools": [{"name": ""}],
+            },
+            400,
+            "Dynamic tool name must not be empty.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "unsafe_dynamic_tools": [{"name": f"t{i}"} for i in range(251)],
+            },
+            400,
+            "Too many dynamic tools.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "client_type": "cli",
+            },
+            400,
+            "Invalid client_type.",
+        ),
+        (
+            {
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "reasoning_effort": "extreme",
+            },
+            400,
+            "Invalid reasoning_effort value.",
+        ),
     ]
     async with client(emu) as c:
         for body, status, message in cases:
@@ -73,16 +157,28 @@ async def test_create_validation_order(emu: Emulator) -> None:
             assert r.status_code == status, (body, r.text)
             if message:
                 assert r.json()["message"] == message
-        r = await c.post(P, json={"organization_id": org,
-                                  "content": [{"type": "text", "text": "x"}],
-                                  "labels": {"": "v", "ok": ""}})
+        r = await c.post(
+            P,
+            json={
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "labels": {"": "v", "ok": ""},
+            },
+        )
         assert len(r.json()["validations"]) == 2
         assert r.json()["validations"][0]["field"] == "labels"
-        r = await c.post(P, json={"organization_id": org, "content": [{"type": "text", "text": "x"}],
-                                  "system_prompt": "y" * (300 * 1024)})
+        r = await c.post(
+            P,
+            json={
+                "organization_id": org,
+                "content": [{"type": "text", "text": "x"}],
+                "system_prompt": "y" * (300 * 1024),
+            },
+        )
         assert r.status_code == 413
-        r = await c.post(P, json={"organization_id": org,
-                                  "content": [{"type": "text", "text": " a "}]})
+        r = await c.post(
+            P, json={"organization_id": org, "content": [{"type": "text", "text": " a "}]}
+        )
         assert r.status_code == 201
     assert len(emu.chats()) == 1
 
@@ -104,7 +200,9 @@ async def test_auth_and_ownership(emu: Emulator) -> None:
         emu.share_chat(cid, "user1")
         assert (await bob.get(f"{P}/{cid}")).status_code == 200
         r = await send(bob, cid, "x")
-        assert r.status_code == 403 and r.json()["message"] == "Only the chat owner may send messages."
+        assert (
+            r.status_code == 403 and r.json()["message"] == "Only the chat owner may send messages."
+        )
         r = await bob.post(f"{P}/{cid}/tool-results", json={"results": []})
         assert r.status_code == 403
         assert (await bob.patch(f"{P}/{cid}", json={"title": "t"})).status_code == 404
@@ -122,7 +220,9 @@ async def test_list_filters_order_paging(emu: Emulator) -> None:
     async with client(emu) as c:
         ids = []
         for i in range(5):
-            chat = await create_chat(c, emu, f"c{i}", labels={"n": str(i), "grp": "g" if i % 2 else "h"})
+            chat = await create_chat(
+                c, emu, f"c{i}", labels={"n": str(i), "grp": "g" if i % 2 else "h"}
+            )
             ids.append(chat["id"])
             await wait_status(emu, chat["id"], "waiting")
         r = await c.get(P)
@@ -146,18 +246,23 @@ async def test_list_filters_order_paging(emu: Emulator) -> None:
         page2 = (await c.get(P, params={"limit": 2, "offset": 2})).json()
         page_k = (await c.get(P, params={"limit": 2, "after_id": page1[-1]["id"]})).json()
         assert len(page1) == 2 and page2 == page_k
-        for params, msg in [({"q": "hello"}, "Invalid chat search query."),
-                            ({"q": "owner:me"}, "Invalid chat search query."),
-                            ({"q": "archived:maybe"}, "Invalid chat search query.")]:
+        for params, msg in [
+            ({"q": "hello"}, "Invalid chat search query."),
+            ({"q": "owner:me"}, "Invalid chat search query."),
+            ({"q": "archived:maybe"}, "Invalid chat search query."),
+        ]:
             r = await c.get(P, params=params)
             assert r.status_code == 400 and r.json()["message"] == msg
         r = await c.get(P, params={"label": "nocolon"})
         assert r.status_code == 400
-        assert r.json()["message"] == ('Invalid label filter: "nocolon" (expected format '
-                                       "key:value, both must be non-empty)")
+        assert r.json()["message"] == (
+            'Invalid label filter: "nocolon" (expected format key:value, both must be non-empty)'
+        )
         assert (await c.get(P, params={"label": ":v"})).status_code == 400
         r = await c.get(P, params={"limit": "-1"})
-        assert r.status_code == 400 and r.json()["message"] == "Query parameters have invalid values."
+        assert (
+            r.status_code == 400 and r.json()["message"] == "Query parameters have invalid values."
+        )
         assert (await c.get(P, params={"after_id": "zzz"})).status_code == 400
 
 
@@ -167,11 +272,13 @@ async def test_patch_rules(emu: Emulator) -> None:
         emu.set_default_script(Script.long_running(2.0, "slow", chunks=4))
         chat = await create_chat(c, emu, "x")
         cid = chat["id"]
-        r = await c.patch(f"{P}/{cid}", json={"title": "T1", "labels": {"a": "b"},
-                                              "archived": True})
+        r = await c.patch(
+            f"{P}/{cid}", json={"title": "T1", "labels": {"a": "b"}, "archived": True}
+        )
         assert r.status_code == 409
-        assert r.json()["message"] == ("Cannot archive an active chat. Interrupt or wait for "
-                                       "the chat to finish first.")
+        assert r.json()["message"] == (
+            "Cannot archive an active chat. Interrupt or wait for the chat to finish first."
+        )
         got = (await c.get(f"{P}/{cid}")).json()
         assert got["title"] == "T1" and got["labels"] == {"a": "b"}  # non-atomic
         assert got["archived"] is False
@@ -220,15 +327,18 @@ async def test_messages_paging(emu: Emulator) -> None:
         assert [m["id"] for m in r["messages"]] == ids[3:5] and r["has_more"] is True
         r = (await c.get(f"{P}/{cid}/messages", params={"after_id": ids[5]})).json()
         assert [m["id"] for m in r["messages"]] == sorted(ids[:5])  # ascending
-        r = (await c.get(f"{P}/{cid}/messages",
-                         params={"after_id": ids[6], "before_id": ids[1]})).json()
+        r = (
+            await c.get(f"{P}/{cid}/messages", params={"after_id": ids[6], "before_id": ids[1]})
+        ).json()
         assert [m["id"] for m in r["messages"]] == ids[2:6]  # DESC within range
-        for params, msg in [({"limit": 0}, "Invalid limit parameter (1-200)."),
-                            ({"limit": 201}, "Invalid limit parameter (1-200)."),
-                            ({"limit": -1}, "Query parameters have invalid values."),
-                            ({"limit": "x"}, "Query parameters have invalid values."),
-                            ({"after_id": "x"}, "Query parameters have invalid values."),
-                            ({"after_id": 5, "before_id": 5}, "after_id must be less than before_id.")]:
+        for params, msg in [
+            ({"limit": 0}, "Invalid limit parameter (1-200)."),
+            ({"limit": 201}, "Invalid limit parameter (1-200)."),
+            ({"limit": -1}, "Query parameters have invalid values."),
+            ({"limit": "x"}, "Query parameters have invalid values."),
+            ({"after_id": "x"}, "Query parameters have invalid values."),
+            ({"after_id": 5, "before_id": 5}, "after_id must be less than before_id."),
+        ]:
             r = await c.get(f"{P}/{cid}/messages", params=params)
             assert r.status_code == 400 and r.json()["message"] == msg, params
         assert (await c.get(f"{P}/{cid}/messages", params={"limit": 200})).status_code == 200
@@ -271,7 +381,9 @@ async def test_send_queue_and_queue_routes(emu: Emulator) -> None:
         for item in emu.chat(cid)["queue"]:
             assert (await c.delete(f"{P}/{cid}/queue/{item['id']}")).status_code == 204
         r = await c.delete(f"{P}/{cid}/queue/999")
-        assert r.status_code == 409 and r.json()["message"] == "Chat has no queued messages to delete."
+        assert (
+            r.status_code == 409 and r.json()["message"] == "Chat has no queued messages to delete."
+        )
         r = await c.post(f"{P}/{cid}/queue/999/promote")
         assert r.status_code == 409
         assert r.json()["message"] == "Chat has no queued messages to promote."
@@ -283,10 +395,15 @@ async def test_tool_results_errors(emu: Emulator) -> None:
         cid = chat["id"]
         await wait_status(emu, cid, "waiting")
         r = await c.post(f"{P}/{cid}/tool-results", json={"results": []})
-        assert r.status_code == 400 and r.json()["message"] == "At least one tool result is required."
-        r = await c.post(f"{P}/{cid}/tool-results",
-                         json={"results": [{"tool_call_id": "nope", "output": 1}]})
-        assert r.status_code == 409 and r.json()["message"] == "Chat is not waiting for tool results."
+        assert (
+            r.status_code == 400 and r.json()["message"] == "At least one tool result is required."
+        )
+        r = await c.post(
+            f"{P}/{cid}/tool-results", json={"results": [{"tool_call_id": "nope", "output": 1}]}
+        )
+        assert (
+            r.status_code == 409 and r.json()["message"] == "Chat is not waiting for tool results."
+        )
         assert r.json()["detail"] == 'chat status is "waiting", expected "requires_action"'
         emu.script_next_turn(cid, Script.client_tools([("a", {}), ("b", {"x": 1})]))
         await send(c, cid, "go")
@@ -295,20 +412,39 @@ async def test_tool_results_errors(emu: Emulator) -> None:
         url = f"{P}/{cid}/tool-results"
         r = await c.post(url, json={"results": [{"tool_call_id": ids[0], "output": 1}]})
         assert r.status_code == 400 and r.json()["message"] == "Missing tool result."
-        r = await c.post(url, json={"results": [{"tool_call_id": ids[0], "output": 1},
-                                                {"tool_call_id": ids[0], "output": 1}]})
+        r = await c.post(
+            url,
+            json={
+                "results": [
+                    {"tool_call_id": ids[0], "output": 1},
+                    {"tool_call_id": ids[0], "output": 1},
+                ]
+            },
+        )
         assert r.json()["message"] == "Duplicate tool_call_id in results."
-        r = await c.post(url, json={"results": [{"tool_call_id": ids[0]},
-                                                {"tool_call_id": ids[1], "output": 1}]})
+        r = await c.post(
+            url, json={"results": [{"tool_call_id": ids[0]}, {"tool_call_id": ids[1], "output": 1}]}
+        )
         assert r.json()["message"] == "Tool result output must be valid JSON."
-        r = await c.post(url, json={"results": [{"tool_call_id": i, "output": 1} for i in ids]
-                                    + [{"tool_call_id": "zz", "output": 1}]})
+        r = await c.post(
+            url,
+            json={
+                "results": [{"tool_call_id": i, "output": 1} for i in ids]
+                + [{"tool_call_id": "zz", "output": 1}]
+            },
+        )
         assert r.json()["message"] == "Unexpected tool result."
         assert r.json()["detail"] == 'No pending tool call with ID "zz".'
         assert emu.chat(cid)["status"] == "requires_action"
-        r = await c.post(url, json={"results": [{"tool_call_id": ids[1], "output": {"b": 2},
-                                                 "is_error": True},
-                                                {"tool_call_id": ids[0], "output": None}]})
+        r = await c.post(
+            url,
+            json={
+                "results": [
+                    {"tool_call_id": ids[1], "output": {"b": 2}, "is_error": True},
+                    {"tool_call_id": ids[0], "output": None},
+                ]
+            },
+        )
         assert r.status_code == 204 and r.content == b""
         r = await c.post(url, json={"results": [{"tool_call_id": ids[0], "output": 1}]})
         assert r.status_code in (409, 400)  # resubmission never succeeds
@@ -316,8 +452,12 @@ async def test_tool_results_errors(emu: Emulator) -> None:
 
 async def test_interrupt_requires_action_synthetic_results(emu: Emulator) -> None:
     async with client(emu) as c:
-        chat = await create_chat(c, emu, '#emu {"tool_calls": [{"name": "a", "args": {"q": 1}}]}',
-                                 unsafe_dynamic_tools=[{"name": "a"}])
+        chat = await create_chat(
+            c,
+            emu,
+            '#emu {"tool_calls": [{"name": "a", "args": {"q": 1}}]}',
+            unsafe_dynamic_tools=[{"name": "a"}],
+        )
         cid = chat["id"]
         await wait_status(emu, cid, "requires_action")
         r = await c.post(f"{P}/{cid}/interrupt")
@@ -349,9 +489,15 @@ async def test_files_and_models(emu: Emulator) -> None:
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
     async with client(emu) as c:
         url = f"{P}/files"
-        r = await c.post(url, params={"organization": emu.organization_id}, content=png,
-                         headers={"Content-Type": "image/png",
-                                  "Content-Disposition": 'attachment; filename="a.png"'})
+        r = await c.post(
+            url,
+            params={"organization": emu.organization_id},
+            content=png,
+            headers={
+                "Content-Type": "image/png",
+                "Content-Disposition": 'attachment; filename="a.png"',
+            },
+        )
         assert r.status_code == 201 and set(r.json()) == {"id"}
         fid = r.json()["id"]
         r = await c.get(f"{V2}/files/{fid}")
@@ -359,25 +505,46 @@ async def test_files_and_models(emu: Emulator) -> None:
         assert r.headers["content-type"] == "image/png"
         r = await c.post(url, content=png, headers={"Content-Type": "image/png"})
         assert r.status_code == 400
-        r = await c.post(url, params={"organization": emu.organization_id}, content=png,
-                         headers={"Content-Type": "application/zip"})
+        r = await c.post(
+            url,
+            params={"organization": emu.organization_id},
+            content=png,
+            headers={"Content-Type": "application/zip"},
+        )
         assert r.status_code == 400 and r.json()["message"] == "Unsupported file type."
-        r = await c.post(url, params={"organization": emu.organization_id}, content=b"text",
-                         headers={"Content-Type": "image/png"})  # sniffed bytes disagree
+        r = await c.post(
+            url,
+            params={"organization": emu.organization_id},
+            content=b"text",
+            headers={"Content-Type": "image/png"},
+        )  # sniffed bytes disagree
         assert r.json()["message"] == "Unsupported file type."
-        r = await c.post(url, params={"organization": emu.organization_id},
-                         content=b"a" * (10 * 1024 * 1024 + 1),
-                         headers={"Content-Type": "text/plain"})
+        r = await c.post(
+            url,
+            params={"organization": emu.organization_id},
+            content=b"a" * (10 * 1024 * 1024 + 1),
+            headers={"Content-Type": "text/plain"},
+        )
         assert r.status_code == 413 and r.json()["message"] == "File too large."
-        chat = await create_chat(c, emu, "see file",
-                                 content=[{"type": "text", "text": "see"},
-                                          {"type": "file", "file_id": fid}])
+        chat = await create_chat(
+            c,
+            emu,
+            "see file",
+            content=[{"type": "text", "text": "see"}, {"type": "file", "file_id": fid}],
+        )
         await wait_status(emu, chat["id"], "waiting")
         user = emu.messages(chat["id"], False)[0]
-        assert user["content"][1] == {"type": "file", "file_id": fid, "media_type": "image/png",
-                                      "name": "a.png"}
+        assert user["content"][1] == {
+            "type": "file",
+            "file_id": fid,
+            "media_type": "image/png",
+            "name": "a.png",
+        }
         assert (await c.get(f"{P}/model-configs")).status_code == 404
         r = await c.get(f"/api/v2/organizations/{emu.organization_id}/chats/models")
-        assert r.status_code == 200 and set(r.json()) == {"models", "providers",
-                                                          "unsupported_providers"}
+        assert r.status_code == 200 and set(r.json()) == {
+            "models",
+            "providers",
+            "unsupported_providers",
+        }
         assert r.json()["models"][0]["id"] == chat["last_model_config_id"]

@@ -14,7 +14,7 @@ from websockets.uri import parse_uri
 
 from coder_chat.emulator import Emulator, Script, Sleep, Step, Text
 
-from .helpers import P, V2, Tap, client, create_chat, send, wait_status
+from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
 
 async def test_handshake_errors_are_plain_http(emu: Emulator) -> None:
@@ -28,8 +28,9 @@ async def test_handshake_errors_are_plain_http(emu: Emulator) -> None:
     ]
     for path, token, status in cases:
         with pytest.raises(websockets.InvalidStatus) as ei:
-            await websockets.connect(emu.ws_url + path,
-                                     additional_headers={"Coder-Session-Token": token or emu.token})
+            await websockets.connect(
+                emu.ws_url + path, additional_headers={"Coder-Session-Token": token or emu.token}
+            )
         assert ei.value.response.status_code == status
         if status == 400 and "after_id" in path:
             assert json.loads(ei.value.response.body)["message"] == "Invalid after_id parameter."
@@ -60,15 +61,25 @@ async def test_connect_order_without_and_with_after_id(emu: Emulator) -> None:
 
 async def test_connect_order_with_queue_and_requires_action(emu: Emulator) -> None:
     async with client(emu) as c:
-        chat = await create_chat(c, emu, '#emu {"tool_calls": [{"name": "t", "args": {}}]}',
-                                 unsafe_dynamic_tools=[{"name": "t"}])
+        chat = await create_chat(
+            c,
+            emu,
+            '#emu {"tool_calls": [{"name": "t", "args": {}}]}',
+            unsafe_dynamic_tools=[{"name": "t"}],
+        )
         cid = chat["id"]
         await wait_status(emu, cid, "requires_action")
         assert (await send(c, cid, "later")).json()["queued"] is True
         async with Tap(emu, cid) as tap:
             await tap.wait_for(lambda ev: "preview_reset" in [e["type"] for e in ev])
-        assert tap.types() == ["message", "message", "queue_update", "status",
-                               "action_required", "preview_reset"]
+        assert tap.types() == [
+            "message",
+            "message",
+            "queue_update",
+            "status",
+            "action_required",
+            "preview_reset",
+        ]
         q = tap.of("queue_update")[0]["queued_messages"]
         assert q[0]["content"] == [{"type": "text", "text": "later"}]
         calls = tap.of("action_required")[0]["action_required"]["tool_calls"]
@@ -77,8 +88,18 @@ async def test_connect_order_with_queue_and_requires_action(emu: Emulator) -> No
 
 async def test_connect_during_retry_gets_retry_event(emu: Emulator) -> None:
     async with client(emu) as c:
-        emu.set_default_script(Script.of(Step((Text("x"),), failures=(
-            __import__("coder_chat.emulator", fromlist=["Failure"]).Failure(delay_ms=400),))))
+        emu.set_default_script(
+            Script.of(
+                Step(
+                    (Text("x"),),
+                    failures=(
+                        __import__("coder_chat.emulator", fromlist=["Failure"]).Failure(
+                            delay_ms=400
+                        ),
+                    ),
+                )
+            )
+        )
         chat = await create_chat(c, emu, "go")
         cid = chat["id"]
         await asyncio.sleep(0.1)
@@ -115,7 +136,7 @@ async def test_frames_are_arrays_of_at_most_256(emu: Emulator) -> None:
         chat = await create_chat(c, emu, "go")
         emu.faults.stall_stream(chat["id"], seconds=0.4)
         async with Tap(emu, chat["id"]) as tap:
-            await tap.wait_status("waiting", timeout=5)
+            await tap.wait_status("waiting", within=5)
         assert all(isinstance(f, list) and 1 <= len(f) <= 256 for f in tap.frames)
         assert max(len(f) for f in tap.frames) == 256
         parts = tap.of("message_part")
@@ -171,14 +192,16 @@ async def test_responsive_client_survives_pings(emu: Emulator) -> None:
 
 async def test_watch(emu: Emulator) -> None:
     async with client(emu) as c:
-        ws = await websockets.connect(f"{emu.ws_url}{P}/watch",
-                                      additional_headers={"Coder-Session-Token": emu.token})
+        ws = await websockets.connect(
+            f"{emu.ws_url}{P}/watch", additional_headers={"Coder-Session-Token": emu.token}
+        )
         try:
             chat = await create_chat(c, emu, "x")
             seen = []
             async with asyncio.timeout(5):
-                while not any(e["kind"] == "status_change" and e["chat"]["status"] == "waiting"
-                              for e in seen):
+                while not any(
+                    e["kind"] == "status_change" and e["chat"]["status"] == "waiting" for e in seen
+                ):
                     raw = await ws.recv()
                     obj = json.loads(raw)
                     assert isinstance(obj, dict)  # one object per frame, not an array
@@ -201,8 +224,16 @@ async def test_queue_promotion_stream(emu: Emulator) -> None:
         cid = chat["id"]
         async with Tap(emu, cid) as tap:
             await send(c, cid, "b")
-            await tap.wait_for(lambda ev: sum(1 for e in ev if e["type"] == "message"
-                                              and e["message"]["role"] == "assistant") == 2)
+            await tap.wait_for(
+                lambda ev: (
+                    sum(
+                        1
+                        for e in ev
+                        if e["type"] == "message" and e["message"]["role"] == "assistant"
+                    )
+                    == 2
+                )
+            )
             await tap.wait_status("waiting")
         types = [t for t in tap.types() if t != "message_part"]
         # promotion: user message + queue_update, no status change between the runs

@@ -150,7 +150,7 @@ async def test_stall_stream(emu: Emulator) -> None:
             n = len(tap.frames)
             await wait_status(emu, chat["id"], "waiting")
             assert len(tap.frames) <= n + 1
-            await tap.wait_status("waiting", timeout=3)
+            await tap.wait_status("waiting", within=3)
         assert not tap.closed.is_set() or tap.close_code is not None
 
 

@@ -19,15 +19,25 @@ import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coder_chat.emulator import Emulator, Script
+from coder_chat.emulator import Emulator
 from coder_chat.emulator.statemachine import ExecView, classify
 
 P = "/api/experimental/chats"
 
 ACTIONS = st.lists(
     st.sampled_from(
-        ["send", "send_interrupt", "interrupt", "tool_results", "archive", "unarchive",
-         "drop", "pause", "tool_turn", "slow_turn"]
+        [
+            "send",
+            "send_interrupt",
+            "interrupt",
+            "tool_results",
+            "archive",
+            "unarchive",
+            "drop",
+            "pause",
+            "tool_turn",
+            "slow_turn",
+        ]
     ),
     min_size=3,
     max_size=14,
@@ -36,8 +46,12 @@ ACTIONS = st.lists(
 
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
-    with Emulator.running_in_thread(delta_delay=0.0005, interrupt_wind_down=0.003,
-                                    requires_action_timeout=30, log_requests=False) as e:
+    with Emulator.running_in_thread(
+        delta_delay=0.0005,
+        interrupt_wind_down=0.003,
+        requires_action_timeout=30,
+        log_requests=False,
+    ) as e:
         yield e
 
 
@@ -60,7 +74,8 @@ class Reader:
             self.connections.append(events)
             try:
                 async with websockets.connect(
-                    url, additional_headers={"Coder-Session-Token": self.emu.token},
+                    url,
+                    additional_headers={"Coder-Session-Token": self.emu.token},
                     compression=None,
                 ) as ws:
                     async for raw in ws:
@@ -89,9 +104,14 @@ def check_valid(emu: Emulator, chat_id: str) -> dict[str, Any]:
 async def scenario(emu: Emulator, actions: list[str]) -> None:
     h = {"Coder-Session-Token": emu.token}
     async with httpx.AsyncClient(base_url=emu.base_url, headers=h, timeout=10) as c:
-        r = await c.post(P, json={"organization_id": emu.organization_id,
-                                  "content": [{"type": "text", "text": "start"}],
-                                  "unsafe_dynamic_tools": [{"name": "t"}]})
+        r = await c.post(
+            P,
+            json={
+                "organization_id": emu.organization_id,
+                "content": [{"type": "text", "text": "start"}],
+                "unsafe_dynamic_tools": [{"name": "t"}],
+            },
+        )
         assert r.status_code == 201
         cid = r.json()["id"]
         reader = Reader(emu, cid)
@@ -109,8 +129,10 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
                 else:
                     text = f"m{len(reader.delivered)}"
                 busy = "interrupt" if a == "send_interrupt" else "queue"
-                r = await c.post(f"{P}/{cid}/messages", json={
-                    "content": [{"type": "text", "text": text}], "busy_behavior": busy})
+                r = await c.post(
+                    f"{P}/{cid}/messages",
+                    json={"content": [{"type": "text", "text": text}], "busy_behavior": busy},
+                )
                 if info["archived"]:
                     assert r.status_code == 400
                 else:
@@ -127,8 +149,9 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
                     assert r.json()["status"] in ("interrupting", "running", "waiting")
             elif a == "tool_results":
                 pending = info["pending_tool_calls"]
-                results = [{"tool_call_id": p["tool_call_id"], "output": {"ok": 1}}
-                           for p in pending] or [{"tool_call_id": "x", "output": 1}]
+                results = [
+                    {"tool_call_id": p["tool_call_id"], "output": {"ok": 1}} for p in pending
+                ] or [{"tool_call_id": "x", "output": 1}]
                 r = await c.post(f"{P}/{cid}/tool-results", json={"results": results})
                 assert r.status_code in (204, 400, 409), r.text
             elif a in ("archive", "unarchive"):
@@ -146,9 +169,15 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
                 if info["archived"]:
                     await c.patch(f"{P}/{cid}", json={"archived": False})
                 elif info["status"] == "requires_action":
-                    await c.post(f"{P}/{cid}/tool-results", json={"results": [
-                        {"tool_call_id": p["tool_call_id"], "output": 1}
-                        for p in info["pending_tool_calls"]]})
+                    await c.post(
+                        f"{P}/{cid}/tool-results",
+                        json={
+                            "results": [
+                                {"tool_call_id": p["tool_call_id"], "output": 1}
+                                for p in info["pending_tool_calls"]
+                            ]
+                        },
+                    )
                 elif info["status"] in ("waiting", "error") and not info["queue"]:
                     break
                 await asyncio.sleep(0.005)
@@ -171,14 +200,18 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
             for ev in events:
                 if ev["type"] == "message_part":
                     mp = ev["message_part"]
-                    eps.setdefault((mp["history_version"], mp["generation_attempt"]),
-                                   []).append(mp["seq"])
+                    eps.setdefault((mp["history_version"], mp["generation_attempt"]), []).append(
+                        mp["seq"]
+                    )
             for seqs in eps.values():
                 assert seqs == list(range(1, len(seqs) + 1)), seqs
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(actions=ACTIONS)
 def test_random_interleavings(emu: Emulator, actions: list[str]) -> None:
     asyncio.run(scenario(emu, actions))

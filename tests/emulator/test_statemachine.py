@@ -1,4 +1,4 @@
-"""The pure status machine against the spec's transition table, every state × trigger."""
+"""The pure status machine against the spec's transition table, every state x trigger."""
 
 from __future__ import annotations
 

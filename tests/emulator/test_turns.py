@@ -62,7 +62,7 @@ async def test_client_tool_requires_action_then_results(emu: Emulator) -> None:
             await tap.wait_status("waiting")
         assert tap.statuses() == ["running", "requires_action", "running", "waiting"]
         msgs = [e["message"] for e in tap.of("message")]
-        tool = [m for m in msgs if m["role"] == "tool"][0]
+        tool = next(m for m in msgs if m["role"] == "tool")
         assert tool["content"][0] == {
             "type": "tool-result",
             "tool_call_id": ar[0]["tool_call_id"],
@@ -196,7 +196,7 @@ async def test_queue_promotion_no_terminal_between(emu: Emulator) -> None:
                     )
                     == 3
                 ),
-                timeout=5,
+                within=5,
             )
             await tap.wait_status("waiting")
         assert tap.statuses() == ["running", "waiting"]
