@@ -89,7 +89,10 @@ async def retire_workflow_chat(
                 # archive() retries 409s while an interrupted run winds down.
                 await agent.archive()
             finally:
-                await agent.aclose()
+                try:
+                    await agent.aclose()
+                finally:
+                    await agent.client.aclose()
             outcome.archived_chat_ids.append(chat_id)
             await store.forget_chat(chat_id)
             TurnObserver(

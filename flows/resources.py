@@ -9,6 +9,7 @@ any chat is created.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -40,7 +41,7 @@ async def load_credentials(settings: WorkflowSettings) -> CoderCredentials:
     name = settings.credentials_block
     if name:
         try:
-            creds = await CoderCredentials.aload(name)
+            creds = cast(CoderCredentials, await CoderCredentials.aload(name))
         except ValidationError as exc:
             raise WorkflowParameterError(
                 field,
@@ -83,7 +84,7 @@ async def load_store(settings: WorkflowSettings) -> StateStore:
     if not name:
         return ChatStateStore().get_store()
     try:
-        block = await ChatStateStore.aload(name)
+        block = cast(ChatStateStore, await ChatStateStore.aload(name))
     except ValidationError as exc:
         raise WorkflowParameterError(
             "settings.store_block",

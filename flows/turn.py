@@ -294,7 +294,7 @@ async def _turn_under_lease(
             workflow_id=workflow_id,
             step=step.name,
             marker=marker,
-            chat_id=gen.chat_id or agent.chat_id,
+            chat_id=gen.chat_id,
             text=gen.text,
             finish_reason=gen.finish_reason,
             usage=_usage_dict(gen.usage),
@@ -306,7 +306,11 @@ async def _turn_under_lease(
             generate_ms=round(generate_ms, 2),
         )
     finally:
-        await agent.aclose()
+        # get_agent() built a client the agent does not own: close both.
+        try:
+            await agent.aclose()
+        finally:
+            await agent.client.aclose()
     observer.emit(
         "coder.turn.settled",
         {

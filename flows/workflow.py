@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefect import flow
+from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun
 from prefect.logging import get_run_logger
 from prefect.states import State
@@ -52,7 +52,7 @@ async def prepare(
     return await load_resources(settings)
 
 
-async def _archive_on_failure(_flow: Any, flow_run: FlowRun, _state: State[Any]) -> None:
+async def _archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, _state: State[Any]) -> None:
     """Failure handler: the workflow owns its chat's end of life, so a finally
     failed run retires its chat (abandoned runs must not accumulate live chats)."""
     logger: logging.Logger | logging.LoggerAdapter[Any]
@@ -86,7 +86,7 @@ async def _archive_on_failure(_flow: Any, flow_run: FlowRun, _state: State[Any])
 @flow(
     name="agent-workflow",
     flow_run_name="{workflow_id}",
-    on_failure=[_archive_on_failure],
+    on_failure=[_archive_on_failure],  # type: ignore[list-item]  # async hook, Prefect types it loosely
     persist_result=True,
     result_serializer="json",
 )
