@@ -548,7 +548,7 @@ class Core:
                 # The commit and the next transition are separate transactions: let
                 # subscribers sync in between (the usual two-sync shape, spec §3.5).
                 await asyncio.sleep(0)
-                if result == "requires_action":
+                if result == "requires_action" and self._enter_requires_action(chat):
                     self._turn_end(chat, "requires_action")
                     return
                 if result == "error":
@@ -560,6 +560,28 @@ class Core:
             chat.worker = None
             if acquired and self._capacity is not None:
                 self._capacity.release()
+
+    def _enter_requires_action(self, chat: ChatRec) -> bool:
+        """Second transaction after a tool-call commit; False if an interrupt won the race."""
+        assert chat.turn is not None
+        pending, chat.turn.pending_enter = chat.turn.pending_enter, []
+        if chat.status == sm.RUNNING and not chat.interrupt_flag:
+            chat.pending_calls = pending
+            self.apply(chat, sm.enter_requires_action(self.view(chat)))
+            self._watch(chat, "action_required", tool_calls=[dict(c) for c in pending])
+            return True
+        rows = [
+            (
+                self._tool_result_row(
+                    chat, c["tool_call_id"], c["tool_name"], sm.REASON_INTERRUPT, True, None
+                ),
+                "both",
+            )
+            for c in pending
+        ]
+        self._commit_rows(chat, rows)
+        self.notify(chat)
+        return False
 
     def _turn_start(self, chat: ChatRec) -> None:
         self.running_turns += 1
@@ -856,31 +878,9 @@ class Core:
             )
         ):
             chat.turn.follow_up_pending = True
-        if pending and chat.status == sm.RUNNING:
-            chat.pending_calls = pending
-            self.apply(chat, sm.enter_requires_action(self.view(chat)))
-            self._watch(chat, "action_required", tool_calls=[dict(c) for c in pending])
+        if pending and chat.turn is not None:
+            chat.turn.pending_enter = pending
             return "requires_action"
-        if pending:
-            # Interrupt raced the commit: close the calls at once.
-            for c in pending:
-                self._commit_rows(
-                    chat,
-                    [
-                        (
-                            self._tool_result_row(
-                                chat,
-                                c["tool_call_id"],
-                                c["tool_name"],
-                                sm.REASON_INTERRUPT,
-                                True,
-                                None,
-                            ),
-                            "both",
-                        )
-                    ],
-                )
-            self.notify(chat)
         return "committed"
 
     def _commit_partial(self, chat: ChatRec, partial: Partial) -> None:

@@ -51,6 +51,7 @@ class TurnState:
     script: Script
     step_idx: int = 0
     follow_up_pending: bool = False
+    pending_enter: list[dict[str, Any]] = field(default_factory=list)
     turn_no: int = 0
 
     def next_step(self) -> Step | None:
