@@ -274,7 +274,7 @@ async def test_max_steps_winds_down_the_pause(emu: Emulator) -> None:
     agent = make(emu, tools=[add], max_steps=1)
     r = await agent.generate(directive(Script.client_tool("add", {"a": 1, "b": 1})))
     assert r.finish_reason == "tool-calls" and len(r.steps) == 1
-    await emu.await_status(r.chat_id, "waiting", timeout=5)  # results submitted → run finished
+    await emu.await_status(r.chat_id, "waiting", 5)  # results submitted → run finished
     await agent.aclose()
 
 
@@ -406,7 +406,7 @@ async def test_aclose_mid_turn_is_a_teardown(emu: Emulator, events: Any) -> None
     settle = events.of("segment:settle")[-1]
     assert settle.ending == "teardown" and settle.error is None and settle.finish_reason is None
     assert len(events.of("segment:start")) == len(events.of("segment:settle")) == 1
-    await emu.await_status(chat_id, "waiting", timeout=3)  # its run was interrupted
+    await emu.await_status(chat_id, "waiting", 3)  # its run was interrupted
 
 
 async def test_transport_handler_exceptions_are_swallowed(emu: Emulator) -> None:

@@ -283,7 +283,7 @@ async def test_request_timeout_while_streaming_interrupts(emu: Emulator) -> None
     assert chat_id is not None
     await agent.wait_background()
     assert requests(emu, chat_id, "/interrupt")
-    await emu.await_status(chat_id, "waiting", timeout=3)
+    await emu.await_status(chat_id, "waiting", 3)
     await agent.aclose()
 
 
@@ -315,7 +315,7 @@ async def test_total_timeout_and_cancellation_propagate_unchanged(
     assert settle.ending == "failure" and settle.error["name"] == "TimeoutError"
     await agent.wait_background()
     assert len(requests(emu, chat_id, "/interrupt")) == 1
-    await emu.await_status(chat_id, "waiting", timeout=3)
+    await emu.await_status(chat_id, "waiting", 3)
 
     task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))
     await emu.await_status(chat_id, "running")
@@ -327,7 +327,7 @@ async def test_total_timeout_and_cancellation_propagate_unchanged(
     assert len(requests(emu, chat_id, "/interrupt")) == 2
     assert events.of("segment:settle")[-1].error["name"] == "CancelledError"
     # caller's own asyncio.timeout also propagates unchanged
-    await emu.await_status(chat_id, "waiting", timeout=3)
+    await emu.await_status(chat_id, "waiting", 3)
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):
             await agent.generate(directive(Script.long_running(5)))
