@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coder_chat.core.dedup import ReplayFilter
-from coder_chat.core.translator import ReasoningDelta, TextDelta, TurnTranslator
+from coder_chat.core.translator import QueuedGate, ReasoningDelta, TextDelta, TurnTranslator
 
 Step = tuple[list[str], list[str], dict[str, int]]  # text chunks, reasoning chunks, usage
 
@@ -166,4 +166,81 @@ def test_drops_cost_latency_never_content(
     # no delta emitted twice: the emitted stream concatenates to the text exactly
     assert "".join(p.text for p in out if isinstance(p, TextDelta)) == expected_text
     assert "".join(p.text for p in out if isinstance(p, ReasoningDelta)) == expected_reasoning
+    assert tr.finish_reason == "stop" and tr.raw_status == "waiting"
+
+
+def _run_turn(mid: int, chunks: list[str], hv: int, usage: dict[str, int]) -> list[Any]:
+    evs: list[Any] = [{"type": "status", "status": {"status": "running"}}]
+    evs += [delta_event(hv, i + 1, "text", c) for i, c in enumerate(chunks)]
+    evs.append(
+        {
+            "type": "message",
+            "message": {
+                "id": mid,
+                "role": "assistant",
+                "content": [{"type": "text", "text": "".join(chunks)}],
+                "usage": usage,
+            },
+        }
+    )
+    return evs
+
+
+def _user(mid: int, text: str, stamp: int | None) -> dict[str, Any]:
+    m: dict[str, Any] = {"id": mid, "role": "user", "content": [{"type": "text", "text": text}]}
+    if stamp is not None:
+        m["queued_message_id"] = stamp
+    return {"type": "message", "message": m}
+
+
+def _queue(*ids: int) -> dict[str, Any]:
+    ev: dict[str, Any] = {"type": "queue_update"}
+    if ids:
+        ev["queued_messages"] = [{"id": i, "content": [{"type": "text", "text": "p"}]} for i in ids]
+    return ev
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pred=st.lists(chunk, min_size=1, max_size=5),
+    decoy=st.one_of(st.none(), st.lists(chunk, min_size=1, max_size=5)),
+    ours=st.lists(chunk, min_size=1, max_size=5),
+    stamped=st.booleans(),
+    entry_known=st.booleans(),
+)
+def test_queued_turn_attributes_only_its_own_run(
+    pred: list[str], decoy: list[str] | None, ours: list[str], stamped: bool, entry_known: bool
+) -> None:
+    """A queued prompt behind a running predecessor (and possibly behind another
+    job's prompt with IDENTICAL content) attributes exactly its own run."""
+    prompt = "same prompt"
+    our_qid, decoy_qid = 8, 7
+    tr = TurnTranslator(
+        cursor=20,
+        queued=QueuedGate(our_qid if entry_known else None, [{"type": "text", "text": prompt}]),
+    )
+    events: list[Any] = [_queue(decoy_qid, our_qid) if decoy else _queue(our_qid)]
+    events += _run_turn(21, pred, 2, {"output_tokens": 100})
+    mid = 22
+    if decoy is not None:
+        events.append(_user(mid, prompt, decoy_qid if stamped else None))
+        events.append(_queue(our_qid))
+        events += _run_turn(mid + 1, decoy, 3, {"output_tokens": 50})
+        mid += 2
+    ours_user = mid
+    events.append(_user(ours_user, prompt, our_qid if stamped else None))
+    events.append(_queue())
+    events += _run_turn(ours_user + 1, ours, 4, {"output_tokens": 7})
+    events.append({"type": "status", "status": {"status": "waiting"}})
+    for ev in events:
+        tr.feed(ev)
+    if decoy is not None and not entry_known:
+        # Without our entry id, identical content is indistinguishable (stamps
+        # cannot be matched either): the first match anchors (spec §3.3 limit).
+        assert tr.effective_cursor == 22
+        return
+    assert tr.failure is None
+    assert tr.effective_cursor == ours_user
+    assert tr.text == "".join(ours)
+    assert tr.usage.output_tokens == 7
     assert tr.finish_reason == "stop" and tr.raw_status == "waiting"
