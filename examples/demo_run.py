@@ -94,7 +94,8 @@ def show(results: list[dict[str, Any]]) -> None:
             print(f"  structured: {json.dumps(r['structured'])}")
         print(f"  answer: {r['text']}")
         usage = r.get("usage") or {}
-        print(f"  finish={r['finish_reason']} usage={usage} generate={r['generate_ms']:.0f} ms")
+        tokens = f"{usage.get('input_tokens', '?')} in / {usage.get('output_tokens', '?')} out"
+        print(f"  finish={r['finish_reason']} tokens={tokens} generate={r['generate_ms']:.0f} ms")
 
 
 async def run(workflow_id: str) -> tuple[Any, list[dict[str, Any]], float]:

@@ -8,6 +8,7 @@ lands in the middle of another run's turn.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,7 +16,7 @@ from prefect import flow, task
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
-from blocks import LeaseUnavailableError, workflow_key
+from blocks import CoderCredentials, LeaseUnavailableError, workflow_key
 from coder_chat.errors import CoderApiError
 from flows.errors import WorkflowBusyError
 from flows.observe import TurnObserver
@@ -33,8 +34,7 @@ class ArchiveOutcome(BaseModel):
 
     workflow_id: str
     chat_id: str | None = None
-    archived: bool = False
-    interrupted: bool = False
+    archived: bool = Field(default=False, description="The workflow's chat is archived (now or before).")
     archived_chat_ids: list[str] = Field(default_factory=list)
 
 
@@ -45,6 +45,37 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
         return logging.getLogger("flows.archive")
 
 
+async def _retire_one(
+    credentials: CoderCredentials,
+    chat_id: str,
+    interrupt_bound_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> str:
+    """Interrupt + archive one chat; returns "archived", "already" or "gone"."""
+    async with credentials.open_agent(chat_id=chat_id) as agent:
+        try:
+            chat = await agent.client.get_chat(chat_id, timeout=interrupt_bound_s)
+        except CoderApiError as exc:
+            if exc.status == 404:
+                return "gone"
+            raise
+        if chat.archived:
+            # A re-run of a finished workflow reaches its final step again.
+            return "already"
+        # A crashed step may have left a run live: stop it first, bounded. On an
+        # already-settled chat the interrupt answers 409: fine.
+        try:
+            await agent.interrupt(timeout=interrupt_bound_s)
+        except CoderApiError as exc:
+            if exc.status != 409:
+                logger.warning("interrupt of chat %s failed: %s", chat_id, exc)
+        except TimeoutError:
+            logger.warning("interrupt of chat %s timed out after %.0fs", chat_id, interrupt_bound_s)
+        # archive() retries 409s while an interrupted run winds down.
+        await agent.archive()
+    return "archived"
+
+
 async def retire_workflow_chat(
     workflow_id: str,
     resources: TurnResources,
@@ -53,56 +84,48 @@ async def retire_workflow_chat(
     lease_ttl_s: float = 60.0,
     interrupt_bound_s: float = INTERRUPT_BOUND_S,
 ) -> ArchiveOutcome:
-    """Interrupt and archive the workflow's chat and any chats it stranded."""
+    """Interrupt and archive the workflow's chat and any chats it stranded.
+
+    Holds the workflow's lease, so it never lands in the middle of a turn.
+    """
     logger = _logger()
     store = resources.store
-    try:
-        lease = store.lease(workflow_key(workflow_id), ttl=lease_ttl_s, wait=lease_wait_s)
-        await lease.__aenter__()
-    except LeaseUnavailableError as exc:
-        raise WorkflowBusyError(workflow_id, exc.waited) from None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(
+                store.lease(workflow_key(workflow_id), ttl=lease_ttl_s, wait=lease_wait_s)
+            )
+        except LeaseUnavailableError as exc:
+            raise WorkflowBusyError(workflow_id, exc.waited) from None
         checkpoint = await store.checkpoints.get(workflow_id)
         stranded = [s.chat_id for s in await store.stranded.list(workflow_id)]
         outcome = ArchiveOutcome(workflow_id=workflow_id)
         if checkpoint is None and not stranded:
             logger.info("workflow %s has no chat to archive", workflow_id)
             return outcome
-        targets = ([checkpoint.chat_id] if checkpoint else []) + [
-            c for c in stranded if not checkpoint or c != checkpoint.chat_id
-        ]
         outcome.chat_id = checkpoint.chat_id if checkpoint else None
+        targets = ([checkpoint.chat_id] if checkpoint else []) + [
+            c for c in stranded if c != outcome.chat_id
+        ]
         for chat_id in targets:
-            agent = resources.credentials.get_agent(chat_id=chat_id)
-            try:
-                # A crashed step may have left a run live: stop it first, bounded.
-                # On an already-settled chat the interrupt answers 409: fine.
-                try:
-                    await agent.interrupt(timeout=interrupt_bound_s)
-                    if chat_id == outcome.chat_id:
-                        outcome.interrupted = True
-                except CoderApiError as exc:
-                    if exc.status != 409:
-                        logger.warning("interrupt of chat %s failed: %s", chat_id, exc)
-                except TimeoutError:
-                    logger.warning("interrupt of chat %s timed out", chat_id)
-                # archive() retries 409s while an interrupted run winds down.
-                await agent.archive()
-            finally:
-                try:
-                    await agent.aclose()
-                finally:
-                    await agent.client.aclose()
-            outcome.archived_chat_ids.append(chat_id)
+            verdict = await _retire_one(resources.credentials, chat_id, interrupt_bound_s, logger)
             await store.forget_chat(chat_id)
-            TurnObserver(
-                workflow_id=workflow_id, step="archive", logger=logger, chat_id=chat_id
-            ).emit("coder.chat.archived", {"stranded": chat_id != outcome.chat_id})
-            logger.info("archived chat %s of workflow %s", chat_id, workflow_id)
-        outcome.archived = outcome.chat_id in outcome.archived_chat_ids
+            if verdict == "archived":
+                outcome.archived_chat_ids.append(chat_id)
+                TurnObserver(
+                    workflow_id=workflow_id, step="archive", logger=logger, chat_id=chat_id
+                ).emit("coder.chat.archived", {"stranded": chat_id != outcome.chat_id})
+                logger.info("archived chat %s of workflow %s", chat_id, workflow_id)
+            else:
+                logger.info(
+                    "chat %s of workflow %s was %s",
+                    chat_id,
+                    workflow_id,
+                    "already archived" if verdict == "already" else "not found",
+                )
+        outcome.archived = outcome.chat_id is not None
         return outcome
-    finally:
-        await lease.__aexit__(None, None, None)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @task(name="archive-chat", task_run_name="archive {workflow_id}")

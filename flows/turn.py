@@ -33,14 +33,23 @@ from prefect.logging import get_run_logger
 
 from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
 from coder_chat.agent import GenerateResult
+from coder_chat.crash_safe import crash_point
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
 from flows.errors import WorkflowBusyError
 from flows.observe import TurnObserver
 from flows.params import Step, WorkflowSettings, step_marker
+from flows.recovery import (
+    WORKFLOW_LABEL,
+    EagerCheckpoint,
+    bind_crash_safe,
+    note_failed_attempt,
+    recover_before_send,
+    recovery_timings,
+    sweep_orphans,
+)
 from flows.resources import TurnResources, load_resources
-from flows.resubmit import settle_before_resubmit
 from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
 from flows.retry import is_retryable_failure, retry_if_retryable
 from flows.toolset import Toolset
@@ -217,33 +226,44 @@ async def _turn_under_lease(
     observer = TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id)
     request_timeout = settings.request_timeout_s or creds.request_timeout
     turn_timeout = settings.turn_timeout_s or creds.turn_timeout
+    # Crash recovery (flows/recovery.py): a first turn's chat is checkpointed as
+    # soon as it exists, crash-safe tools write the ledger, chats carry the
+    # workflow label so orphans are findable.
+    eager = EagerCheckpoint(store, workflow_id, marker, had_chat=chat_id is not None)
+    tools = bind_crash_safe(tools, store, eager)
     agent = creds.get_agent(
         chat_id=chat_id,
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,
+        labels={WORKFLOW_LABEL: workflow_id},
         request_timeout=request_timeout,
-        on_transport_event=observer,
+        on_transport_event=eager.chain(observer),
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
     )
     attempt = 1
     try:
         if chat_id:
-            previous = await store.journal.get(chat_id)
-            if previous is not None and previous.marker == marker:
-                attempt = previous.attempt + 1
-                # This step already sent on this chat and recorded no result:
-                # never resubmit straight away onto a possibly live run.
-                await settle_before_resubmit(
-                    agent.client,
-                    chat_id,
-                    reason=retry_reason or f"journaled attempt {previous.attempt} has no result",
-                    bound_s=settings.settle_wait_s,
-                    logger=logger,
-                )
-            # Write-ahead BEFORE the send: no entry proves no send ever started.
-            await store.journal.set(
-                chat_id, JournalEntry(state="submitting", marker=marker, attempt=attempt)
+            # Journals the send write-ahead; if this step already sent on this chat
+            # and recorded no result, first settles the chat (ledger reconcile before
+            # any interrupt) and recovers a finished attempt instead of resubmitting.
+            plan = await recover_before_send(
+                client=agent.client,
+                store=store,
+                workflow_id=workflow_id,
+                step=step,
+                chat_id=chat_id,
+                tools=tools,
+                answer=answer,
+                timings=recovery_timings(settings, request_timeout, turn_timeout),
+                known_failure=retry_reason is not None,
+                artifacts=settings.artifacts,
             )
+            attempt = plan.attempt
+            if plan.result is not None:
+                return plan.result
+        else:
+            # No checkpoint: an earlier attempt may have left an orphan chat.
+            await sweep_orphans(agent.client, store, workflow_id, logger=logger)
         prompt = f"{marker} {step.prompt}"
         started_at = time.time()
         t0 = time.perf_counter()
@@ -256,6 +276,7 @@ async def _turn_under_lease(
         finally:
             generate_ms = (time.perf_counter() - t0) * 1000
             try:
+                await eager.drain()
                 await _record_after_turn(
                     store,
                     workflow_id=workflow_id,
@@ -267,6 +288,9 @@ async def _turn_under_lease(
                     logger=logger,
                     observer=observer,
                 )
+                await eager.after_turn(agent.chat_id)
+                if isinstance(failed, Exception):
+                    await note_failed_attempt(agent.client, store, agent.chat_id, marker)
             finally:
                 if failed is not None:
                     observer.emit(
@@ -335,6 +359,7 @@ async def _turn_under_lease(
             await publish_turn_artifact(result, prompt)
         except Exception:
             logger.warning("could not publish the turn artifact", exc_info=True)
+    crash_point("turn.before_persist")
     return result
 
 

@@ -73,6 +73,13 @@ async def test_three_steps_on_one_chat_with_tool_and_structured_answer(
     cp = await store.checkpoints.get(workflow_id)
     assert cp is not None and cp.chat_id == chat_id
 
+    # Re-running the finished, archived workflow returns the stored results and
+    # sends nothing (its final archive finds the chat already archived).
+    messages = len(emu.messages(chat_id))
+    assert await agent_workflow(workflow_id, steps, settings) == results
+    assert len(emu.messages(chat_id)) == messages
+    assert len(_archive_events(emu, chat_id)) == 1
+
 
 async def test_rerun_of_a_finished_workflow_sends_nothing(
     emu: Emulator, settings: WorkflowSettings, workflow_id: str

@@ -1,0 +1,593 @@
+"""Crash recovery in the Prefect layer: automatic in ``run_turn``, and the ``recover-turn`` flow.
+
+``run_turn`` calls into this module at three points (see ``flows/turn.py``):
+
+* :func:`recover_before_send` — on a checkpointed chat, before the step's send.
+  If the journal shows this step already sent (an unfinished attempt: a crash,
+  a failure, a rerun), it runs the durable design's recovery
+  (:class:`coder_chat.recovery.TurnRecovery`: settle-wait, ledger reconcile,
+  result check) and either returns the recovered result — nothing is sent — or
+  journals the resubmission write-ahead. So a plain retry or rerun of a crashed
+  flow run is safe.
+* :func:`sweep_orphans` — on a workflow without a checkpoint: a crash after the
+  chat was created but before its id was checkpointed leaves an orphan that may
+  still be generating. Chats carry the workflow's label, so the sweep finds
+  every orphan, interrupts it and records it stranded (the archive retires it).
+* :class:`EagerCheckpoint` — shrinks that orphan window: the chat id is
+  checkpointed (with the first send's journal entry) as soon as the stream
+  dials, and crash-safe tools await it before any effect, so no client-tool
+  effect can ever run on a chat nobody can find after a crash.
+
+Each recovery decision is logged and published as a table artifact (what was
+seen, what was decided, why).
+
+Test seam: :func:`coder_chat.crash_safe.crash_point` names points (``turn.*``,
+``tool.*``, ``recovery.*``) where the crash-matrix tests SIGKILL the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import acreate_table_artifact
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, Field
+
+from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
+from coder_chat.crash_safe import CrashSafeTool, crash_point
+from coder_chat.errors import CoderApiError
+from coder_chat.events import HttpRequest, HttpResponse, TransportEvent, WsDial, WsEvent
+from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_turn, fetch_until
+from coder_chat.recovery import RecoveryOutcome, RecoveryTimings, TurnRecovery
+from coder_chat.rest import ChatClient
+from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
+from flows import registry
+from flows.errors import WorkflowBusyError, WorkflowParameterError
+from flows.params import Step, WorkflowSettings, step_marker, validate_workflow_id
+from flows.resources import load_resources
+from flows.results import ToolCallRecord, TurnResult
+from flows.toolset import Toolset
+
+__all__ = [
+    "WORKFLOW_LABEL",
+    "EagerCheckpoint",
+    "RecoverTurnReport",
+    "SendPlan",
+    "bind_crash_safe",
+    "note_failed_attempt",
+    "recover_before_send",
+    "recover_turn",
+    "recovery_timings",
+    "sweep_orphans",
+]
+
+#: Label every workflow chat carries, so orphans of a crashed first turn are findable.
+WORKFLOW_LABEL = "prefect-coder/workflow"
+
+_NOT_KEY = re.compile(r"[^a-z0-9-]+")
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    try:
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger("flows.recovery")
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def recovery_timings(
+    settings: WorkflowSettings, request_timeout: float | None, turn_timeout: float | None
+) -> RecoveryTimings:
+    """Recovery bounds of a workflow.
+
+    * probe/interrupt bound: ``settings.settle_wait_s`` (15 s);
+    * commit horizon: the per-segment ``request_timeout`` — the design's
+      conservative horizon for a send still in flight (300 s) — or
+      ``PREFECT_CODER_COMMIT_HORIZON_S``;
+    * settle budget: the turn's total bound (600 s), turn-scale;
+    * poll interval: 1 s, or ``PREFECT_CODER_SETTLE_POLL_S``.
+    """
+    d = RecoveryTimings()
+    horizon = _env_float("PREFECT_CODER_COMMIT_HORIZON_S")
+    poll = _env_float("PREFECT_CODER_SETTLE_POLL_S")
+    return RecoveryTimings(
+        probe_bound=settings.settle_wait_s,
+        settle_budget=turn_timeout or d.settle_budget,
+        poll_interval=d.poll_interval if poll is None else poll,
+        commit_horizon=horizon if horizon is not None else (request_timeout or d.commit_horizon),
+    )
+
+
+# --------------------------------------------------------------------------- eager checkpoint
+
+
+class EagerCheckpoint:
+    """Checkpoint a first turn's chat as soon as its id is known.
+
+    A hard crash after the chat was created but before the ``finally``
+    checkpoint leaves a chat nobody can resume — and, if the crash hit a client
+    tool, an effect recorded under a chat id nobody knows. So the chat id (and
+    the first send's ``"submitting"`` journal entry, which the send had no chat
+    to be written under) is made durable from the first ``ws:dial`` event, and
+    every crash-safe tool awaits :meth:`ensure` before its write-ahead.
+
+    Also the transport hook of the turn's named crash points (test seam).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        workflow_id: str,
+        marker: str,
+        *,
+        had_chat: bool,
+        started_at: float | None = None,
+    ) -> None:
+        self.store = store
+        self.workflow_id = workflow_id
+        self.marker = marker
+        self.had_chat = had_chat
+        self.started_at = started_at or time.time()
+        self.written: str | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def ensure(self, chat_id: str) -> None:
+        """Make ``chat_id`` the workflow's checkpoint (first turn only; idempotent)."""
+        if self.had_chat or self.written == chat_id:
+            return
+        async with self._lock:
+            if self.written == chat_id:
+                return
+            async with self.store.transaction() as tx:
+                await tx.checkpoints.set(self.workflow_id, chat_id, None)
+                # The first send's write-ahead, late: the count before it was 0.
+                await tx.journal.set(
+                    chat_id,
+                    JournalEntry(
+                        state="submitting", marker=self.marker, attempt=0, at=self.started_at
+                    ),
+                )
+            self.written = chat_id
+        crash_point("turn.after_checkpoint")
+
+    async def before_effect(self, ctx: ToolContext) -> None:
+        """``before_effect`` of crash-safe tools: the chat must be findable first."""
+        await self.ensure(ctx.chat_id)
+
+    def chain(self, inner: Callable[[TransportEvent], object] | None) -> Callable[..., None]:
+        """A transport hook: this one first, then ``inner``."""
+
+        def hook(ev: TransportEvent) -> None:
+            self(ev)
+            if inner is not None:
+                inner(ev)
+
+        return hook
+
+    def __call__(self, ev: TransportEvent) -> None:
+        if isinstance(ev, HttpRequest) and ev.op == "createChat":
+            crash_point("turn.before_create")
+        elif isinstance(ev, HttpResponse) and ev.op == "createChat" and ev.ok:
+            crash_point("turn.after_create")
+        elif isinstance(ev, WsDial) and not self.had_chat and self.written != ev.chat_id:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to do
+                task = asyncio.get_running_loop().create_task(self.ensure(ev.chat_id))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        elif isinstance(ev, WsEvent) and (self.had_chat or self.written):
+            kind = getattr(ev.event, "type", None)
+            if kind == "message_part":
+                crash_point("turn.mid_stream")
+
+    async def drain(self) -> None:
+        """Wait for scheduled checkpoint writes (call before the ``finally`` checkpoint)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def after_turn(self, agent_chat_id: str | None) -> None:
+        """The SDK discarded the session (stream lost on the chat it created): clear
+        the eagerly checkpointed id, or "starts fresh after a discard" silently turns
+        into resuming the dead chat (it is recorded stranded for the sweep)."""
+        await self.drain()
+        if self.written and agent_chat_id is None:
+            cp = await self.store.checkpoints.get(self.workflow_id)
+            if cp is not None and cp.chat_id == self.written:
+                await self.store.checkpoints.clear(self.workflow_id)
+
+
+def bind_crash_safe(
+    tools: Sequence[ClientTool[Any]], store: StateStore, eager: EagerCheckpoint | None
+) -> list[ClientTool[Any]]:
+    """The turn's tools with every crash-safe tool bound to the store's ledger."""
+    before = eager.before_effect if eager is not None else None
+    return [
+        t.bind(store.ledger, before_effect=before) if isinstance(t, CrashSafeTool) else t
+        for t in tools
+    ]
+
+
+# --------------------------------------------------------------------------- orphans
+
+
+async def sweep_orphans(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    *,
+    keep: str | None = None,
+    bound_s: float = 15.0,
+    logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+) -> list[str]:
+    """Interrupt every live chat of the workflow no checkpoint accounts for, and
+    record it stranded so the archive retires it. Returns their ids.
+
+    Widened as the design asks: regardless of status (an orphaned first turn may
+    settle on its own and then sit live and unarchived forever), and every
+    orphan, not just the first.
+    """
+    log = logger or _logger()
+    found: list[str] = []
+    async for chat in client.iter_chats(labels={WORKFLOW_LABEL: workflow_id}, timeout=bound_s):
+        if chat.id == keep:
+            continue
+        found.append(chat.id)
+        try:
+            await client.interrupt_chat(chat.id, timeout=bound_s)
+        except CoderApiError as exc:
+            if exc.status != 409:  # 409: nothing running — the good case
+                raise
+        await store.stranded.record(workflow_id, chat.id, "orphan: no checkpoint names it")
+        log.warning(
+            "orphan chat %s of workflow %s interrupted, recorded for the archive",
+            chat.id,
+            workflow_id,
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- automatic recovery
+
+
+@dataclass(frozen=True, slots=True)
+class SendPlan:
+    """What ``run_turn`` does next on a checkpointed chat."""
+
+    #: 1-based number of the attempt about to be sent (or recovered).
+    attempt: int
+    #: Set when the crashed attempt finished: return it, send nothing.
+    result: TurnResult | None = None
+    outcome: RecoveryOutcome | None = None
+
+
+def recovered_result(
+    workflow_id: str,
+    step: Step,
+    outcome: RecoveryOutcome,
+    tools: Sequence[ClientTool[Any]],
+) -> TurnResult:
+    """The step's result rebuilt from history (what ``generate()`` would have returned)."""
+    rec = outcome.recovered
+    assert rec is not None
+    names = {t.name for t in tools}
+    calls = [
+        ToolCallRecord(
+            id=p.tool_call_id,
+            name=p.tool_name,
+            kind="client" if p.tool_name in names else "server",
+            args=p.input,
+            output=p.output if p.state == "output-available" else p.error_text,
+            is_error=p.state == "output-error",
+        )
+        for p in rec.parts
+        if isinstance(p, DynamicToolPart)
+    ]
+    structured = rec.structured.model_dump(mode="json") if rec.structured is not None else None
+    return TurnResult(
+        workflow_id=workflow_id,
+        step=step.name,
+        marker=outcome.marker,
+        chat_id=outcome.chat_id,
+        text=rec.text,
+        finish_reason="stop",
+        usage={},
+        user_message_id=rec.user_message_id,
+        tool_calls=calls,
+        structured=structured,
+        attempt=max(1, outcome.attempts),
+        generate_ms=0.0,
+    )
+
+
+def _artifact_key(workflow_id: str, step_name: str) -> str:
+    digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
+    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:70]
+    return f"coder-recovery-{slug}-{digest}"
+
+
+async def publish_recovery(
+    workflow_id: str, step_name: str, outcome: RecoveryOutcome, *, artifacts: bool = True
+) -> None:
+    """Log the verdict and publish the decisions as a table artifact."""
+    log = _logger()
+    log.info(
+        "recovery of %s/%s on chat %s: %s (%s); %d decision(s), horizon slept %.2fs",
+        workflow_id,
+        step_name,
+        outcome.chat_id,
+        outcome.classification,
+        outcome.reason,
+        len(outcome.decisions),
+        outcome.horizon_slept_s,
+    )
+    if not artifacts:
+        return
+    try:
+        await acreate_table_artifact(
+            key=_artifact_key(workflow_id, step_name),
+            table=[d.row() for d in outcome.decisions],
+            description=(
+                f"Crash recovery of step `{step_name}` of `{workflow_id}` on chat "
+                f"`{outcome.chat_id}`: **{outcome.classification}** — {outcome.reason}"
+            ),
+        )
+    except Exception:
+        log.warning("could not publish the recovery artifact", exc_info=True)
+
+
+async def recover_before_send(
+    *,
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    step: Step,
+    chat_id: str,
+    tools: Sequence[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    timings: RecoveryTimings,
+    known_failure: bool,
+    artifacts: bool = True,
+) -> SendPlan:
+    """Run before every send of ``step`` on a checkpointed chat.
+
+    No journal entry for this step's marker proves no send of it ever started
+    (every send is journaled first), so the first send only writes its
+    write-ahead. Otherwise an earlier attempt is unfinished: recover it.
+    """
+    marker = step_marker(workflow_id, step.name)
+    entry = await store.journal.get(chat_id)
+    if entry is None or entry.marker != marker:
+        # Write-ahead BEFORE the send: no entry proves no send ever started. The
+        # count before this step's first send is 0 (an earlier send would have
+        # journaled this marker).
+        await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=0))
+        return SendPlan(attempt=1)
+    recovery = TurnRecovery(
+        client,
+        store,
+        chat_id,
+        marker,
+        tools=tools,
+        journal_entry=JournalEntry,
+        timings=timings,
+        known_failure=known_failure,
+        output_model=answer.model if answer is not None else None,
+        structured_tool_name=answer.name if answer is not None else "structured_output",
+        logger=_logger(),
+    )
+    outcome = await recovery.run()
+    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    if outcome.classification == "recovered":
+        return SendPlan(
+            attempt=max(1, outcome.attempts),
+            result=recovered_result(workflow_id, step, outcome, tools),
+            outcome=outcome,
+        )
+    crash_point("recovery.before_resubmit")
+    await recovery.journal_resubmission(outcome.attempts)
+    return SendPlan(attempt=outcome.attempts + 1, outcome=outcome)
+
+
+async def note_failed_attempt(
+    client: ChatClient, store: StateStore, chat_id: str | None, marker: str
+) -> None:
+    """After a *known* failure of a send (timeout, abort, error), journal the tail
+    attempt "cut-short" so that a later recovery — in another flow run, without
+    the reason at hand — cannot trust its own 409: the failure already fired the
+    SDK's best-effort interrupt, which may have stopped the run before recovery
+    looked. Scoped by (marker, count) like every entry: if the send never landed,
+    the verdict applies to the attempt the step was resubmitting over, which was
+    cut short or errored anyway. Best-effort and bounded."""
+    if not chat_id:
+        return
+    try:
+        messages, _ = await fetch_until(
+            client,
+            chat_id,
+            lambda ms: count_marker_attempts(ms, marker)[1],
+            timeout=5.0,
+        )
+        count = count_marker_attempts(messages, marker)[0]
+        await store.journal.set(
+            chat_id, JournalEntry(state="cut-short", marker=marker, attempt=count)
+        )
+    except Exception:
+        _logger().warning("could not journal the failed attempt on chat %s", chat_id, exc_info=True)
+
+
+# --------------------------------------------------------------------------- recover-turn flow
+
+
+class RecoverTurnReport(BaseModel):
+    """What ``recover-turn`` found and did."""
+
+    workflow_id: str
+    step: str | None = None
+    chat_id: str | None = None
+    action: str = Field(description="'nothing', 'recovered', 'resubmitted', 'would-resubmit'.")
+    reason: str = ""
+    result: TurnResult | None = None
+    orphans: list[str] = Field(default_factory=list)
+
+
+def _step_name(marker: str, workflow_id: str) -> str | None:
+    prefix = f"[{workflow_id}/"
+    if marker.startswith(prefix) and marker.endswith("]"):
+        return marker[len(prefix) : -1]
+    return None
+
+
+async def _step_from_history(
+    client: ChatClient, chat_id: str, workflow_id: str, name: str
+) -> Step | None:
+    """Rebuild a step (name + prompt) from its marked user message in history."""
+    marker = step_marker(workflow_id, name)
+    messages = await fetch_turn(client, chat_id)
+    for m in sorted(messages, key=lambda m: m.id, reverse=True):
+        if m.role != "user":
+            continue
+        text = "".join(p.text or "" for p in m.content if p.type == "text")
+        idx = text.find(marker)
+        if idx >= 0:
+            prompt = text[idx + len(marker) :].lstrip(" ")
+            return Step(name=name, prompt=prompt or "(continue)")
+    return None
+
+
+@flow(name="recover-turn", flow_run_name="recover {workflow_id}")
+async def recover_turn(
+    workflow_id: str,
+    step: str | None = None,
+    resubmit: bool = True,
+    settings: WorkflowSettings | None = None,
+    steps: list[Step] | None = None,
+) -> RecoverTurnReport:
+    """Recover a workflow's stuck or crashed step.
+
+    Takes the workflow's lease, sweeps orphan chats, finds the step (``step`` or
+    the one the chat's journal names), settles the chat (ledger reconcile before
+    any interrupt) and then either returns the recovered result of a finished
+    attempt or — with ``resubmit`` — runs the step again through ``run_turn``,
+    which stores the result under the step's key so a rerun of the workflow
+    continues after it. Without ``resubmit`` a step that needs resubmitting is
+    only reported (``would-resubmit``).
+
+    Args:
+        workflow_id: the workflow to recover.
+        step: step name; default: the step the chat's journal names.
+        resubmit: resubmit a step whose attempt never finished.
+        settings: as the workflow's (blocks, bounds).
+        steps: the workflow's steps (for their tools and output models);
+            default: the prompt from history and every registered tool.
+    """
+    from flows.turn import run_turn  # flows.turn imports this module
+
+    settings = settings or WorkflowSettings()
+    validate_workflow_id(workflow_id)
+    registry.load_tool_modules(settings.tool_modules)
+    resources = await load_resources(settings)
+    store = resources.store
+    creds = resources.credentials
+    log = _logger()
+    report = RecoverTurnReport(workflow_id=workflow_id, action="nothing")
+    client = creds.get_client()
+    try:
+        try:
+            lease = store.lease(
+                workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
+            )
+            held = await lease.__aenter__()
+        except LeaseUnavailableError as exc:
+            raise WorkflowBusyError(workflow_id, exc.waited) from None
+        try:
+            checkpoint = await store.checkpoints.get(workflow_id)
+            report.chat_id = checkpoint.chat_id if checkpoint else None
+            report.orphans = await sweep_orphans(
+                client, store, workflow_id, keep=report.chat_id, logger=log
+            )
+            if checkpoint is None:
+                report.reason = "no checkpoint: the workflow never got a chat to recover"
+                return report
+            entry = await store.journal.get(checkpoint.chat_id)
+            name = step or (_step_name(entry.marker, workflow_id) if entry else None)
+            if name is None:
+                report.reason = "the chat's journal names no step of this workflow"
+                return report
+            report.step = name
+            wanted = next((s for s in steps or [] if s.name == name), None)
+            if wanted is None:
+                wanted = await _step_from_history(client, checkpoint.chat_id, workflow_id, name)
+            if wanted is None:
+                report.reason = f"step {name!r} never sent anything on the chat"
+                if not resubmit:
+                    return report
+                raise WorkflowParameterError(
+                    "steps",
+                    f"step {name!r} has no prompt in history",
+                    "pass the workflow's steps so the step can be sent",
+                )
+            toolset = (
+                Toolset.of_steps(steps) if steps else Toolset(tools=sorted(registry.tool_names()))
+            )
+            resolved = toolset.including(wanted).resolve()
+            answer = resolved.answers.get(wanted.output_model) if wanted.output_model else None
+            tools = bind_crash_safe(resolved.tools, store, None)
+            held.raise_if_lost()
+            timings = recovery_timings(settings, creds.request_timeout, creds.turn_timeout)
+            marker = step_marker(workflow_id, name)
+            if entry is None or entry.marker != marker:
+                report.reason = f"step {name!r} has no unfinished attempt on the chat"
+                return report
+            if not resubmit:
+                recovery = TurnRecovery(
+                    client,
+                    store,
+                    checkpoint.chat_id,
+                    marker,
+                    tools=tools,
+                    journal_entry=JournalEntry,
+                    timings=timings,
+                    output_model=answer.model if answer is not None else None,
+                    structured_tool_name=answer.name if answer is not None else "structured_output",
+                    logger=log,
+                )
+                outcome = await recovery.run()
+                await publish_recovery(workflow_id, name, outcome, artifacts=settings.artifacts)
+                report.reason = outcome.reason
+                if outcome.classification == "recovered":
+                    report.action = "recovered"
+                    report.result = recovered_result(workflow_id, wanted, outcome, tools)
+                else:
+                    report.action = "would-resubmit"
+                return report
+        finally:
+            await lease.__aexit__(None, None, None)
+    finally:
+        await client.aclose()
+    # Resubmission path: run_turn recovers first (and sends only when it must),
+    # under its own lease, and persists the result under the step's key.
+    result = await run_turn(workflow_id, wanted, settings, resources, toolset)
+    report.result = result
+    report.action = "recovered" if result.generate_ms == 0 else "resubmitted"
+    report.reason = f"run_turn returned attempt {result.attempt}"
+    return report
