@@ -39,6 +39,7 @@ from coder_chat.emulator.script import Script
 from coder_chat.models import parse_frame
 
 TOKEN = "bench-token-0123456789abcdef"
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 def rss_kib() -> int:
@@ -121,12 +122,13 @@ async def floor_turn(
     text: list[str] = []
     committed: list[str] = []
     events = 0
-    async with connect(
+    ws = await connect(
         f"{ws_base}/api/v2/chats/{chat_id}/stream?after_id={after}",
         additional_headers={"Coder-Session-Token": TOKEN},
         compression=None,
         max_size=None,
-    ) as ws:
+    )
+    try:
         while True:
             raw = await ws.recv()
             if record is not None:
@@ -148,6 +150,11 @@ async def floor_turn(
                     done = True
             if done:
                 return "".join(committed) or "".join(text), events, after
+    finally:
+        # Like the agent, do not wait for the close handshake before returning.
+        task = asyncio.get_running_loop().create_task(ws.close())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
 
 # --------------------------------------------------------------------------- benches
