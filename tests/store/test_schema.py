@@ -61,6 +61,10 @@ async def test_created_on_first_use_and_reopened(fresh_url: str, backend: str) -
         assert not Path(fresh_url.split("///", 1)[1]).parent.exists()
     store = StateStore(fresh_url)
     await store.checkpoints.set("wf", "chat", 5)  # first use: creates dirs + tables
+    if backend == "sqlite":
+        # The per-process anchor keeps the WAL between calls (no checkpoint-and-delete
+        # of the WAL on every call's close).
+        assert Path(fresh_url.split("///", 1)[1] + "-wal").exists()
     await store.aclose()
     assert {t.name for t in ALL_TABLES} <= await _tables(fresh_url)
     assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
