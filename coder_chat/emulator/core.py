@@ -517,12 +517,19 @@ class Core:
         acquired = False
         try:
             if self._capacity is not None and chat.parent_chat_id is None:
-                if self._capacity.locked():
-                    chat.queued_for_capacity = True
+                # Waiting for a slot; an interrupt meanwhile winds down without one.
+                while chat.status == sm.RUNNING and not chat.interrupt_flag:
+                    if not self._capacity.locked():
+                        await self._capacity.acquire()
+                        acquired = True
+                        break
+                    if not chat.queued_for_capacity:
+                        chat.queued_for_capacity = True
+                        self.notify(chat)
+                    await self._pause(chat, 0.05)
+                if chat.queued_for_capacity:
+                    chat.queued_for_capacity = False
                     self.notify(chat)
-                await self._capacity.acquire()
-                acquired = True
-                chat.queued_for_capacity = False
             turn_open = False
             while chat.status in (sm.RUNNING, sm.INTERRUPTING):
                 if chat.interrupt_flag or chat.status == sm.INTERRUPTING:

@@ -548,3 +548,71 @@ async def test_files_and_models(emu: Emulator) -> None:
             "unsupported_providers",
         }
         assert r.json()["models"][0]["id"] == chat["last_model_config_id"]
+
+
+FATAL_AFTER_SLEEP = '#emu {"sleep": 0.15, "fatal": {"message": "boom"}}'
+
+
+async def _chat_in_e1(c, emu: Emulator) -> str:  # type: ignore[no-untyped-def]
+    chat = await create_chat(c, emu, FATAL_AFTER_SLEEP)
+    cid = chat["id"]
+    r = await send(c, cid, "queued-1")
+    assert r.json()["queued"] is True
+    await wait_status(emu, cid, "error")
+    assert emu.chat(cid)["execution_state"] == "E1"
+    return cid
+
+
+async def test_error_with_queue_send_promotes_old_head(emu: Emulator) -> None:
+    async with client(emu) as c:
+        cid = await _chat_in_e1(c, emu)
+        r = await send(c, cid, "new")
+        body = r.json()
+        assert r.status_code == 200 and body["queued"] is True
+        assert body["queued_message"]["content"] == [{"type": "text", "text": "new"}]
+        assert [m["content"][0]["text"] for m in body["messages"]] == ["queued-1"]
+        got = (await c.get(f"{P}/{cid}")).json()
+        assert got["status"] == "running" and "last_error" not in got
+        await wait_status(emu, cid, "waiting")
+        users = [m["content"][0]["text"] for m in emu.messages(cid, False) if m["role"] == "user"]
+        assert users == [FATAL_AFTER_SLEEP, "queued-1", "new"]
+
+
+async def test_error_with_queue_promote_and_archive(emu: Emulator) -> None:
+    async with client(emu) as c:
+        cid = await _chat_in_e1(c, emu)
+        # archive keeps status and queue (XE1), unarchive returns to E1
+        assert (await c.patch(f"{P}/{cid}", json={"archived": True})).status_code == 204
+        assert emu.chat(cid)["execution_state"] == "XE1"
+        qid = emu.chat(cid)["queue"][0]["id"]
+        r = await c.post(f"{P}/{cid}/queue/{qid}/promote")
+        assert r.status_code == 400
+        assert r.json()["message"] == "Cannot promote queued messages in an archived chat."
+        assert (await c.patch(f"{P}/{cid}", json={"archived": False})).status_code == 204
+        r = await c.post(f"{P}/{cid}/queue/{qid}/promote")
+        assert r.status_code == 202
+        await wait_status(emu, cid, "waiting")
+        assert emu.chat(cid)["queue"] == []
+
+
+async def test_stream_after_revision_b2(emu: Emulator) -> None:
+    from .helpers import Tap
+
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "x")
+        cid = chat["id"]
+        await wait_status(emu, cid, "waiting")
+        hv = emu.chat(cid)["history_version"]
+        async with Tap(emu, cid, query=f"after_revision={hv}") as tap:
+            await tap.wait_status("waiting")
+            await asyncio.sleep(0.02)
+        assert tap.types() == ["status"]  # nothing newer, no preview_reset at the cursor
+        assert tap.of("status")[0]["status"]["history_version"] == hv
+        import websockets
+
+        with pytest.raises(websockets.InvalidStatus) as ei:
+            await websockets.connect(
+                f"{emu.ws_url}{P}/{cid}/stream?after_revision=-1",
+                additional_headers={"Coder-Session-Token": emu.token},
+            )
+        assert ei.value.response.status_code == 400

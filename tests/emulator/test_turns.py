@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+
+import pytest
 
 from coder_chat.emulator import Emulator, Script, Sleep, Step, Text
 
@@ -210,3 +213,21 @@ async def test_queue_promotion_no_terminal_between(emu: Emulator) -> None:
         assert "queued_messages" not in qu[-1]  # empty queue: key absent
         ids = [e["message"]["id"] for e in tap.of("message")]
         assert ids == sorted(ids)
+
+
+@pytest.mark.emu(max_concurrent_root_chats=2)
+async def test_capacity_seam_and_turn_log(emu: Emulator) -> None:
+    async with client(emu) as c:
+        emu.set_default_script(Script.long_running(0.15, "slow", chunks=3))
+        chats = [await create_chat(c, emu, f"c{i}") for i in range(4)]
+        await asyncio.sleep(0.05)
+        waiting = [ch["id"] for ch in chats if emu.chat(ch["id"])["queued_for_capacity"]]
+        assert len(waiting) == 2
+        assert all(emu.chat(cid)["status"] == "running" for cid in waiting)
+        for ch in chats:
+            await wait_status(emu, ch["id"], "waiting", within=5)
+        assert emu.max_concurrent_turns() == 2
+        starts = emu.event_log(["turn_start"])
+        ends = emu.event_log(["turn_end"])
+        assert len(starts) == len(ends) == 4
+        assert all(e["time"] > 0 and "running" in e["details"] for e in starts + ends)
