@@ -11,7 +11,7 @@ and never touch anyone else's. Four labels (chatd-wire §6.2: ≤ 50 labels; key
 ``prefect-coder/tenant``          the state store's tenant: two stores sharing a
                                   Coder identity must use different tenants, or
                                   each would see the other's chats as orphans
-``prefect-coder/workflow-id``     the workflow that created the chat
+``prefect-coder/workflow``        the workflow that created the chat
 ``prefect-coder/flow-run-id``     the Prefect flow run whose turn created it
 ===============================  ==============================================
 
@@ -46,7 +46,9 @@ __all__ = [
 COLLECTION = "prefect-coder"
 LABEL_COLLECTION = "prefect-coder/collection"
 LABEL_TENANT = "prefect-coder/tenant"
-LABEL_WORKFLOW = "prefect-coder/workflow-id"
+#: Same key as ``flows.recovery.WORKFLOW_LABEL``: the turn's own first-turn orphan
+#: check filters by it too.
+LABEL_WORKFLOW = "prefect-coder/workflow"
 LABEL_FLOW_RUN = "prefect-coder/flow-run-id"
 
 MAX_LABELS = 50

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -830,6 +831,65 @@ async def sweep_stuck_turns(
     return report
 
 
+_MARKER = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.:@-]{0,127})/([A-Za-z0-9][A-Za-z0-9_.-]{0,63})\]")
+
+
+async def _marker_of(req: ReconcileRequest) -> str | None:
+    """The step marker of the paused attempt: the chat's journal names it; else the
+    newest marked user message in history."""
+    entry = await req.store.journal.get(req.chat_id)
+    if entry is not None and entry.marker:
+        return str(entry.marker)
+    page = await req.client.get_messages(req.chat_id, limit=50, timeout=req.bound_s)
+    for message in sorted(page.messages, key=lambda m: m.id, reverse=True):
+        if message.role != "user":
+            continue
+        text = "".join(p.text or "" for p in message.content if p.type == "text")
+        found = _MARKER.search(text)
+        if found and (req.workflow_id is None or found.group(1) == req.workflow_id):
+            return found.group(0)
+    return None
+
+
+async def reconcile_with_ledger(req: ReconcileRequest) -> str:
+    """Answer a ``requires_action`` pause from the tool ledger with the crash-recovery
+    code (``coder_chat.recovery.TurnRecovery.reconcile``): recorded ``done`` outputs
+    are submitted, ``committing`` entries re-driven with the same idempotency key,
+    and only a call nothing was committed for falls back to an interrupt. The
+    verdict is journaled under the step's marker, so the workflow's own recovery
+    of that attempt later classifies it correctly."""
+    from blocks import JournalEntry
+    from coder_chat.recovery import RecoveryTimings, TurnRecovery
+    from flows import registry
+    from flows.recovery import bind_crash_safe
+    from flows.toolset import Toolset
+
+    marker = await _marker_of(req)
+    if marker is None:
+        return "unavailable"
+    registry.load_tool_modules(list(req.tool_modules))
+    tools = Toolset(tools=sorted(registry.tool_names())).resolve().tools
+    recovery = TurnRecovery(
+        req.client,
+        req.store,
+        req.chat_id,
+        marker,
+        tools=bind_crash_safe(tools, req.store, None),
+        journal_entry=JournalEntry,
+        timings=RecoveryTimings(probe_bound=req.bound_s, poll_interval=min(1.0, req.bound_s)),
+        logger=_logger(),
+    )
+    attempts = await recovery.attempts(timeout=req.bound_s)
+    unstarted = await recovery.reconcile(attempts, timeout=req.bound_s)
+    return "cut-short" if unstarted else "resumed"
+
+
 def default_reconciler() -> Reconciler:
-    """The crash-recovery pause reconciliation, once it exists; else the safe fallback."""
-    return reconcile_unavailable
+    """The crash-recovery pause reconciliation when its modules are installed, else
+    the safe fallback that leaves the pause alone."""
+    try:
+        import coder_chat.recovery  # noqa: F401
+        import flows.recovery  # noqa: F401
+    except ImportError:
+        return reconcile_unavailable
+    return reconcile_with_ledger
