@@ -447,13 +447,18 @@ class CoderAgent:
         user_message_id: int | None = None
         chat_id: str | None = None
         created_here = self._chat_id is None
+        closed: set[tuple[Any, Any]] = set()
         for step_no in range(1, self._max_steps + 1):
             try:
                 if step_no == 1:
-                    seg = await self._segment(prompt=prompt, created_turn=created_here)
+                    seg = await self._segment(
+                        prompt=prompt, created_turn=created_here, closed_episodes=closed
+                    )
                     user_message_id = seg.user_message_id
                 else:
-                    seg = await self._segment(results=outcomes, created_turn=created_here)
+                    seg = await self._segment(
+                        results=outcomes, created_turn=created_here, closed_episodes=closed
+                    )
             except BaseException:
                 self._close_reader_nowait()
                 raise
@@ -570,6 +575,7 @@ class CoderAgent:
         prompt: str | None = None,
         results: Sequence[ToolOutcome] | None = None,
         created_turn: bool,
+        closed_episodes: set[tuple[Any, Any]],
     ) -> _Segment:
         self._segment_no += 1
         seg_no = self._segment_no
@@ -659,6 +665,7 @@ class CoderAgent:
                         cursor=after_id,
                         submitted_tool_call_ids=self._submitted,
                         queued=gate,
+                        closed_episodes=closed_episodes,
                     )
                     # ---------------- stream phase
                     reader = self._acquire_reader(turn_chat_id, after_id, resume=prompt is None)

@@ -239,6 +239,8 @@ class TurnTranslator:
             (a live set; replayed pauses for them are ignored).
         queued: the queue entry when the submission was queued behind another run.
         safety_valve: events tolerated after ``requires_action`` without a client call.
+        closed_episodes: episodes whose step already committed (a live set shared
+            by the segments of one turn); late replays of their deltas are ignored.
     """
 
     def __init__(
@@ -249,6 +251,7 @@ class TurnTranslator:
         submitted_tool_call_ids: AbstractSet[str] = frozenset(),
         queued: QueuedGate | None = None,
         safety_valve: int = REQUIRES_ACTION_SAFETY_VALVE,
+        closed_episodes: set[tuple[Any, Any]] | None = None,
     ) -> None:
         self.client_tool_names = frozenset(client_tool_names)
         self.cursor = max(0, cursor)
@@ -273,7 +276,10 @@ class TurnTranslator:
         self._text = _KindState()
         self._reasoning = _KindState()
         self._ledger: dict[int, _Ledger] = {}
-        self._closed_episodes: set[tuple[Any, Any]] = set()
+        # Shared by the segments of one turn (a resume segment reads the same stream).
+        self._closed_episodes: set[tuple[Any, Any]] = (
+            closed_episodes if closed_episodes is not None else set()
+        )
         self._deferred: dict[int, tuple[str, str]] = {}
         self._usage: dict[int, dict[str, Any]] = {}
         self.message_ids: list[int] = []

@@ -568,3 +568,13 @@ def test_late_replay_of_a_committed_episode_is_ignored() -> None:
     assert tr.feed_many([delta("ef", 3), delta("more", 4)]) == []
     tr.feed_many([delta("next", 1, hv=2), msg(3, "assistant", text("next"))])
     assert tr.text == "abcdefnext"
+
+
+def test_closed_episodes_are_shared_across_segments() -> None:
+    closed: set[tuple[Any, Any]] = set()
+    seg1 = TurnTranslator(cursor=1, closed_episodes=closed)
+    seg1.feed_many([delta("ab", 1), msg(2, "assistant", text("abcd"))])
+    seg2 = TurnTranslator(cursor=2, closed_episodes=closed)
+    assert seg2.feed(delta("cd", 2)) == []  # a late tail of segment 1's step
+    seg2.feed_many([delta("new", 1, hv=5), msg(3, "assistant", text("new"))])
+    assert seg2.text == "new"
