@@ -470,9 +470,11 @@ class CoderAgent:
                 try:
                     outcomes = await self._run_tools(tr.client_calls, chat_id)
                 except BaseException:
-                    # Cancelled while tools ran: the chat waits in requires_action.
+                    # Cancelled while tools ran. Deliberately NO interrupt: an interrupt
+                    # of a requires_action chat writes synthetic error results and revives
+                    # the run, destroying the pause — the only pending record of a tool
+                    # effect that may have committed (crash recovery reconciles it).
                     self._close_reader_nowait()
-                    self._fire_interrupt(chat_id)
                     raise
                 for call, outcome in zip(tr.client_calls, outcomes, strict=True):
                     step_calls.append(

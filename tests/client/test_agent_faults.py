@@ -431,3 +431,30 @@ async def test_exhausted_redials_on_fresh_chat_with_workspace_not_retryable(emu:
     assert emu.chat(err.chat_id or "")["workspace_id"] == "0b0e5a9c-6c59-4b59-9f55-3d1f3f0c2a11"
     emu.faults.clear()
     await agent.aclose()
+
+
+async def test_cancel_while_a_tool_runs_keeps_the_pause(emu: Emulator) -> None:
+    entered = asyncio.Event()
+
+    @client_tool(description="hangs")
+    async def hang(args: Add, ctx: ToolContext) -> int:
+        entered.set()
+        await asyncio.sleep(30)
+        return 0
+
+    agent = make(emu, tools=[hang])
+    task = asyncio.create_task(
+        agent.generate(directive(Script.client_tool("hang", {"a": 1, "b": 1})))
+    )
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    chat_id = agent.chat_id
+    assert chat_id is not None
+    await agent.wait_background()
+    # the pause is the only record of a possibly committed effect: not interrupted away
+    assert not requests(emu, chat_id, "/interrupt")
+    assert emu.chat(chat_id)["status"] == "requires_action"
+    await agent.interrupt()  # the caller decides
+    await agent.aclose()
