@@ -210,7 +210,7 @@ class Core:
     def _open_tool_calls(self, chat: ChatRec) -> list[tuple[str, str]]:
         calls: dict[str, str] = {}
         done: set[str] = set()
-        for m in chat.messages:
+        for m in chat.live_messages():
             for p in m.wire.get("content") or []:
                 if p.get("type") == "tool-call" and not p.get("provider_executed"):
                     calls[p["tool_call_id"]] = p["tool_name"]
@@ -484,6 +484,42 @@ class Core:
         self.log("archived", chat.id, archived=archived)
         self._watch(chat, "deleted" if archived else "created")
 
+    def edit_message(
+        self, chat: ChatRec, msg_id: int, content: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """PATCH /messages/{id}: replace a user message, soft-delete everything after it,
+        clear the queue and start a new turn from there."""
+        target = next((m for m in chat.visible_messages() if m.id == msg_id), None)
+        if target is None:
+            raise Refused(404, "Chat message not found.")
+        if target.wire["role"] != "user":
+            raise Refused(400, "Only user messages can be edited.")
+        outcome = sm.edit_message(self.view(chat))
+        worker = chat.worker
+        if worker is not None:
+            # The running generation is abandoned (its output is discarded).
+            chat.worker = None
+            worker.cancel()
+        chat.interrupt_flag = False
+        chat.turn = None
+        chat.pending_calls = []
+        chat.retry = None
+        if chat.queue:
+            chat.queue = []
+            chat.queue_version += 1
+        chat.history_version += 1
+        chat.generation_attempt = 0
+        for m in chat.messages:
+            if m.id > msg_id and not m.deleted:
+                m.deleted = True
+        target.wire = {**target.wire, "content": content}
+        target.revision = chat.history_version
+        chat.reset_versions.append(chat.history_version)
+        chat.updated_at = self.now()
+        self.log("message_edited", chat.id, id=msg_id)
+        self.apply(chat, outcome)
+        return {"message": target.wire}
+
     def set_title(self, chat: ChatRec, title: str) -> None:
         """PATCH title."""
         if title != chat.title:
@@ -499,7 +535,9 @@ class Core:
     def _select_script(self, chat: ChatRec) -> Script:
         if chat.next_scripts:
             return chat.next_scripts.pop(0)
-        last_user = next((m for m in reversed(chat.messages) if m.wire["role"] == "user"), None)
+        last_user = next(
+            (m for m in reversed(chat.live_messages()) if m.wire["role"] == "user"), None
+        )
         text = _text_of(last_user.wire) if last_user else ""
         script, err = parse_directive(text)
         if script is not None:
@@ -515,6 +553,7 @@ class Core:
 
     async def _worker(self, chat: ChatRec) -> None:
         acquired = False
+        turn_open = False
         try:
             if self._capacity is not None and chat.parent_chat_id is None:
                 # Waiting for a slot; an interrupt meanwhile winds down without one.
@@ -530,7 +569,6 @@ class Core:
                 if chat.queued_for_capacity:
                     chat.queued_for_capacity = False
                     self.notify(chat)
-            turn_open = False
             while chat.status in (sm.RUNNING, sm.INTERRUPTING):
                 if chat.interrupt_flag or chat.status == sm.INTERRUPTING:
                     await self._wind_down(chat)
@@ -563,8 +601,13 @@ class Core:
                     chat.turn = None
                     return
                 # "committed" or "interrupted": loop decides
+        except asyncio.CancelledError:
+            if turn_open:
+                self._turn_end(chat, "abandoned")
+            raise
         finally:
-            chat.worker = None
+            if chat.worker is asyncio.current_task():
+                chat.worker = None
             if acquired and self._capacity is not None:
                 self._capacity.release()
 
@@ -613,7 +656,7 @@ class Core:
     def _results_summary(self, chat: ChatRec) -> str:
         # The tool rows after the last assistant message.
         results: list[str] = []
-        for m in reversed(chat.messages):
+        for m in reversed(chat.live_messages()):
             if m.wire["role"] == "assistant":
                 break
             if m.wire["role"] == "tool":
@@ -825,7 +868,7 @@ class Core:
             u.setdefault("total_tokens", u["input_tokens"] + u["output_tokens"])
             u.setdefault("context_limit", CONTEXT_LIMIT)
             return u
-        hist = sum(len(json.dumps(m.wire.get("content"))) for m in chat.messages)
+        hist = sum(len(json.dumps(m.wire.get("content"))) for m in chat.live_messages())
         inp = max(1, hist // 4)
         out = max(1, (len(partial.text) + len(partial.reasoning)) // 4 + 2 * len(partial.calls))
         return {
@@ -962,7 +1005,7 @@ class Core:
     def messages_info(self, chat: ChatRec, include_system: bool = True) -> list[dict[str, Any]]:
         """All stored rows, oldest first, with visibility and revision."""
         return [
-            {**m.wire, "visibility": m.visibility, "revision": m.revision}
+            {**m.wire, "visibility": m.visibility, "revision": m.revision, "deleted": m.deleted}
             for m in chat.messages
             if include_system or m.visibility == "both"
         ]

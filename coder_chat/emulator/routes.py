@@ -173,6 +173,17 @@ class Api:
                 return self._get_messages(req, chat)
             if m == "POST":
                 return self._post_message(req, user, chat)
+        if what == "messages" and len(rest) == 2 and m == "PATCH":
+            self._require_owner(user, chat, "edit messages")
+            try:
+                msg_id = int(rest[1])
+            except ValueError:
+                raise Refused(400, "Invalid chat message ID.") from None
+            body = self._body(req)
+            if not isinstance(body, dict):
+                raise Refused(400, "Request body must be valid JSON.")
+            content = parse_content(body.get("content"), self._file_lookup(user))
+            return json_response(200, self.core.edit_message(chat, msg_id, content))
         if what == "tool-results" and len(rest) == 1 and m == "POST":
             return self._tool_results(req, user, chat)
         if what == "interrupt" and len(rest) == 1 and m == "POST":

@@ -390,6 +390,22 @@ def set_archived(view: ExecView, archived: bool) -> Outcome:
     return Outcome(view.status, (_e(EffectKind.SET_ARCHIVED, value=archived),), archived=archived)
 
 
+def edit_message(view: ExecView) -> Outcome:
+    """PATCH /messages/{id}: any non-archived state → R0 (queue cleared, later rows
+    soft-deleted, the current turn abandoned)."""
+    if view.archived:
+        raise Refused(400, "Cannot edit messages in an archived chat.")
+    _require_valid(view)
+    return Outcome(
+        RUNNING,
+        (
+            _e(EffectKind.DISARM_DEADLINE),
+            _e(EffectKind.CLEAR_ERROR),
+            _e(EffectKind.START_TURN),
+        ),
+    )
+
+
 def raw_json(text: str) -> Any:
     """Wrap raw (unparsed) JSON text so :func:`validate_tool_results` can check it."""
     return _RawJSON(text)

@@ -37,6 +37,7 @@ class MsgRec:
     wire: dict[str, Any]
     visibility: str  # "both" | "model" (system rows, tool-batch-usage)
     revision: int
+    deleted: bool = False  # soft-deleted by a message edit
 
     @property
     def id(self) -> int:
@@ -101,6 +102,8 @@ class ChatRec:
     # episodes are kept so a reader that lags still gets an episode's tail before its commit
     buffers: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
     retired: set[tuple[int, int]] = field(default_factory=set)
+    # history versions at which rows were soft-deleted (→ history_reset on streams)
+    reset_versions: list[int] = field(default_factory=list)
     # scripting
     next_scripts: list[Script] = field(default_factory=list)
     chat_script: Script | None = None
@@ -114,7 +117,11 @@ class ChatRec:
 
     def visible_messages(self) -> list[MsgRec]:
         """Client-visible rows (system and model-only rows excluded)."""
-        return [m for m in self.messages if m.visibility == "both"]
+        return [m for m in self.messages if m.visibility == "both" and not m.deleted]
+
+    def live_messages(self) -> list[MsgRec]:
+        """Every non-deleted row (including model-only ones)."""
+        return [m for m in self.messages if not m.deleted]
 
     @property
     def parts(self) -> list[dict[str, Any]]:

@@ -47,11 +47,18 @@ class StreamCursor:
             buf = chat.buffers.get(prev)
             if buf and len(buf) > self.parts_sent:
                 out.extend(buf[self.parts_sent :])
-        if hv > self.last_history_version:
+        if any(v > self.last_history_version for v in chat.reset_versions):
+            # A soft-delete in the delta: history_reset, then every visible message
+            # (after_id is ignored for this snapshot).
+            out.append({"type": "history_reset", "chat_id": cid})
+            for m in chat.visible_messages():
+                out.append({"type": "message", "chat_id": cid, "message": m.wire})
+            self.last_history_version = hv
+        elif hv > self.last_history_version:
             for m in chat.messages:
                 if m.revision <= self.last_history_version or m.visibility != "both":
                     continue
-                if self.initial and m.id <= self.after_id:
+                if m.deleted or (self.initial and m.id <= self.after_id):
                     continue
                 out.append({"type": "message", "chat_id": cid, "message": m.wire})
             self.last_history_version = hv

@@ -242,3 +242,56 @@ async def test_queue_promotion_stream(emu: Emulator) -> None:
         assert tap.events[i - 1]["message"]["role"] == "user"
         assert tap.statuses() == ["running", "waiting"]
         assert types.count("queue_update") == 2
+
+
+async def test_edit_message_history_reset(emu: Emulator) -> None:
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "first")
+        cid = chat["id"]
+        await wait_status(emu, cid, "waiting")
+        await send(c, cid, "second")
+        await wait_status(emu, cid, "waiting")
+        msgs = (await c.get(f"{P}/{cid}/messages")).json()["messages"]
+        first_id = msgs[-1]["id"]
+        async with Tap(emu, cid) as tap:
+            await tap.wait_for(lambda ev: "preview_reset" in [e["type"] for e in ev])
+            emu.set_default_script(Script.long_running(0.3, "slow", chunks=3))
+            await send(c, cid, "third")  # running when edited: the turn is abandoned
+            emu.set_default_script(None)
+            r = await c.patch(
+                f"{P}/{cid}/messages/{first_id}",
+                json={"content": [{"type": "text", "text": "edited"}]},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["message"]["id"] == first_id
+            assert r.json()["message"]["content"] == [{"type": "text", "text": "edited"}]
+            await tap.wait_for(lambda ev: "history_reset" in [e["type"] for e in ev])
+            await wait_status(emu, cid, "waiting")
+            await tap.wait_for(
+                lambda ev: (
+                    ev[-1]["type"] == "status"
+                    and any(
+                        e["type"] == "message"
+                        and e["message"]["content"][0].get("text") == "Echo: edited"
+                        for e in ev
+                    )
+                )
+            )
+        i = tap.types().index("history_reset")
+        assert tap.events[i + 1]["message"]["id"] == first_id
+        visible = (await c.get(f"{P}/{cid}/messages")).json()["messages"]
+        texts = [m["content"][0]["text"] for m in reversed(visible)]
+        assert texts == ["edited", "Echo: edited"]
+        # a fresh connect after an edit: history_reset + all, after_id ignored
+        async with Tap(emu, cid, after_id=10_000) as tap2:
+            await tap2.wait_for(lambda ev: "preview_reset" in [e["type"] for e in ev])
+        assert tap2.types()[:3] == ["history_reset", "message", "message"]
+        r = await c.patch(
+            f"{P}/{cid}/messages/{visible[0]['id']}",
+            json={"content": [{"type": "text", "text": "x"}]},
+        )
+        assert r.status_code == 400 and r.json()["message"] == "Only user messages can be edited."
+        r = await c.patch(
+            f"{P}/{cid}/messages/999999", json={"content": [{"type": "text", "text": "x"}]}
+        )
+        assert r.status_code == 404 and r.json()["message"] == "Chat message not found."
