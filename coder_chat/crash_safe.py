@@ -1,0 +1,284 @@
+"""Crash-safe client tools: a write-ahead ledger around effectful tools.
+
+If the process dies *between* a non-idempotent client tool committing its
+effect (a payment, a deploy, an email) and the result reaching the server, the
+chat's ``requires_action`` pause is the only pending record of the execution.
+Interrupt it away and the resubmitted prompt may call the tool again,
+duplicating the effect. So an effectful tool goes through a ledger keyed by
+tenant + chat id + tool call id (the server assigns the call id and commits it
+to history, so both sides survive the crash):
+
+1. ``committing`` is written BEFORE the effect — no entry proves the effect
+   never started;
+2. the ledger's key is handed to the external system as its idempotency key —
+   re-driving can never double-apply;
+3. ``done`` + output is written after — an effect with a stranded result is
+   answered from the ledger, nothing re-executes.
+
+Recovery (:mod:`coder_chat.recovery`) reconciles a ``requires_action`` pause
+with the same ledger and calls :meth:`CrashSafeTool.redrive` for a
+``committing`` entry.
+
+Usage::
+
+    class Charge(BaseModel):
+        amount_cents: int
+
+    @crash_safe_tool(description="Charge the customer's card.")
+    async def charge_card(args: Charge, ctx: EffectContext) -> dict:
+        receipt = await payments.charge(args.amount_cents, idempotency_key=ctx.idempotency_key)
+        return {"receipt": receipt}
+
+    agent = CoderAgent(..., tools=[charge_card.bind(store.ledger)])
+
+``coder_chat`` imports no store: anything with the :class:`ToolLedgerStore`
+shape works (``blocks.StateStore().ledger`` does).
+
+Test seam: :func:`crash_point` marks named points (``tool.after_effect``,
+``tool.after_done`` …) where a test installs a hook with
+:func:`add_crash_hook` that SIGKILLs the process. Production installs no hook,
+and a crash point is then a no-op.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, get_type_hints
+
+from pydantic import BaseModel
+
+from coder_chat.tools import ClientTool, ToolContext
+
+__all__ = [
+    "CrashSafeTool",
+    "EffectContext",
+    "LedgerEntryView",
+    "ToolLedgerStore",
+    "add_crash_hook",
+    "crash_point",
+    "crash_safe_tool",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+# --------------------------------------------------------------------------- crash points
+
+CrashHook = Callable[[str], object]
+_crash_hooks: list[CrashHook] = []
+
+
+def add_crash_hook(hook: CrashHook) -> Callable[[], None]:
+    """Install a test hook called with the name of every crash point reached.
+
+    Returns a function that removes it. Test seam only: the crash-matrix tests
+    install a hook that SIGKILLs the process at one named point.
+    """
+    _crash_hooks.append(hook)
+
+    def remove() -> None:
+        if hook in _crash_hooks:
+            _crash_hooks.remove(hook)
+
+    return remove
+
+
+def crash_point(name: str) -> None:
+    """A named point where a crash is interesting (no-op without a test hook)."""
+    for hook in list(_crash_hooks):
+        hook(name)
+
+
+# --------------------------------------------------------------------------- ledger protocol
+
+
+class LedgerEntryView(Protocol):
+    """What the wrapper reads from a ledger entry (``blocks.LedgerEntry`` fits)."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def output(self) -> Any: ...
+
+
+class ToolLedgerStore(Protocol):
+    """The tool ledger the wrapper writes (``blocks.StateStore().ledger`` fits)."""
+
+    def idempotency_key(self, chat_id: str, tool_call_id: str) -> str: ...
+
+    async def begin(
+        self, chat_id: str, tool_call_id: str, *, tool_name: str | None = ..., args: Any = ...
+    ) -> tuple[Any, bool]: ...
+
+    async def complete(
+        self,
+        chat_id: str,
+        tool_call_id: str,
+        output: Any,
+        *,
+        tool_name: str | None = ...,
+        args: Any = ...,
+    ) -> Any: ...
+
+    async def get(self, chat_id: str, tool_call_id: str) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EffectContext:
+    """What an effect knows: the call, and the key to hand the external system."""
+
+    tool_call_id: str
+    chat_id: str
+    tool_name: str
+    #: The ledger key (tenant/chat/call): pass it as the external idempotency key.
+    idempotency_key: str
+
+
+EffectFn = Callable[[Any, EffectContext], Awaitable[Any]]
+BeforeEffect = Callable[[ToolContext], Awaitable[object]]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    json.dumps(value)  # the ledger stores JSON: fail before the "done" write, loudly
+    return value
+
+
+class LedgerNotBoundError(RuntimeError):
+    """A crash-safe tool ran without a ledger (call :meth:`CrashSafeTool.bind`)."""
+
+
+class CrashSafeTool(ClientTool[M]):
+    """A client tool whose effect runs behind the write-ahead ledger.
+
+    Args:
+        name, description, input_model: as :class:`~coder_chat.tools.ClientTool`.
+        effect: ``async effect(input, EffectContext) -> JSON-able``; must pass
+            ``ctx.idempotency_key`` to the external system.
+        ledger: the ledger (or bind one later with :meth:`bind`).
+        before_effect: awaited before the write-ahead (e.g. make the chat id
+            durable first, so a crash inside the effect leaves a findable chat).
+        redrive: the re-drive path for an ambiguous ``committing`` entry
+            (default: ``effect`` again, with the same key).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        input_model: type[M],
+        effect: Callable[[M, EffectContext], Awaitable[Any]],
+        *,
+        ledger: ToolLedgerStore | None = None,
+        before_effect: BeforeEffect | None = None,
+        redrive: Callable[[M, EffectContext], Awaitable[Any]] | None = None,
+    ) -> None:
+        self.effect = effect
+        self.ledger = ledger
+        self.before_effect = before_effect
+        self._redrive = redrive or effect
+        super().__init__(name, description, input_model, self._live)
+
+    def __repr__(self) -> str:
+        return f"CrashSafeTool(name={self.name!r}, input_model={self.input_model.__name__})"
+
+    def bind(
+        self, ledger: ToolLedgerStore, *, before_effect: BeforeEffect | None = None
+    ) -> CrashSafeTool[M]:
+        """A copy of this tool writing to ``ledger`` (per turn / per store)."""
+        return CrashSafeTool(
+            self.name,
+            self.description,
+            self.input_model,
+            self.effect,
+            ledger=ledger,
+            before_effect=before_effect or self.before_effect,
+            redrive=self._redrive,
+        )
+
+    def _require_ledger(self) -> ToolLedgerStore:
+        if self.ledger is None:
+            raise LedgerNotBoundError(
+                f"crash-safe tool {self.name!r} has no ledger: use tool.bind(store.ledger)"
+            )
+        return self.ledger
+
+    def _effect_ctx(self, ledger: ToolLedgerStore, ctx: ToolContext) -> EffectContext:
+        return EffectContext(
+            tool_call_id=ctx.tool_call_id,
+            chat_id=ctx.chat_id,
+            tool_name=self.name,
+            idempotency_key=ledger.idempotency_key(ctx.chat_id, ctx.tool_call_id),
+        )
+
+    async def _live(self, value: M, ctx: ToolContext) -> Any:
+        ledger = self._require_ledger()
+        if self.before_effect is not None:
+            await self.before_effect(ctx)
+        args = value.model_dump(mode="json")
+        # Write-ahead, BEFORE the effect: no entry proves the effect never started.
+        entry, _created = await ledger.begin(
+            ctx.chat_id, ctx.tool_call_id, tool_name=self.name, args=args
+        )
+        if entry.state == "done":
+            # A replayed call (e.g. a re-read pause) whose effect already committed.
+            return entry.output
+        # "committing" from an earlier crash, or ours: either way run the effect with
+        # THE SAME key — a committed effect replays as a no-op at the external system.
+        crash_point("tool.before_effect")
+        output = _jsonable(await self.effect(value, self._effect_ctx(ledger, ctx)))
+        crash_point("tool.after_effect")
+        done = await ledger.complete(
+            ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+        )
+        crash_point("tool.after_done")
+        # The FIRST "done" wins: a racing re-drive's recorded outcome is the answer.
+        return done.output
+
+    async def redrive(self, raw_args: Any, ctx: ToolContext) -> Any:
+        """Re-drive an ambiguous ``committing`` call from recovery.
+
+        ``raw_args`` come from history and are validated exactly as the live loop
+        would (a ``ValidationError`` propagates: the live loop never reached the
+        write-ahead with invalid arguments, so this cannot be the same call). The
+        same idempotency key is used, and the outcome is recorded ``done``.
+        """
+        ledger = self._require_ledger()
+        value = self.parse_input(raw_args)
+        args = value.model_dump(mode="json")
+        crash_point("tool.redrive.before_effect")
+        output = _jsonable(await self._redrive(value, self._effect_ctx(ledger, ctx)))
+        done = await ledger.complete(
+            ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+        )
+        return done.output
+
+
+def crash_safe_tool(
+    name: str | None = None,
+    description: str | None = None,
+    *,
+    redrive: Callable[[Any, EffectContext], Awaitable[Any]] | None = None,
+) -> Callable[[Callable[[Any, EffectContext], Awaitable[Any]]], CrashSafeTool[Any]]:
+    """Decorator: ``async def f(args: Model, ctx: EffectContext)`` → :class:`CrashSafeTool`.
+
+    The input model is the annotation of the first parameter. Bind a ledger
+    before use: ``f.bind(store.ledger)``.
+    """
+
+    def decorate(fn: Callable[[Any, EffectContext], Awaitable[Any]]) -> CrashSafeTool[Any]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("crash-safe tools must be async functions")
+        params = list(inspect.signature(fn).parameters.values())
+        if len(params) < 2:
+            raise TypeError("a crash-safe tool takes (input: Model, ctx: EffectContext)")
+        model = get_type_hints(fn).get(params[0].name)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError("annotate the first parameter with a pydantic model")
+        desc = description if description is not None else inspect.getdoc(fn) or ""
+        return CrashSafeTool(name or fn.__name__, desc, model, fn, redrive=redrive)
+
+    return decorate

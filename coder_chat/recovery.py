@@ -1,0 +1,524 @@
+# The per-call `timeout=` parameter is part of the module contract (docs/architecture.md).
+# ruff: noqa: ASYNC109
+"""Crash recovery of one step's turn: settle-wait, ledger reconcile, result recovery.
+
+A hard crash (OOM kill, host loss, SIGKILL) runs no ``finally`` block. When the
+step runs again on its checkpointed chat it must not just resubmit:
+
+1. **Settle-wait** — stop what the crash left behind and wait until the chat
+   actually settles (:meth:`TurnRecovery.settle`). A client-tool pause is
+   reconciled, never interrupted away; anything else is interrupted and polled
+   to a terminal status.
+2. **Ledger reconcile** — a ``requires_action`` pause is answered from the
+   crash-safe tools' ledger (:meth:`TurnRecovery.reconcile`).
+3. **Result check** — the crashed attempt may already have finished the step's
+   work: recover its result from history instead of resubmitting
+   (:meth:`TurnRecovery.check_result`).
+
+The pure decisions live in :mod:`coder_chat.core.recovery`; this module only
+does the I/O and records every decision (:attr:`RecoveryOutcome.decisions`:
+what was seen, what was decided, why).
+
+``coder_chat`` imports no store: anything shaped like :class:`RecoveryStore`
+works — ``blocks.StateStore`` does, with ``journal_entry=blocks.JournalEntry``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from coder_chat.core.recovery import (
+    Decision,
+    JournalView,
+    LedgerAction,
+    SettleAction,
+    batch_verdict,
+    classify_attempt,
+    cut_short_after_interrupt,
+    horizon_remaining,
+    ledger_action,
+    pin_after_horizon,
+    poll_verdict,
+    scope_journal,
+    settle_action,
+)
+from coder_chat.core.translator import pending_client_calls
+from coder_chat.crash_safe import CrashSafeTool, ToolLedgerStore, crash_point
+from coder_chat.errors import CoderApiError
+from coder_chat.history import (
+    PAGE_SIZE,
+    RecoveredTurn,
+    count_marker_attempts,
+    fetch_turn,
+    fetch_until,
+    recover_turn,
+)
+from coder_chat.models import ToolResult
+from coder_chat.rest import ChatClient
+from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
+
+__all__ = [
+    "JournalRecord",
+    "JournalStore",
+    "RecoveryOutcome",
+    "RecoveryStore",
+    "RecoveryTimings",
+    "SettleResult",
+    "TurnRecovery",
+]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryTimings:
+    """Time constants of recovery (seconds); tests shorten them.
+
+    ``probe_bound``: the status probe + interrupt bound (15 s) — a stalled
+    deployment must fail the step, not hang it. ``settle_budget``: the settle
+    poll and the history reads after it (600 s): turn-scale, because a
+    reconciled pause revives a full model/tool continuation.
+    ``poll_interval``: 1 s — acknowledged is not settled. ``commit_horizon``:
+    how long a journaled send may still land (300 s = ``request_timeout``).
+    ``max_rounds``: reconcile → settle rounds before giving up (each round is
+    one NEW client-tool pause of the revived run).
+    """
+
+    probe_bound: float = 15.0
+    settle_budget: float = 600.0
+    poll_interval: float = 1.0
+    commit_horizon: float = 300.0
+    max_rounds: int = 64
+
+
+class JournalStore(Protocol):
+    """The per-chat send journal (``blocks.StateStore().journal`` fits)."""
+
+    async def get(self, chat_id: str) -> Any: ...
+    async def set(self, chat_id: str, entry: Any) -> Any: ...
+
+
+class RecoveryStore(Protocol):
+    """Journal + tool ledger (``blocks.StateStore`` fits)."""
+
+    @property
+    def journal(self) -> JournalStore: ...
+    @property
+    def ledger(self) -> ToolLedgerStore: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """Default journal entry type (pass ``journal_entry=blocks.JournalEntry`` for blocks)."""
+
+    state: Literal["submitting", "resumed", "cut-short"]
+    marker: str
+    attempt: int
+    at: float
+
+
+JournalEntryFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """Where the settle-wait left the chat."""
+
+    status: str
+    cut_short: bool
+    attempts: int
+    horizon_slept_s: float
+
+
+@dataclass(slots=True)
+class RecoveryOutcome:
+    """What recovery concluded for one step's attempt."""
+
+    classification: Literal["recovered", "resubmit"]
+    chat_id: str
+    marker: str
+    status: str
+    cut_short: bool
+    #: Committed attempts of the step (user messages carrying the marker).
+    attempts: int
+    recovered: RecoveredTurn | None
+    reason: str
+    decisions: list[Decision] = field(default_factory=list)
+    #: Time spent sleeping out a journaled send's commit window (deliberate).
+    horizon_slept_s: float = 0.0
+
+
+class TurnRecovery:
+    """Recovery of one step's attempt on ``chat_id`` (identified by ``marker``).
+
+    Args:
+        client: a REST client for the chat's deployment.
+        store: journal + ledger (:class:`RecoveryStore`).
+        tools: the step's client tools, as the live loop registers them. Their
+            names restrict which history calls count as client calls (history
+            does not record which calls were client tools), cut the recovered
+            text, and name the re-drive path of each ledgered tool.
+        journal_entry: builds a journal entry from ``state, marker, attempt, at``.
+        known_failure: recovery follows a known timeout/abort of the attempt
+            (not a hard crash): pins ``cut_short`` in the result check.
+        output_model: for structured-output steps, recover the last validating
+            ``structured_tool_name`` input instead of the text.
+    """
+
+    def __init__(
+        self,
+        client: ChatClient,
+        store: RecoveryStore,
+        chat_id: str,
+        marker: str,
+        *,
+        tools: Sequence[ClientTool[Any]] = (),
+        journal_entry: JournalEntryFactory = JournalRecord,
+        timings: RecoveryTimings | None = None,
+        known_failure: bool = False,
+        output_model: type[BaseModel] | None = None,
+        structured_tool_name: str = "structured_output",
+        clock: Callable[[], float] = time.time,
+        logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.store = store
+        self.chat_id = chat_id
+        self.marker = marker
+        self.tools: Mapping[str, ClientTool[Any]] = {t.name: t for t in tools}
+        self.journal_entry = journal_entry
+        self.timings = timings or RecoveryTimings()
+        self.known_failure = known_failure
+        self.output_model = output_model
+        self.structured_tool_name = structured_tool_name
+        self.clock = clock
+        self.log = logger or _log
+        self.decisions: list[Decision] = []
+
+    # ------------------------------------------------------------------ helpers
+
+    def _decide(self, stage: str, seen: str, decided: str, why: str) -> None:
+        d = Decision(stage, seen, decided, why)
+        self.decisions.append(d)
+        self.log.info("recovery [%s] %s: saw %s → %s (%s)", self.chat_id, stage, seen, decided, why)
+
+    async def attempts(self, *, timeout: float | None = None) -> int:
+        """Committed attempts of the step: user messages carrying the marker.
+
+        Steps run sequentially, so they sit contiguous at the tail of history:
+        page newest-first and stop at the first user message without the marker.
+        """
+        messages, _ = await fetch_until(
+            self.client,
+            self.chat_id,
+            lambda ms: count_marker_attempts(ms, self.marker)[1],
+            page_size=PAGE_SIZE,
+            timeout=timeout,
+        )
+        return count_marker_attempts(messages, self.marker)[0]
+
+    async def _journal(self, state: Literal["resumed", "cut-short", "submitting"], n: int) -> None:
+        await self.store.journal.set(
+            self.chat_id,
+            self.journal_entry(state=state, marker=self.marker, attempt=n, at=self.clock()),
+        )
+
+    async def _interrupt(self, timeout: float) -> bool:
+        """True when an interrupt was accepted; False on 409 (nothing running)."""
+        try:
+            await self.client.interrupt_chat(self.chat_id, timeout=max(0.001, timeout))
+            return True
+        except CoderApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, attempts: int, *, timeout: float) -> bool:
+        """Answer a ``requires_action`` pause from the ledger; returns ``unstarted``.
+
+        ``unstarted`` (→ ``cut_short``) is True only when this fell back to
+        interrupting: after a submission with no unstarted call nothing was cut
+        short, and the result check must classify the resumed run's finish as a
+        completed attempt, not resubmit it.
+        """
+        messages = await fetch_turn(self.client, self.chat_id, timeout=timeout)
+        # Pending = the last assistant message's client (non-provider-executed,
+        # step-registered) calls, minus ids answered by a later tool result. A
+        # server/MCP call must never reach the ledger as "unstarted", hence the
+        # restriction to the names this step registers.
+        _, pending = pending_client_calls(
+            messages, after_id=0, client_tool_names=frozenset(self.tools)
+        )
+        plan: list[tuple[dict[str, Any], LedgerAction, Any]] = []
+        for call in pending:
+            entry = await self.store.ledger.get(self.chat_id, call["tool_call_id"])
+            tool = self.tools[call["tool_name"]]
+            action = ledger_action(
+                None if entry is None else entry.state,
+                replayable=isinstance(tool, StructuredOutput),
+            )
+            plan.append((call, action, entry))
+            self._decide(
+                "reconcile",
+                f"pending {call['tool_name']} {call['tool_call_id']}: ledger "
+                f"{'none' if entry is None else entry.state}",
+                action.value,
+                {
+                    LedgerAction.SUBMIT_RECORDED: "effect committed, result stranded",
+                    LedgerAction.REDRIVE: "ambiguous write-ahead: re-drive with the same key",
+                    LedgerAction.REPLAY: "pure tool: answering it has no effect",
+                    LedgerAction.UNSTARTED: "the tool never ran: interrupting loses nothing",
+                }[action],
+            )
+        verdict = batch_verdict(a for _, a, _ in plan)
+        if verdict is None:
+            # Every call of the pause is already answered in history: a submission
+            # (ours or an earlier pass's) is committing and the pause is clearing.
+            # Re-probe once before concluding it is a pause nothing of ours answers.
+            await asyncio.sleep(min(self.timings.poll_interval, timeout))
+            status = (await self.client.get_chat(self.chat_id, timeout=timeout)).status
+            if status != "requires_action":
+                self._decide(
+                    "reconcile",
+                    "requires_action, every pending call already answered",
+                    "let it finish",
+                    f"the pause cleared ({status}): a submission had landed",
+                )
+                return False
+            self._decide(
+                "reconcile",
+                "requires_action with no pending client call of this step",
+                "interrupt",
+                "nothing of ours to answer; the pause would hold the chat forever",
+            )
+            await self._journal("cut-short", attempts)
+            await self._interrupt(timeout)
+            return True
+        # ONE write-ahead with the batch's FINAL verdict, before any network call:
+        # every crash then either re-reconciles the stable pause or re-drives the
+        # journaled intent.
+        await self._journal(verdict, attempts)
+        self._decide(
+            "reconcile", f"{len(plan)} pending call(s)", f"journal {verdict}", "write-ahead"
+        )
+        crash_point("recovery.after_verdict")
+        results: list[ToolResult] = []
+        unstarted = False
+        for call, action, entry in plan:
+            ctx = ToolContext(
+                tool_call_id=call["tool_call_id"], chat_id=self.chat_id, tool_name=call["tool_name"]
+            )
+            tool = self.tools[call["tool_name"]]
+            if action is LedgerAction.SUBMIT_RECORDED:
+                results.append(ToolResult(tool_call_id=ctx.tool_call_id, output=entry.output))
+            elif action is LedgerAction.REDRIVE:
+                if not isinstance(tool, CrashSafeTool):
+                    raise RuntimeError(f"no re-drive path for tool {tool.name!r}")
+                output = await tool.redrive(call["args"], ctx)
+                results.append(ToolResult(tool_call_id=ctx.tool_call_id, output=output))
+            elif action is LedgerAction.REPLAY:
+                outcome = await tool.run(call["args"], ctx)
+                results.append(
+                    ToolResult(
+                        tool_call_id=ctx.tool_call_id,
+                        output=outcome.output,
+                        is_error=outcome.is_error,
+                    )
+                )
+            else:
+                unstarted = True
+        if results:
+            # Submitting answers the pause; it does not revive a tool loop here:
+            # the turn resumes server-side and its output lands only in history.
+            await self.client.submit_tool_results(self.chat_id, results, timeout=timeout)
+            crash_point("recovery.after_submit")
+        if unstarted:
+            # Only interrupt when the ledger shows no committed effect for the call;
+            # submitted siblings' outcomes stay recorded in history.
+            await self._interrupt(timeout)
+        return unstarted
+
+    # ------------------------------------------------------------------ settle-wait
+
+    async def settle(self) -> SettleResult:
+        """Stop what the crash left behind, then wait until the chat settles."""
+        t = self.timings
+        probe_deadline = time.monotonic() + t.probe_bound
+
+        def probe_left() -> float:
+            return max(0.001, probe_deadline - time.monotonic())
+
+        # Did an interrupt stop a live run? A 409 means there was nothing to stop.
+        cut_short = True
+        probed = (await self.client.get_chat(self.chat_id, timeout=probe_left())).status
+        entry: JournalView | None = await self.store.journal.get(self.chat_id)
+        attempts = await self.attempts(timeout=probe_left())
+        journaled = scope_journal(entry, self.marker, attempts)
+        action = settle_action(probed, journaled)
+        seen = (
+            f"status {probed}, {attempts} attempt(s), journal "
+            + (f"{entry.state}/{entry.attempt}" if entry is not None else "none")
+            + ("" if entry is None else (" (this attempt)" if journaled else " (not this attempt)"))
+        )
+        if action is SettleAction.RECONCILE:
+            self._decide(
+                "settle", seen, "reconcile", "client-tool pause: reconcile, never interrupt"
+            )
+            cut_short = await self.reconcile(attempts, timeout=probe_left())
+        elif action is SettleAction.LET_FINISH:
+            cut_short = False
+            self._decide("settle", seen, "let it finish", "an earlier pass revived the run")
+        elif action is SettleAction.REDRIVE_INTERRUPT:
+            accepted = await self._interrupt(probe_left())
+            self._decide(
+                "settle",
+                seen,
+                "re-drive interrupt" + (" (accepted)" if accepted else " (409)"),
+                "journaled cut-short records intent, not a landed interrupt; verdict stands",
+            )
+        else:
+            # Beyond the seed design: journal the interrupt's intent BEFORE it, and
+            # the "not cut short" conclusion of a 409 after it. Otherwise a pass
+            # dying between an accepted interrupt and the resubmission write-ahead
+            # leaves nothing behind, and the next pass's own 409 would classify
+            # the truncated attempt as finished. A matching "submitting" entry is
+            # kept as is: its commit-horizon rule must survive a crash here.
+            journal_intent = journaled is None
+            if journal_intent:
+                await self._journal("cut-short", attempts)
+                crash_point("recovery.before_interrupt")
+            accepted = await self._interrupt(probe_left())
+            cut_short = cut_short_after_interrupt(accepted, probed)
+            if journal_intent and not cut_short:
+                # "resumed" = this attempt was not cut short: let it finish.
+                await self._journal("resumed", attempts)
+            self._decide(
+                "settle",
+                seen,
+                f"interrupt {'accepted' if accepted else '409'}; cut_short={cut_short}",
+                "a live run was stopped"
+                if accepted
+                else (
+                    "an earlier interrupt was already truncating the attempt"
+                    if cut_short
+                    else "nothing was running"
+                ),
+            )
+        # The crashed attempt's own send may still land: sleep out its commit
+        # window, then recount.
+        slept = horizon_remaining(journaled, self.clock(), t.commit_horizon)
+        if journaled is not None and journaled.state == "submitting":
+            if slept > 0:
+                self._decide(
+                    "settle",
+                    f"journaled send of attempt {journaled.attempt}",
+                    f"sleep {slept:.2f}s",
+                    "the send may still commit within its horizon",
+                )
+                await asyncio.sleep(slept)
+            attempts = await self.attempts(timeout=t.settle_budget)
+            if pin_after_horizon(journaled, attempts):
+                cut_short = True
+                self._decide(
+                    "settle",
+                    f"still {attempts} attempt(s) after the horizon",
+                    "cut_short pinned",
+                    "an unlanded resubmission over an existing, unfinished attempt",
+                )
+        # Turn-scale budget: a reconciled pause revives a full model/tool continuation.
+        settle_deadline = time.monotonic() + t.settle_budget
+        while True:
+            status = (
+                await self.client.get_chat(
+                    self.chat_id, timeout=max(0.001, settle_deadline - time.monotonic())
+                )
+            ).status
+            verdict = poll_verdict(status, cut_short)
+            if verdict != "wait":
+                break
+            if time.monotonic() + t.poll_interval > settle_deadline:
+                raise TimeoutError(
+                    f"chat {self.chat_id} still {status} after the {t.settle_budget:.0f}s "
+                    "settle budget"
+                )
+            await asyncio.sleep(t.poll_interval)  # acknowledged ≠ settled
+        self._decide("settle", f"status {status}", verdict, f"cut_short={cut_short}")
+        return SettleResult(status, cut_short, attempts, slept)
+
+    # ------------------------------------------------------------------ result check
+
+    async def check_result(self, settled: SettleResult) -> RecoveryOutcome | None:
+        """Classify the settled attempt; ``None`` means paused again (reconcile)."""
+        # A long turn can commit more than a page after the prompt: page newest-first
+        # until the turn's user message is on hand. "Never submitted" must never be
+        # concluded from a truncated read.
+        messages = await fetch_turn(self.client, self.chat_id, timeout=self.timings.settle_budget)
+        recovered = recover_turn(
+            messages,
+            client_tool_names=frozenset(self.tools),
+            marker=self.marker,
+            output_model=self.output_model,
+            structured_tool_name=self.structured_tool_name,
+        )
+        submitted = recovered is not None and recovered.submitted
+        classification, why = classify_attempt(
+            submitted=submitted,
+            cut_short=settled.cut_short,
+            status=settled.status,
+            known_failure=self.known_failure,
+        )
+        self._decide(
+            "result",
+            f"submitted={submitted}, cut_short={settled.cut_short}, status {settled.status}"
+            + (", known failure" if self.known_failure else ""),
+            classification,
+            why,
+        )
+        if classification == "reconcile":
+            return None
+        return RecoveryOutcome(
+            classification=classification,
+            chat_id=self.chat_id,
+            marker=self.marker,
+            status=settled.status,
+            cut_short=settled.cut_short or self.known_failure,
+            attempts=settled.attempts,
+            recovered=recovered if classification == "recovered" else None,
+            reason=why,
+            decisions=self.decisions,
+            horizon_slept_s=settled.horizon_slept_s,
+        )
+
+    async def run(self) -> RecoveryOutcome:
+        """Settle-wait → result check, reconciling again while the run pauses anew."""
+        slept = 0.0
+        for _ in range(self.timings.max_rounds):
+            settled = await self.settle()
+            slept += settled.horizon_slept_s
+            outcome = await self.check_result(settled)
+            if outcome is not None:
+                outcome.horizon_slept_s = slept
+                return outcome
+        raise RuntimeError(
+            f"chat {self.chat_id} kept pausing on client tools for "
+            f"{self.timings.max_rounds} reconcile rounds"
+        )
+
+    async def journal_resubmission(self, attempts: int) -> None:
+        """Write-ahead of a resubmission: ``submitting`` with the current count.
+
+        It supersedes the "cut-short" verdict it acts on — safely: an unlanded
+        send over an existing attempt makes the next settle-wait pin cut_short
+        right back.
+        """
+        await self._journal("submitting", attempts)
+        self._decide("resubmit", f"{attempts} attempt(s)", "journal submitting", "write-ahead")

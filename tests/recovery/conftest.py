@@ -1,0 +1,164 @@
+"""Fixtures of the crash-recovery tests: a real Prefect test server, a real emulator,
+a real SQLite store, and the test "payments" service.
+
+Recovery time constants are shortened through the environment (the settle poll
+and the commit horizon), so the whole suite stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from payments import Payments, running_payments  # noqa: E402
+from prefect.settings import (  # noqa: E402
+    PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_LOGGING_LEVEL,
+    PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+    temporary_settings,
+)
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
+from coder_chat.emulator import Emulator  # noqa: E402
+from flows.params import WorkflowSettings  # noqa: E402
+
+TOKEN = f"tok-recovery-{uuid.uuid4().hex}-SECRET"
+#: Short recovery constants for tests (production: 1 s poll, horizon = request timeout).
+FAST_ENV = {"PREFECT_CODER_SETTLE_POLL_S": "0.05", "PREFECT_CODER_COMMIT_HORIZON_S": "1.0"}
+
+
+@dataclass(frozen=True)
+class PrefectEnv:
+    api_url: str
+    results_dir: Path
+
+    def child_env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            PREFECT_API_URL=self.api_url,
+            PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(self.results_dir),
+            PREFECT_LOGGING_LEVEL="WARNING",
+            PYTHONPATH=os.pathsep.join(
+                p for p in (str(ROOT), str(HERE), os.environ.get("PYTHONPATH")) if p
+            ),
+            **FAST_ENV,
+        )
+        env.update(extra)
+        return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_recovery_env() -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in FAST_ENV}
+    os.environ.update(FAST_ENV)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def payments() -> Iterator[Payments]:
+    with running_payments() as p:
+        old = os.environ.get("PAYMENTS_URL")
+        os.environ["PAYMENTS_URL"] = p.url
+        try:
+            yield p
+        finally:
+            if old is None:
+                os.environ.pop("PAYMENTS_URL", None)
+            else:
+                os.environ["PAYMENTS_URL"] = old
+
+
+@pytest.fixture(scope="session")
+def emu() -> Iterator[Emulator]:
+    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as e:
+        yield e
+
+
+@pytest.fixture
+def fresh_emu() -> Iterator[Emulator]:
+    """An emulator of its own, for tests that arm faults or inspect every chat."""
+    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as e:
+        yield e
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[StateStore]:
+    s = StateStore(f"sqlite+aiosqlite:///{tmp_path / 'state.db'}", tenant="recovery-tests")
+    yield s
+    await s.aclose()
+
+
+@pytest.fixture(scope="session")
+def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectEnv]:
+    results = tmp_path_factory.mktemp("prefect-results")
+    with temporary_settings(
+        updates={
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
+            PREFECT_LOGGING_LEVEL: "WARNING",
+        }
+    ):
+        with prefect_test_harness(server_startup_timeout=60):
+            yield PrefectEnv(str(PREFECT_API_URL.value()), results)
+
+
+@pytest.fixture(scope="session")
+async def coder_block(prefect_env: PrefectEnv, emu: Emulator) -> str:
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=uuid.UUID(emu.organization_id),
+        token=SecretStr(TOKEN),
+        request_timeout=5.0,
+        turn_timeout=20.0,
+    ).save("recovery-test-coder", overwrite=True)
+    return "recovery-test-coder"
+
+
+@pytest.fixture(scope="session")
+async def sqlite_block(prefect_env: PrefectEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("state") / "state.db"
+    await ChatStateStore(url=f"sqlite+aiosqlite:///{path}", tenant="recovery").save(
+        "recovery-test-sqlite", overwrite=True
+    )
+    return "recovery-test-sqlite"
+
+
+@pytest.fixture
+def workflow_id(request: pytest.FixtureRequest) -> str:
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name[:40]).strip("-")
+    return f"r-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def settings(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
+    return WorkflowSettings(
+        credentials_block=coder_block,
+        store_block=sqlite_block,
+        retries=0,
+        retry_delay_s=0,
+        lease_wait_s=20,
+        lease_ttl_s=1,
+        settle_wait_s=5,
+        redial_backoff_ms=20,
+        artifacts=False,
+        tool_modules=["flows.demo_tools", "payment_tools"],
+    )

@@ -1,0 +1,211 @@
+"""Pure recovery decisions (coder_chat.core.recovery), exhaustively, without sockets."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coder_chat.core.recovery import (
+    LedgerAction,
+    SettleAction,
+    batch_verdict,
+    classify_attempt,
+    cut_short_after_interrupt,
+    horizon_remaining,
+    ledger_action,
+    pin_after_horizon,
+    poll_verdict,
+    scope_journal,
+    settle_action,
+    split_marker,
+)
+
+STATUSES = [
+    "waiting",
+    "pending",
+    "running",
+    "paused",
+    "completed",
+    "error",
+    "requires_action",
+    "interrupting",
+]
+STATES = ["submitting", "resumed", "cut-short"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    state: str
+    marker: str
+    attempt: int
+    at: float = 0.0
+
+
+# ----------------------------------------------------------------------------- scoping
+
+
+@given(
+    st.sampled_from(STATES),
+    st.sampled_from(["[wf/a]", "[wf/b]"]),
+    st.integers(0, 5),
+    st.integers(0, 5),
+)
+def test_journal_applies_only_to_this_attempt_of_this_step(
+    state: str, marker: str, attempt: int, attempts: int
+) -> None:
+    entry = Entry(state, marker, attempt)
+    scoped = scope_journal(entry, "[wf/a]", attempts)
+    assert (scoped is entry) == (marker == "[wf/a]" and attempt == attempts)
+
+
+def test_no_entry_scopes_to_none() -> None:
+    assert scope_journal(None, "[wf/a]", 0) is None
+
+
+def test_a_resubmission_retires_the_earlier_verdict_by_itself() -> None:
+    verdict = Entry("cut-short", "[wf/a]", 1)
+    assert scope_journal(verdict, "[wf/a]", 1) is verdict
+    # the resubmitted prompt landed: the count grew, the verdict no longer applies
+    assert scope_journal(verdict, "[wf/a]", 2) is None
+
+
+# ----------------------------------------------------------------------------- settle branch
+
+
+@pytest.mark.parametrize(("status", "state"), itertools.product(STATUSES, [None, *STATES]))
+def test_settle_branch_table(status: str, state: str | None) -> None:
+    journaled = None if state is None else Entry(state, "[wf/a]", 1)
+    action = settle_action(status, journaled)
+    if status == "requires_action":
+        # a pause is reconciled, never interrupted — whatever the journal says
+        assert action is SettleAction.RECONCILE
+    elif state == "resumed":
+        assert action is SettleAction.LET_FINISH
+    elif state == "cut-short":
+        assert action is SettleAction.REDRIVE_INTERRUPT
+    else:
+        assert action is SettleAction.INTERRUPT
+
+
+def test_409_means_never_cut_short_unless_an_interrupt_was_in_flight() -> None:
+    assert cut_short_after_interrupt(True, "running") is True
+    assert cut_short_after_interrupt(True, "waiting") is True
+    assert cut_short_after_interrupt(False, "waiting") is False
+    assert cut_short_after_interrupt(False, "running") is False
+    assert cut_short_after_interrupt(False, "interrupting") is True
+
+
+# ----------------------------------------------------------------------------- commit horizon
+
+
+@given(
+    st.sampled_from(STATES),
+    st.floats(0, 1000),
+    st.floats(0, 2000),
+    st.floats(0, 600),
+)
+def test_horizon_is_slept_only_for_a_matching_submitting_entry(
+    state: str, at: float, now: float, horizon: float
+) -> None:
+    entry = Entry(state, "[wf/a]", 1, at)
+    left = horizon_remaining(entry, now, horizon)
+    if state != "submitting":
+        assert left == 0.0
+    else:
+        assert left == min(horizon, max(0.0, at + horizon - now))
+        assert 0.0 <= left <= horizon
+    assert horizon_remaining(None, now, horizon) == 0.0
+
+
+@given(st.sampled_from(STATES), st.integers(0, 4), st.integers(0, 6))
+def test_an_unlanded_send_over_an_existing_attempt_pins_cut_short(
+    state: str, attempt: int, now_count: int
+) -> None:
+    entry = Entry(state, "[wf/a]", attempt)
+    expected = state == "submitting" and now_count == attempt and attempt > 0
+    assert pin_after_horizon(entry, now_count) is expected
+    assert pin_after_horizon(None, now_count) is False
+
+
+def test_first_send_that_never_landed_does_not_pin() -> None:
+    # attempt 0: nothing to mistake for a result; "not submitted" resubmits anyway
+    assert pin_after_horizon(Entry("submitting", "[wf/a]", 0), 0) is False
+
+
+# ----------------------------------------------------------------------------- settle poll
+
+
+@pytest.mark.parametrize(("status", "cut"), itertools.product(STATUSES, [True, False]))
+def test_poll_exits(status: str, cut: bool) -> None:
+    v = poll_verdict(status, cut)
+    if status in ("waiting", "completed", "error"):
+        assert v == "settled"
+    elif status == "requires_action" and not cut:
+        assert v == "paused"  # stable pause: a NEW client tool — reconcile again
+    else:
+        assert v == "wait"
+
+
+# ----------------------------------------------------------------------------- ledger
+
+
+def test_ledger_actions() -> None:
+    assert ledger_action("done") is LedgerAction.SUBMIT_RECORDED
+    assert ledger_action("committing") is LedgerAction.REDRIVE
+    assert ledger_action(None) is LedgerAction.UNSTARTED
+    assert ledger_action(None, replayable=True) is LedgerAction.REPLAY
+    assert ledger_action("done", replayable=True) is LedgerAction.SUBMIT_RECORDED
+    with pytest.raises(ValueError):
+        ledger_action("bogus")
+
+
+@given(st.lists(st.sampled_from(list(LedgerAction)), max_size=6))
+def test_one_batch_verdict(actions: list[LedgerAction]) -> None:
+    verdict = batch_verdict(actions)
+    if not actions:
+        assert verdict is None
+    elif LedgerAction.UNSTARTED in actions:
+        # a mixed batch journals cut-short before even its submission
+        assert verdict == "cut-short"
+    else:
+        assert verdict == "resumed"
+
+
+# ----------------------------------------------------------------------------- result check
+
+
+@given(
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["waiting", "completed", "error", "requires_action"]),
+    st.booleans(),
+)
+def test_classification_table(submitted: bool, cut: bool, status: str, known: bool) -> None:
+    cls, why = classify_attempt(
+        submitted=submitted, cut_short=cut, status=status, known_failure=known
+    )
+    assert why
+    if status == "requires_action":
+        assert cls == "reconcile"
+    elif submitted and not cut and not known and status in ("waiting", "completed"):
+        assert cls == "recovered"
+    else:
+        assert cls == "resubmit"
+
+
+def test_known_failure_pins_cut_short_even_after_a_409() -> None:
+    assert classify_attempt(submitted=True, cut_short=False, status="waiting")[0] == "recovered"
+    cls, why = classify_attempt(
+        submitted=True, cut_short=False, status="waiting", known_failure=True
+    )
+    assert cls == "resubmit" and "known" in why
+
+
+def test_split_marker() -> None:
+    assert split_marker("[wf/a] do it", "[wf/a]") == "do it"
+    assert split_marker("no marker", "[wf/a]") is None
+    assert split_marker("[wf/ab] x", "[wf/a]") is None
