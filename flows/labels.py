@@ -17,7 +17,7 @@ and never touch anyone else's. Four labels (chatd-wire §6.2: ≤ 50 labels; key
 
 Values are sanitised (control characters → ``_``) and cut to 256 bytes with a
 digest suffix, deterministically, so the value a sweep filters by is the value
-the turn wrote. Pure module: no Prefect, no I/O.
+the turn wrote. No I/O; Prefect is imported only by :func:`current_flow_run_id`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ __all__ = [
     "MAX_LABELS",
     "MAX_VALUE_BYTES",
     "chat_labels",
+    "current_flow_run_id",
     "label_problems",
     "label_value",
     "owned_by",
@@ -88,6 +89,22 @@ def chat_labels(tenant: str, workflow_id: str, flow_run_id: object | None = None
     if flow_run_id is not None and str(flow_run_id):
         labels[LABEL_FLOW_RUN] = label_value(flow_run_id)
     return labels
+
+
+def current_flow_run_id() -> str | None:
+    """The id of the Prefect flow run this code runs in, if any (lazy Prefect import,
+    so the rest of this module stays usable without Prefect's engine)."""
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+    except ImportError:  # pragma: no cover - Prefect is a dependency
+        return None
+    task_ctx = TaskRunContext.get()
+    if task_ctx is not None and task_ctx.task_run.flow_run_id is not None:
+        return str(task_ctx.task_run.flow_run_id)
+    flow_ctx = FlowRunContext.get()
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        return str(flow_ctx.flow_run.id)
+    return None
 
 
 def owned_by(labels: Mapping[str, str] | None, tenant: str) -> bool:

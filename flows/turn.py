@@ -31,17 +31,17 @@ from prefect import task
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
+from blocks import JournalEntry, StateStore
 from coder_chat.agent import GenerateResult
 from coder_chat.crash_safe import crash_point
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
-from flows.errors import WorkflowBusyError
+from flows.background import drain as drain_background
+from flows.labels import chat_labels, current_flow_run_id
 from flows.observe import TurnObserver
 from flows.params import Step, WorkflowSettings, step_marker
 from flows.recovery import (
-    WORKFLOW_LABEL,
     EagerCheckpoint,
     bind_crash_safe,
     note_failed_attempt,
@@ -49,7 +49,7 @@ from flows.recovery import (
     recovery_timings,
     sweep_orphans,
 )
-from flows.resources import TurnResources, load_resources
+from flows.resources import TurnResources, hold_workflow_lease, load_resources
 from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
 from flows.retry import is_retryable_failure, retry_if_retryable
 from flows.toolset import Toolset
@@ -184,20 +184,16 @@ async def execute_turn(
     tools = resolved.tools
     answer = resolved.answers.get(step.output_model) if step.output_model else None
     store = resources.store
+    # The previous turn's artifact had a whole turn to reach the API.
+    await drain_background()
     async with contextlib.AsyncExitStack() as stack:
-        try:
+        if resources.lease is not None:
+            # The calling flow holds the workflow's lease for all of its turns.
+            resources.lease.raise_if_lost()
+        else:
             await stack.enter_async_context(
-                store.lease(
-                    workflow_key(workflow_id),
-                    ttl=settings.lease_ttl_s,
-                    wait=settings.lease_wait_s,
-                )
+                hold_workflow_lease(workflow_id, store, settings, step=step.name)
             )
-        except LeaseUnavailableError as exc:
-            TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger).emit(
-                "coder.workflow.busy", {"waited_s": exc.waited}
-            )
-            raise WorkflowBusyError(workflow_id, exc.waited) from None
         stored = await _stored_result(result_key(workflow_id, step.name))
         if stored is not None:
             logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
@@ -235,7 +231,8 @@ async def _turn_under_lease(
         chat_id=chat_id,
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,
-        labels={WORKFLOW_LABEL: workflow_id},
+        # Collection, tenant, workflow and flow run: the sweeps find (only) our chats.
+        labels=chat_labels(store.tenant, workflow_id, current_flow_run_id()),
         request_timeout=request_timeout,
         on_transport_event=eager.chain(observer),
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
@@ -356,7 +353,7 @@ async def _turn_under_lease(
     )
     if settings.artifacts:
         try:
-            await publish_turn_artifact(result, prompt)
+            publish_turn_artifact(result, prompt)
         except Exception:
             logger.warning("could not publish the turn artifact", exc_info=True)
     crash_point("turn.before_persist")
