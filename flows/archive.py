@@ -16,12 +16,11 @@ from prefect import flow, task
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
-from blocks import CoderCredentials, LeaseUnavailableError, workflow_key
+from blocks import CoderCredentials
 from coder_chat.errors import CoderApiError
-from flows.errors import WorkflowBusyError
 from flows.observe import TurnObserver
 from flows.params import WorkflowSettings, validate_workflow_id
-from flows.resources import TurnResources, load_resources
+from flows.resources import TurnResources, hold_workflow_lease, load_resources
 
 __all__ = ["ArchiveOutcome", "archive_chat", "archive_workflow_chat", "retire_workflow_chat"]
 
@@ -34,7 +33,9 @@ class ArchiveOutcome(BaseModel):
 
     workflow_id: str
     chat_id: str | None = None
-    archived: bool = Field(default=False, description="The workflow's chat is archived (now or before).")
+    archived: bool = Field(
+        default=False, description="The workflow's chat is archived (now or before)."
+    )
     archived_chat_ids: list[str] = Field(default_factory=list)
 
 
@@ -91,12 +92,17 @@ async def retire_workflow_chat(
     logger = _logger()
     store = resources.store
     async with contextlib.AsyncExitStack() as stack:
-        try:
+        if resources.lease is not None:
+            resources.lease.raise_if_lost()  # the calling flow holds it
+        else:
             await stack.enter_async_context(
-                store.lease(workflow_key(workflow_id), ttl=lease_ttl_s, wait=lease_wait_s)
+                hold_workflow_lease(
+                    workflow_id,
+                    store,
+                    WorkflowSettings(lease_wait_s=lease_wait_s, lease_ttl_s=lease_ttl_s),
+                    step="archive",
+                )
             )
-        except LeaseUnavailableError as exc:
-            raise WorkflowBusyError(workflow_id, exc.waited) from None
         checkpoint = await store.checkpoints.get(workflow_id)
         stranded = [s.chat_id for s in await store.stranded.list(workflow_id)]
         outcome = ArchiveOutcome(workflow_id=workflow_id)

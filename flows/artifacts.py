@@ -12,8 +12,10 @@ import json
 import re
 from typing import Any
 
-from prefect.artifacts import acreate_markdown_artifact
+from prefect.artifacts import MarkdownArtifact
+from prefect.utilities.context import get_task_and_flow_run_ids
 
+from flows.background import spawn
 from flows.results import TurnResult
 
 __all__ = ["artifact_key", "publish_turn_artifact", "render_turn_markdown"]
@@ -85,10 +87,15 @@ def render_turn_markdown(result: TurnResult, prompt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def publish_turn_artifact(result: TurnResult, prompt: str) -> None:
-    """Create the turn's markdown artifact in the current task run."""
-    await acreate_markdown_artifact(
-        markdown=render_turn_markdown(result, prompt),
+def publish_turn_artifact(result: TurnResult, prompt: str) -> None:
+    """Create the turn's markdown artifact for the current task run, in the
+    background (see :mod:`flows.background`)."""
+    task_run_id, flow_run_id = get_task_and_flow_run_ids()
+    artifact = MarkdownArtifact(
         key=artifact_key(result.workflow_id, result.step),
         description=f"Coder turn {result.workflow_id}/{result.step}",
+        markdown=render_turn_markdown(result, prompt),
+        task_run_id=task_run_id,
+        flow_run_id=flow_run_id,
     )
+    spawn(artifact.acreate(), name=f"artifact {result.workflow_id}/{result.step}")

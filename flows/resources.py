@@ -8,25 +8,39 @@ any chat is created.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import cast
 
 from pydantic import ValidationError
 
-from blocks import ChatStateStore, CoderCredentials
+from blocks import ChatStateStore, CoderCredentials, HeldLease, LeaseUnavailableError, workflow_key
 from blocks.state.store import StateStore
-from flows.errors import WorkflowParameterError
+from flows.errors import WorkflowBusyError, WorkflowParameterError
 from flows.params import WorkflowSettings, validate_base_url
 
-__all__ = ["TurnResources", "load_credentials", "load_resources", "load_store"]
+__all__ = [
+    "TurnResources",
+    "hold_workflow_lease",
+    "load_credentials",
+    "load_resources",
+    "load_store",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class TurnResources:
-    """What a turn needs besides its parameters. Never serialised."""
+    """What a turn needs besides its parameters. Never serialised.
+
+    ``lease`` is set when the caller (a workflow flow run) already holds the
+    workflow's lease for all of its turns; a turn then does not take it again.
+    """
 
     credentials: CoderCredentials
     store: StateStore
+    lease: HeldLease | None = None
 
 
 def _fields(exc: ValidationError) -> str:
@@ -104,3 +118,37 @@ async def load_store(settings: WorkflowSettings) -> StateStore:
 async def load_resources(settings: WorkflowSettings) -> TurnResources:
     """Credentials and store for a workflow run."""
     return TurnResources(await load_credentials(settings), await load_store(settings))
+
+
+@contextlib.asynccontextmanager
+async def hold_workflow_lease(
+    workflow_id: str, store: StateStore, settings: WorkflowSettings, *, step: str = "-"
+) -> AsyncIterator[HeldLease]:
+    """Hold the workflow's single-flight lease (waiting up to ``settings.lease_wait_s``).
+
+    Two runs of one workflow never drive its chat at the same time: a chat is
+    single-flight server-side, and a second prompt would queue behind the live
+    run and burn its own timeout. The lease lives in the shared store, so this
+    holds across worker processes and machines; it is renewed in the
+    background and lapses ``settings.lease_ttl_s`` after a holder crashed.
+    """
+    try:
+        cm = store.lease(
+            workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
+        )
+        held = await cm.__aenter__()
+    except LeaseUnavailableError as exc:
+        from flows.observe import TurnObserver  # observe imports Prefect's events
+
+        logger = logging.getLogger("flows.lease")
+        TurnObserver(workflow_id=workflow_id, step=step, logger=logger).emit(
+            "coder.workflow.busy", {"waited_s": exc.waited}
+        )
+        raise WorkflowBusyError(workflow_id, exc.waited) from None
+    try:
+        yield held
+    except BaseException as exc:
+        if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        await cm.__aexit__(None, None, None)

@@ -10,6 +10,7 @@ failed, not while Prefect will retry it), unless ``settings.keep_chat``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -20,6 +21,7 @@ from prefect.states import State
 
 from flows import registry
 from flows.archive import archive_chat, retire_workflow_chat
+from flows.background import drain as drain_background
 from flows.params import (
     Step,
     WorkflowSettings,
@@ -27,7 +29,7 @@ from flows.params import (
     validate_toolset,
     validate_workflow_id,
 )
-from flows.resources import TurnResources, load_resources
+from flows.resources import TurnResources, hold_workflow_lease, load_resources
 from flows.results import TurnResult
 from flows.toolset import Toolset
 from flows.turn import run_turn
@@ -111,10 +113,17 @@ async def agent_workflow(
     # Client tools are declared once, when the first step creates the chat.
     toolset = Toolset.of_steps(steps)
     results: list[TurnResult] = []
-    for step in steps:
-        results.append(await turn(workflow_id, step, settings, resources, toolset))
-    if not settings.keep_chat:
-        await archive_chat(workflow_id, settings, resources)
+    try:
+        # One lease for the whole run (not one per turn): another run of this
+        # workflow waits up to lease_wait_s, then finds the finished steps stored.
+        async with hold_workflow_lease(workflow_id, resources.store, settings) as held:
+            leased = dataclasses.replace(resources, lease=held)
+            for step in steps:
+                results.append(await turn(workflow_id, step, settings, leased, toolset))
+            if not settings.keep_chat:
+                await archive_chat(workflow_id, settings, leased)
+    finally:
+        await drain_background()
     return results
 
 
@@ -145,4 +154,7 @@ async def agent_turn(
     turn = run_turn.with_options(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
     )
-    return await turn(workflow_id, step, settings, resources, workflow_tools)
+    try:
+        return await turn(workflow_id, step, settings, resources, workflow_tools)
+    finally:
+        await drain_background()

@@ -1,0 +1,220 @@
+"""Per-turn overhead of the durable turn: ``agent_workflow`` vs raw ``CoderAgent.generate``.
+
+The same 20-turn conversation runs twice on the local emulator:
+
+* raw — one ``CoderAgent`` calling ``generate()`` 20 times (no Prefect, no store);
+* durable — ``agent_workflow`` with 20 steps: per turn a Prefect task with a
+  persisted JSON result, the workflow lease, checkpoint load, journal
+  write-ahead, a fresh agent from the checkpoint, the ``finally`` checkpoint,
+  Prefect events, a markdown artifact.
+
+Overhead of turn i = (completion of durable turn i − completion of turn i−1)
+− (raw turn i). Reported for the SQLite and the PostgreSQL store; targets:
+median ≤ 30 ms (SQLite) / ≤ 50 ms (PostgreSQL).
+
+Run: ``.venv/bin/python bench/durable.py [--turns 20] [--pg-url URL] [--no-pg]``.
+Without ``--pg-url`` a private throwaway PostgreSQL cluster is started when the
+server binaries exist (``/usr/lib/postgresql/*/bin``); Prefect runs against a
+temporary test server with result storage in a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TOKEN = f"bench-{uuid.uuid4().hex}"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+@contextmanager
+def private_postgres() -> Iterator[str | None]:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl), or None without binaries."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not bins:
+        yield None
+        return
+    bindir = bins[-1].parent
+    root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
+    as_pg: list[str] = []
+    if os.geteuid() == 0:
+        import pwd
+
+        pg = pwd.getpwnam("postgres")
+        os.chown(root, pg.pw_uid, pg.pw_gid)
+        as_pg = ["runuser", "-u", "postgres", "--"] if shutil.which("runuser") else []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+
+    def run(cmd: list[str]) -> None:
+        full = as_pg + cmd if as_pg or os.geteuid() != 0 else ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]  # noqa: E501
+        subprocess.run(full, check=True, capture_output=True, timeout=60)
+
+    run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
+    run([str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "start"])
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        try:
+            run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def prompts(n: int) -> list[str]:
+    return [f"turn {i} #emu " + json.dumps({"text": f"answer {i}"}) for i in range(n)]
+
+
+async def raw_turns(emu: object, n: int) -> list[float]:
+    from coder_chat.agent import CoderAgent
+
+    out = []
+    async with CoderAgent(
+        base_url=emu.base_url,  # type: ignore[attr-defined]
+        token=TOKEN,
+        organization_id=emu.organization_id,  # type: ignore[attr-defined]
+        request_timeout=30,
+    ) as agent:
+        for p in prompts(n):
+            t0 = time.perf_counter()
+            await agent.generate(p, timeout=60)
+            out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+async def durable_turns(coder: str, store_block: str, n: int, tag: str) -> tuple[list[float], list[float]]:  # noqa: E501
+    """(wall time per turn from the flow's view, generate time inside each turn)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.params import Step, WorkflowSettings
+    from flows.workflow import agent_workflow
+
+    settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
+    steps = [Step(name=f"t{i:02d}", prompt=p) for i, p in enumerate(prompts(n))]
+    wf = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
+    state = await agent_workflow(wf, steps, settings, return_state=True)
+    results = await state.aresult()
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    ends = sorted(
+        (r.end_time for r in runs if r.name.startswith(wf) and r.end_time is not None)
+    )
+    start = min(r.start_time for r in runs if r.name.startswith(wf) and r.start_time)
+    walls = []
+    previous = start
+    for end in ends:
+        walls.append((end - previous).total_seconds() * 1000)
+        previous = end
+    return walls, [r.generate_ms for r in results]
+
+
+def report(label: str, raw: list[float], walls: list[float], gens: list[float]) -> dict[str, float]:
+    # Turn 0 creates the chat in both runs but also pays first-use costs; skip it.
+    over = [w - r for w, r in zip(walls[1:], raw[1:], strict=True)]
+    row = {
+        "raw_median_ms": statistics.median(raw[1:]),
+        "durable_median_ms": statistics.median(walls[1:]),
+        "generate_in_task_median_ms": statistics.median(gens[1:]),
+        "overhead_median_ms": statistics.median(over),
+        "overhead_p95_ms": pct(over, 0.95),
+    }
+    print(
+        f"{label:10s} raw turn {row['raw_median_ms']:6.1f} ms | durable turn "
+        f"{row['durable_median_ms']:6.1f} ms (generate inside {row['generate_in_task_median_ms']:5.1f})"  # noqa: E501
+        f" | overhead median {row['overhead_median_ms']:5.1f} ms, p95 {row['overhead_p95_ms']:5.1f} ms"  # noqa: E501
+    )
+    return row
+
+
+async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: str) -> None:
+    from blocks import ChatStateStore, CoderCredentials
+    from coder_chat.emulator import Emulator
+
+    with Emulator.running_in_thread(tokens=[TOKEN]) as emu:
+        await CoderCredentials(
+            base_url=emu.base_url, organization_id=emu.organization_id, token=TOKEN
+        ).save("bench-coder", overwrite=True)
+        await ChatStateStore(url=f"sqlite+aiosqlite:///{results_dir}/state.db").save(
+            "bench-sqlite", overwrite=True
+        )
+        backends = [("SQLite", "bench-sqlite")]
+        if pg_url:
+            await ChatStateStore(url=pg_url, tenant="bench").save("bench-pg", overwrite=True)
+            backends.append(("PostgreSQL", "bench-pg"))
+        # warm-up: imports, engines, first flow run, server caches
+        await raw_turns(emu, 3)
+        for _, block in backends:
+            await durable_turns("bench-coder", block, 3, "warm")
+        summary = {}
+        for label, block in backends:
+            raw = await raw_turns(emu, args.turns)
+            walls, gens = await durable_turns("bench-coder", block, args.turns, label.lower())
+            summary[label] = report(label, raw, walls, gens)
+        print(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL (default: private)")
+    parser.add_argument("--no-pg", action="store_true")
+    args = parser.parse_args()
+
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    results_dir = tempfile.mkdtemp(prefix="bench-results-")
+    try:
+        with temporary_settings(
+            updates={
+                PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                PREFECT_RESULTS_LOCAL_STORAGE_PATH: results_dir,
+            }
+        ), prefect_test_harness(server_startup_timeout=60):
+            if args.no_pg:
+                asyncio.run(main_async(args, None, results_dir))
+            elif args.pg_url:
+                asyncio.run(main_async(args, args.pg_url, results_dir))
+            else:
+                with private_postgres() as url:
+                    if url is None:
+                        print("no PostgreSQL server binaries found: SQLite only")
+                    asyncio.run(main_async(args, url, results_dir))
+    finally:
+        shutil.rmtree(results_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
