@@ -83,6 +83,10 @@ class Reader:
                         assert isinstance(frame, list) and len(frame) <= 256
                         for ev in frame:
                             events.append(ev)
+                            if ev["type"] == "history_reset":
+                                # full replacement follows
+                                self.cursor = 0
+                                self.delivered = []
                             if ev["type"] == "message":
                                 mid = ev["message"]["id"]
                                 assert mid > self.cursor, "message re-delivered or out of order"
@@ -121,8 +125,19 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
             if reader.task.done():
                 reader.task.result()
             info = check_valid(emu, cid)
-            if a in ("send", "send_interrupt", "tool_turn", "slow_turn"):
-                if a == "tool_turn":
+            if a in (
+                "send",
+                "send_interrupt",
+                "tool_turn",
+                "slow_turn",
+                "fatal_turn",
+                "retry_turn",
+            ):
+                if a == "fatal_turn":
+                    text = '#emu {"sleep": 0.01, "fatal": "boom"}'
+                elif a == "retry_turn":
+                    text = '#emu {"retries": 1, "text": "again"}'
+                elif a == "tool_turn":
                     text = '#emu {"tool_calls": [{"name": "t", "args": {"n": 1}}]}'
                 elif a == "slow_turn":
                     text = '#emu {"text": "slow slow slow", "deltas": 6, "delay": 0.004}'
@@ -157,6 +172,16 @@ async def scenario(emu: Emulator, actions: list[str]) -> None:
             elif a in ("archive", "unarchive"):
                 r = await c.patch(f"{P}/{cid}", json={"archived": a == "archive"})
                 assert r.status_code in (204, 400, 409), r.text
+            elif a == "edit":
+                users = [m for m in emu.messages(cid, include_system=False) if m["role"] == "user"]
+                r = await c.patch(
+                    f"{P}/{cid}/messages/{users[-1]['id']}",
+                    json={"content": [{"type": "text", "text": "edited"}]},
+                )
+                if info["archived"]:
+                    assert r.status_code == 400
+                else:
+                    assert r.status_code == 200, r.text
             elif a == "drop":
                 emu.faults.drop_stream(cid)
             else:
