@@ -81,7 +81,7 @@ def _open_anchor(path: str, timeout: float) -> None:
         return
     anchor = sqlite3.connect(path, timeout=timeout, check_same_thread=False)
     # WAL: readers never block the writer and vice versa (persistent in the file).
-    mode = anchor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    mode = anchor.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
     if str(mode).lower() != "wal":
         anchor.close()
         from .errors import StateStoreConfigError
@@ -92,7 +92,9 @@ def _open_anchor(path: str, timeout: float) -> None:
         )
     # A read in WAL mode maps the shared-memory index: from now on closing the other
     # connections never finds itself the last one.
-    anchor.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    # fetchall() runs the statement to completion, so the anchor holds no read
+    # transaction that would stop checkpoints and let the WAL grow without bound.
+    anchor.execute("SELECT count(*) FROM sqlite_master").fetchall()
     _anchors[key] = anchor
 
 
