@@ -6,10 +6,10 @@ Started once and reused (importing Prefect costs ≈ 1 s per process): it prints
 * ``{"op": "contend", "url", "tenant", "key_once", "key_cm", "hold"}`` — waits for a
   ``go`` line, then one raw acquire of ``key_once`` (exactly one process may win) and a
   waited, held lease on ``key_cm``; prints one JSON result line.
-* ``{"op": "hold", "url", "tenant", "key", "ttl"}`` — prints ``HELD <fence> <holder>``
-  and holds the lease, renewing it, until the process is killed.
-* ``{"op": "write", "url", "tenant"}`` — sets checkpoint ``wf`` to (``chat-i``, ``i``)
-  for i = 1, 2, ... and prints ``i`` after each commit, until the process is killed.
+* ``{"op": "hold", "url", "tenant", "key", "ttl"}`` — takes the lease, prints
+  ``HELD <fence> <holder>``, then, holding and renewing it like a running step, sets
+  checkpoint ``wf`` to (``chat-i``, ``i``) for i = 1, 2, ... and prints ``i`` after
+  each commit, until the process is killed.
 """
 
 from __future__ import annotations
@@ -65,23 +65,19 @@ async def hold(cmd: dict[str, Any]) -> None:
     ttl = float(cmd["ttl"])
     async with store.lease(cmd["key"], ttl=ttl, wait=5, renew_interval=ttl / 4) as held:
         print(f"HELD {held.fence} {held.holder}", flush=True)
-        await asyncio.sleep(3600)  # until SIGKILL
-
-
-async def write(cmd: dict[str, Any]) -> None:
-    store = StateStore(cmd["url"], tenant=cmd["tenant"])
-    i = 0
-    while True:
-        i += 1
-        await store.checkpoints.set("wf", f"chat-{i}", i)
-        print(i, flush=True)  # acknowledged only after the commit returned
+        i = 0
+        while True:  # until SIGKILL
+            i += 1
+            await store.checkpoints.set("wf", f"chat-{i}", i)
+            print(i, flush=True)  # acknowledged only after the commit returned
+            await asyncio.sleep(0.005)
 
 
 async def main() -> None:
     print("READY", flush=True)
     while line := await _line():
         cmd = json.loads(line)
-        await {"contend": contend, "hold": hold, "write": write}[cmd["op"]](cmd)
+        await {"contend": contend, "hold": hold}[cmd["op"]](cmd)
 
 
 if __name__ == "__main__":
