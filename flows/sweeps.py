@@ -28,7 +28,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,15 +293,10 @@ async def archive_settled(
         await asyncio.sleep(retry_s)
 
 
-@contextlib.asynccontextmanager
-async def _workflow_lease(
-    store: StateStore, workflow_id: str | None, opts: SweepOptions
-) -> AsyncIterator[None]:
-    if workflow_id is None:
-        yield
-        return
-    async with store.lease(workflow_key(workflow_id), ttl=opts.lease_ttl_s, wait=opts.lease_wait_s):
-        yield
+def _workflow_lease(
+    store: StateStore, workflow_id: str, opts: SweepOptions
+) -> contextlib.AbstractAsyncContextManager[Any]:
+    return store.lease(workflow_key(workflow_id), ttl=opts.lease_ttl_s, wait=opts.lease_wait_s)
 
 
 class _Sweeper:
@@ -383,26 +378,45 @@ class _Sweeper:
             self.logger.debug("could not emit %s", event, exc_info=True)
 
     # ----------------------------------------------------------------- acting
-    async def act(self, d: Decision) -> None:
+    async def act_group(self, workflow_id: str | None, decisions: list[Decision]) -> None:
+        """Act on one workflow's chats, one after the other under ONE hold of its
+        lease: the sweep's own tasks must not contend for it, and the workflow's
+        runs wait at most this long."""
         async with self._gate:
-            t0 = time.perf_counter()
-            try:
-                final, outcome = await (self._preview(d) if self.dry_run else self._apply(d))
-            except Exception as exc:  # one chat's failure never stops the sweep
-                outcome = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
-                self.logger.warning("sweep of chat %s failed: %s", d.chat_id, outcome)
-                self.record(d, outcome, ok=False, ms=(time.perf_counter() - t0) * 1000)
+            if self.dry_run or workflow_id is None:
+                for d in decisions:
+                    await self._one(d, self._preview(d) if self.dry_run else self._apply(d))
                 return
-            ms = (time.perf_counter() - t0) * 1000
-            self.record(final, outcome, ms=ms)
-            if self.kind == "stuck-turns":
-                self.emit("coder.chat.stuck", final, outcome=outcome)
-            elif final.action in (Action.RETIRE, Action.RECONCILE) and not self.dry_run:
-                self.emit(
-                    f"coder.chat.{'retired' if final.action is Action.RETIRE else 'reconciled'}",
-                    final,
-                    outcome=outcome,
-                )
+            try:
+                async with _workflow_lease(self.store, workflow_id, self.opts):
+                    for d in decisions:
+                        await self._one(d, self._apply(d))
+            except LeaseUnavailableError as exc:
+                for d in decisions:
+                    busy = busy_refinement(d, lease_holder=exc.holder or "another run")
+                    self._done(busy, "left for the next sweep", 0.0)
+
+    async def _one(self, d: Decision, work: Awaitable[tuple[Decision, str]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            final, outcome = await work
+        except Exception as exc:  # one chat's failure never stops the sweep
+            outcome = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            self.logger.warning("sweep of chat %s failed: %s", d.chat_id, outcome)
+            self.record(d, outcome, ok=False, ms=(time.perf_counter() - t0) * 1000)
+            return
+        self._done(final, outcome, (time.perf_counter() - t0) * 1000)
+
+    def _done(self, final: Decision, outcome: str, ms: float) -> None:
+        self.record(final, outcome, ms=ms)
+        if self.kind == "stuck-turns":
+            self.emit("coder.chat.stuck", final, outcome=outcome)
+        elif final.action in (Action.RETIRE, Action.RECONCILE) and not self.dry_run:
+            self.emit(
+                f"coder.chat.{'retired' if final.action is Action.RETIRE else 'reconciled'}",
+                final,
+                outcome=outcome,
+            )
 
     async def _ledgered(self, chat_id: str) -> bool:
         return bool(await self.store.ledger.list(chat_id))
@@ -425,12 +439,7 @@ class _Sweeper:
         if d.action is Action.FORGET:
             await self.store.forget_chat(d.chat_id)
             return d, "stranded record removed"
-        try:
-            async with _workflow_lease(self.store, d.workflow_id, self.opts):
-                return await self._apply_under_lease(d, self.opts.request_timeout_s)
-        except LeaseUnavailableError as exc:
-            busy = busy_refinement(d, lease_holder=exc.holder or "another run")
-            return busy, "left for the next sweep"
+        return await self._apply_under_lease(d, self.opts.request_timeout_s)
 
     async def _apply_under_lease(
         self, d: Decision, request_timeout_s: float
@@ -503,7 +512,18 @@ class _Sweeper:
 
 
 async def _finish(sweeper: _Sweeper, started: float, actions: list[Decision]) -> SweepReport:
-    await asyncio.gather(*(sweeper.act(d) for d in actions))
+    # One task per workflow (its chats in sequence under one lease hold); chats
+    # without a known workflow each get their own.
+    groups: dict[tuple[str, str], list[Decision]] = {}
+    for d in actions:
+        key = ("workflow", d.workflow_id) if d.workflow_id else ("chat", d.chat_id)
+        groups.setdefault(key, []).append(d)
+    await asyncio.gather(
+        *(
+            sweeper.act_group(key[1] if key[0] == "workflow" else None, ds)
+            for key, ds in groups.items()
+        )
+    )
     report = sweeper.report
     report.duration_s = round(time.perf_counter() - started, 3)
     order = {a.value: i for i, a in enumerate(Action)}

@@ -1,0 +1,282 @@
+"""``sweep-orphans`` against the emulator, the Prefect test server and a real SQLite
+store: every orphan case of the durable design, and what the sweep never touches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from flow_helpers import say, user_messages
+from sweep_helpers import new_chat, ours, snapshot, wait_status
+
+from blocks import StateStore
+from coder_chat.emulator import Emulator
+from coder_chat.errors import CoderStreamError
+from coder_chat.rest import ChatClient
+from flows.labels import COLLECTION, LABEL_COLLECTION, LABEL_FLOW_RUN, LABEL_WORKFLOW, chat_labels
+from flows.params import Step, WorkflowSettings, step_marker
+from flows.sweeps import SweepOptions, sweep_orphans
+from flows.workflow import agent_turn
+
+SLOW = {"text": "working slowly", "deltas": 50, "delay": 0.1}
+
+
+def _chats_of(emu: Emulator, marker: str) -> list[str]:
+    return [c["id"] for c in emu.chats() if any(marker in m for m in user_messages(emu, c["id"]))]
+
+
+async def test_lost_create_response_leaves_an_orphan_the_sweep_retires_after_a_dry_run(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    # The create POST commits but its response is lost: the checkpoint stays empty
+    # while the server holds a chat nobody knows the id of.
+    emu.faults.drop_response(1, method="POST", path="/chats")
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - any transport failure
+            await agent_turn(workflow_id, Step(name="one", prompt="hi" + say("a")), settings)
+    finally:
+        emu.faults.clear()
+    assert await store.checkpoints.get(workflow_id) is None
+    [orphan] = _chats_of(emu, step_marker(workflow_id, "one"))
+    chat = await client.get_chat(orphan)
+    assert chat.labels[LABEL_COLLECTION] == COLLECTION
+    assert chat.labels[LABEL_WORKFLOW] == workflow_id
+    assert chat.labels.get(LABEL_FLOW_RUN)  # the flow run that created it
+    await wait_status(client, orphan, "waiting")
+
+    before = await snapshot(client, store, [orphan])
+    dry = await sweep_orphans(settings, dry_run=True, grace_s=0, options=options)
+    assert dry.count("retire") == 1 and dry.rows[0].outcome == "dry run: would retire"
+    assert await snapshot(client, store, [orphan]) == before  # a dry run changes nothing
+
+    report = await sweep_orphans(settings, grace_s=0, options=options)
+    assert report.count("retire") == 1 and report.failed == 0
+    [row] = report.rows
+    assert row.chat_id == orphan and "no checkpoint accounts for it" in row.reason
+    assert "archived" in row.outcome
+    assert (await client.get_chat(orphan)).archived
+    # a second sweep finds nothing left to do
+    again = await sweep_orphans(settings, grace_s=0, options=options)
+    assert again.count("retire") == 0 and again.count("keep") == 1
+
+
+async def test_several_orphans_of_one_workflow_are_all_retired_the_checkpointed_chat_kept(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    done = await agent_turn(workflow_id, Step(name="one", prompt="a" + say("ok")), settings)
+    labels = ours(tenant, workflow_id)
+    settled = await new_chat(client, labels=labels, script={"text": "settled on its own"})
+    failed = await new_chat(client, labels=labels, script={"fatal": "boom"})
+    running = await new_chat(client, labels=labels, script=SLOW)
+    paused = await new_chat(
+        client,
+        labels=labels,
+        tools=["record_note"],
+        script={"tool_calls": [{"name": "record_note", "args": {"title": "t", "body": "b"}}]},
+    )
+    await wait_status(client, settled, "waiting")
+    await wait_status(client, failed, "error")
+    await wait_status(client, paused, "requires_action")
+    assert (await client.get_chat(running)).status == "running"
+    orphans = {settled, failed, running, paused}
+
+    report = await sweep_orphans(settings, grace_s=0, options=options)
+    assert report.failed == 0, report.rows
+    assert {r.chat_id for r in report.rows if r.decision == "retire"} == orphans, report.rows
+    for cid in orphans:
+        chat = await client.get_chat(cid)
+        assert chat.archived and chat.status in ("waiting", "error"), (cid, chat.status)
+    # the paused orphan had nothing on the ledger: interrupted (twice: the first
+    # only closes the pause and the model continues), never left holding its pause
+    paused_row = next(r for r in report.rows if r.chat_id == paused)
+    assert paused_row.outcome.startswith("interrupted → running; interrupted")
+    # checkpointed chats are never archived by the orphan sweep
+    kept = await client.get_chat(done.chat_id)
+    assert not kept.archived
+    assert report.count("keep") == 1
+
+
+async def test_a_stranded_chat_from_a_discarded_session_is_retired_and_forgotten(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    options: SweepOptions,
+) -> None:
+    emu.faults.refuse_upgrades(503)
+    try:
+        with pytest.raises(CoderStreamError):
+            await agent_turn(workflow_id, Step(name="lost", prompt="x" + say("unseen")), settings)
+    finally:
+        emu.faults.clear()
+    [stranded] = [s.chat_id for s in await store.stranded.list(workflow_id)]
+    assert await store.checkpoints.get(workflow_id) is None
+    # known dead: no grace period protects it
+    report = await sweep_orphans(settings, grace_s=3600, options=options)
+    [row] = report.rows
+    assert row.chat_id == stranded and row.decision == "retire" and "stranded" in row.reason
+    assert (await client.get_chat(stranded)).archived
+    assert await store.stranded.list() == []
+
+
+async def test_a_stranded_record_of_an_archived_or_deleted_chat_is_forgotten(
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    archived = await new_chat(client, labels=ours(tenant, workflow_id), script={"text": "x"})
+    await wait_status(client, archived, "waiting")
+    await client.archive_chat(archived)
+    await store.stranded.record(workflow_id, archived, "test")
+    await store.stranded.record(workflow_id, "00000000-0000-4000-8000-00000000dead", "test")
+    report = await sweep_orphans(settings, grace_s=0, options=options)
+    assert report.count("forget") == 2 and report.failed == 0
+    assert await store.stranded.list() == []
+
+
+async def test_a_live_first_turn_inside_the_grace_window_is_never_touched(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    options: SweepOptions,
+) -> None:
+    marker = step_marker(workflow_id, "slow")
+    turn = asyncio.create_task(
+        agent_turn(workflow_id, Step(name="slow", prompt="go" + _slow()), settings)
+    )
+    try:
+        chat_id = None
+        for _ in range(300):
+            found = _chats_of(emu, marker)
+            if found:
+                chat_id = found[0]
+                break
+            await asyncio.sleep(0.01)
+        assert chat_id is not None
+        inside = await sweep_orphans(settings, grace_s=60, options=options)
+        # even with no grace at all, the workflow's lease (held by the live turn)
+        # keeps the sweep off its chat
+        no_grace = await sweep_orphans(settings, grace_s=0, options=options)
+        chat = await client.get_chat(chat_id)
+        assert chat.status == "running" and not chat.archived
+        result = await turn
+    finally:
+        turn.cancel()
+    assert result.text == "working slowly" and result.chat_id == chat_id
+    for report in (inside, no_grace):
+        assert report.count("retire") == 0 and report.failed == 0
+        assert {r.decision for r in report.rows} <= {"wait", "busy"}
+    cp = await store.checkpoints.get(workflow_id)
+    assert cp is not None and cp.chat_id == chat_id
+    assert not (await client.get_chat(chat_id)).archived
+
+
+def _slow() -> str:
+    from sweep_helpers import directive
+
+    return directive({"text": "working slowly", "deltas": 10, "delay": 0.05})
+
+
+async def test_chats_not_created_by_this_collection_are_never_touched(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    foreign = [
+        await new_chat(client, labels=None, script=SLOW),  # unlabelled, running
+        await new_chat(client, labels={"team": "other"}, script={"text": "x"}),
+        # our collection, another tenant (another store sharing the Coder identity)
+        await new_chat(client, labels=chat_labels("not-" + tenant, workflow_id), script=SLOW),
+        # a look-alike: our collection label but no tenant
+        await new_chat(client, labels={LABEL_COLLECTION: COLLECTION}, script={"text": "y"}),
+    ]
+    mine = await new_chat(client, labels=ours(tenant, workflow_id), script={"text": "z"})
+    await wait_status(client, mine, "waiting")
+    await asyncio.sleep(0.05)
+    before = {cid: (c.status, c.archived) for cid in foreign for c in [await client.get_chat(cid)]}
+    t0 = time.time()
+
+    report = await sweep_orphans(settings, grace_s=0, options=options)
+    assert report.listed == 1 and [r.chat_id for r in report.rows] == [mine]
+    assert (await client.get_chat(mine)).archived
+    for cid in foreign:
+        chat = await client.get_chat(cid)
+        assert not chat.archived
+        assert before[cid][1] is False
+    # not one interrupt or archive request went to a foreign chat
+    writes = [
+        e
+        for e in emu.event_log(["request"])
+        if e["time"] >= t0 and e["chat_id"] in foreign and e["details"]["method"] != "GET"
+    ]
+    assert writes == []
+    for cid in foreign:  # tidy the shared emulator
+        await _retire(client, cid)
+
+
+async def _retire(client: ChatClient, chat_id: str) -> None:
+    from flows.sweeps import archive_settled, stop_run
+
+    await stop_run(client, chat_id, bound_s=5, request_timeout_s=5)
+    await archive_settled(client, chat_id, settle_s=5, retry_s=0.05, request_timeout_s=5)
+
+
+async def test_listing_pages_through_every_chat_and_publishes_a_table_artifact(
+    client: ChatClient,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+    prefect_env: object,
+) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    # 3 pages of 7 (with overlap) plus archived ones: all are seen, none twice
+    ids = [
+        await new_chat(client, labels=ours(tenant, f"{workflow_id}-{i}"), script={"text": "x"})
+        for i in range(17)
+    ]
+    for cid in ids:
+        await wait_status(client, cid, "waiting")
+    for cid in ids[:3]:
+        await client.archive_chat(cid)
+    report = await sweep_orphans(settings, grace_s=0, options=options)
+    assert report.listed == 17
+    assert report.count("retire") == 14 and report.count("keep") == 3
+    assert sorted(r.chat_id for r in report.rows) == sorted(ids[3:])
+    for cid in ids:
+        assert (await client.get_chat(cid)).archived
+
+    async with get_client() as pc:
+        arts = await pc.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["coder-sweep-orphans"])),
+            limit=50,
+        )
+    mine = [a for a in arts if any(cid in str(a.data) for cid in ids[3:])]
+    assert mine and mine[0].type == "table"
+    assert "no checkpoint accounts for it" in str(mine[0].data)
+    assert f"`{tenant}`" in (mine[0].description or "")
