@@ -121,10 +121,14 @@ def postgres_url() -> Iterator[str]:
             ),
             **run,  # type: ignore[arg-type]
         )
-    except subprocess.CalledProcessError as exc:
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        detail = getattr(exc, "stderr", None) or exc
         log = (root / "log").read_text() if (root / "log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"could not start the test PostgreSQL: {exc.stderr}\n{log}")
+        pytest.fail(
+            f"could not start the test PostgreSQL from {bindir}: {detail}\n{log}\n"
+            "(set PREFECT_CODER_TEST_PG_BIN to a PostgreSQL bin directory, or run scripts/test)"
+        )
     try:
         yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
     finally:
