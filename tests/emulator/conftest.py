@@ -13,7 +13,7 @@ from coder_chat.emulator import Emulator
 async def emu(request: pytest.FixtureRequest) -> AsyncIterator[Emulator]:
     """Fresh emulator on the test loop; ``@pytest.mark.emu(**kw)`` overrides config."""
     marker = request.node.get_closest_marker("emu")
-    kwargs = {"delta_delay": 0.0005, "tokens": ["tok-alice", "tok-bob"]}
+    kwargs = {"delta_delay": 0.002, "tokens": ["tok-alice", "tok-bob"]}
     if marker:
         kwargs.update(marker.kwargs)
     async with Emulator(**kwargs) as e:

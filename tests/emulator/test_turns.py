@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from coder_chat.emulator import Emulator, Script, Sleep, Step, Text
+from coder_chat.emulator import ClientToolCall, Emulator, Script, Sleep, Step, Text
 
 from .helpers import P, Tap, client, create_chat, send, wait_status
 
@@ -39,7 +39,12 @@ async def test_default_echo_turn_shape(emu: Emulator) -> None:
 
 async def test_client_tool_requires_action_then_results(emu: Emulator) -> None:
     async with client(emu) as c:
-        emu.set_default_script(Script.structured_output({"answer": 42}))
+        emu.set_default_script(
+            Script.of(
+                Step((Sleep(0.1), ClientToolCall("structured_output", {"answer": 42}))),
+                Step((Text("Done."),)),
+            )
+        )
         chat = await create_chat(c, emu, "q", unsafe_dynamic_tools=TOOLS)
         async with Tap(emu, chat["id"]) as tap:
             await tap.wait_for(lambda ev: any(e["type"] == "action_required" for e in ev))
