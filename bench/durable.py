@@ -124,10 +124,11 @@ async def durable_turns(coder: str, store_block: str, n: int, tag: str) -> tuple
         runs = await client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
         )
-    ends = sorted(
-        (r.end_time for r in runs if r.name.startswith(wf) and r.end_time is not None)
-    )
-    start = min(r.start_time for r in runs if r.name.startswith(wf) and r.start_time)
+    turns = [r for r in runs if r.name.startswith(wf + "/")]
+    ends = sorted(r.end_time for r in turns if r.end_time is not None)
+    if len(ends) != n:
+        raise RuntimeError(f"expected {n} finished turn task runs, found {len(ends)} of {len(runs)}")
+    start = min(r.start_time for r in turns if r.start_time)
     walls = []
     previous = start
     for end in ends:

@@ -33,9 +33,9 @@ def spawn(coro: Coroutine[Any, Any, Any], *, name: str) -> None:
     task.add_done_callback(_done)
 
 
-async def drain(timeout: float = 30.0) -> None:
+async def drain(bound_s: float = 30.0) -> None:
     """Wait (bounded) for this loop's background work; failures are only logged."""
     loop = asyncio.get_running_loop()
     mine = [t for t in _pending if t.get_loop() is loop and not t.done()]
     if mine:
-        await asyncio.wait(mine, timeout=timeout)
+        await asyncio.wait(mine, timeout=bound_s)

@@ -14,6 +14,7 @@ and the error texts of ``coder_chat.errors`` are built without it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from prefect.events import emit_event
 
 from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
 
-__all__ = ["Observation", "TurnObserver", "chat_resource", "describe"]
+__all__ = ["Observation", "TransportRouter", "TurnObserver", "chat_resource", "describe"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +63,13 @@ def describe(ev: TransportEvent) -> Observation | None:
             "duration_ms": round(ev.duration_ms, 1),
         }
         if ev.ending == "clean":
+            # A log line only: clean settles are the bulk of all events, and the
+            # turn's own coder.turn.settled event already counts its segments.
             return Observation(
                 logging.INFO,
                 f"segment {ev.segment} settled: status={ev.status or '-'} "
                 f"finish={ev.finish_reason} in {ev.duration_ms:.0f} ms",
-                "coder.segment.settled",
+                None,
                 payload,
             )
         if ev.ending == "failure":
@@ -153,3 +156,20 @@ class TurnObserver:
             )
         except Exception:  # observability must never break a turn
             self.logger.debug("could not emit %s", event, exc_info=True)
+
+
+class TransportRouter:
+    """The ``on_transport_event`` hook of a ``ChatClient`` shared by several turns.
+
+    A client is expensive to build (its TLS context alone took ≈ 40 ms), so a
+    workflow builds one and hands it to every turn's agent. A pre-built client
+    reports HTTP/WS events through its own hook, fixed at construction; this
+    router forwards them to whichever turn is running (turns are sequential).
+    """
+
+    def __init__(self) -> None:
+        self.target: Callable[[TransportEvent], object] | None = None
+
+    def __call__(self, ev: TransportEvent) -> object:
+        target = self.target
+        return None if target is None else target(ev)

@@ -9,6 +9,7 @@ any chat is created.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from pydantic import ValidationError
 
 from blocks import ChatStateStore, CoderCredentials, HeldLease, LeaseUnavailableError, workflow_key
 from blocks.state.store import StateStore
+from coder_chat.rest import ChatClient
 from flows.errors import WorkflowBusyError, WorkflowParameterError
+from flows.observe import TransportRouter, TurnObserver
 from flows.params import WorkflowSettings, validate_base_url
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "load_credentials",
     "load_resources",
     "load_store",
+    "shared_client",
 ]
 
 
@@ -36,11 +40,15 @@ class TurnResources:
 
     ``lease`` is set when the caller (a workflow flow run) already holds the
     workflow's lease for all of its turns; a turn then does not take it again.
+    ``client``/``router`` let the turns of one flow run share one ``ChatClient``.
     """
 
     credentials: CoderCredentials
     store: StateStore
     lease: HeldLease | None = None
+    #: A client shared by the turns of one flow run, and the router of its events.
+    client: ChatClient | None = None
+    router: TransportRouter | None = None
 
 
 def _fields(exc: ValidationError) -> str:
@@ -138,8 +146,6 @@ async def hold_workflow_lease(
         )
         held = await cm.__aenter__()
     except LeaseUnavailableError as exc:
-        from flows.observe import TurnObserver  # observe imports Prefect's events
-
         logger = logging.getLogger("flows.lease")
         TurnObserver(workflow_id=workflow_id, step=step, logger=logger).emit(
             "coder.workflow.busy", {"waited_s": exc.waited}
@@ -152,3 +158,14 @@ async def hold_workflow_lease(
             raise
     else:
         await cm.__aexit__(None, None, None)
+
+
+@contextlib.asynccontextmanager
+async def shared_client(resources: TurnResources) -> AsyncIterator[TurnResources]:
+    """``resources`` with one ``ChatClient`` for all turns of a flow run (closed on exit)."""
+    router = TransportRouter()
+    client = resources.credentials.get_client(on_transport_event=router)
+    try:
+        yield dataclasses.replace(resources, client=client, router=router)
+    finally:
+        await client.aclose()

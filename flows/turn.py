@@ -37,7 +37,6 @@ from coder_chat.crash_safe import crash_point
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
-from flows.background import drain as drain_background
 from flows.labels import chat_labels, current_flow_run_id
 from flows.observe import TurnObserver
 from flows.params import Step, WorkflowSettings, step_marker
@@ -184,8 +183,6 @@ async def execute_turn(
     tools = resolved.tools
     answer = resolved.answers.get(step.output_model) if step.output_model else None
     store = resources.store
-    # The previous turn's artifact had a whole turn to reach the API.
-    await drain_background()
     async with contextlib.AsyncExitStack() as stack:
         if resources.lease is not None:
             # The calling flow holds the workflow's lease for all of its turns.
@@ -227,14 +224,19 @@ async def _turn_under_lease(
     # workflow label so orphans are findable.
     eager = EagerCheckpoint(store, workflow_id, marker, had_chat=chat_id is not None)
     tools = bind_crash_safe(tools, store, eager)
+    hook = eager.chain(observer)
+    shared = resources.client
+    if shared is not None and resources.router is not None:
+        resources.router.target = hook  # the shared client's HTTP/WS events
     agent = creds.get_agent(
+        client=shared,
         chat_id=chat_id,
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,
         # Collection, tenant, workflow and flow run: the sweeps find (only) our chats.
         labels=chat_labels(store.tenant, workflow_id, current_flow_run_id()),
         request_timeout=request_timeout,
-        on_transport_event=eager.chain(observer),
+        on_transport_event=hook,
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
     )
     attempt = 1
@@ -327,11 +329,14 @@ async def _turn_under_lease(
             generate_ms=round(generate_ms, 2),
         )
     finally:
-        # get_agent() built a client the agent does not own: close both.
+        # The agent never owns its client: close one built for this turn only.
         try:
             await agent.aclose()
         finally:
-            await agent.client.aclose()
+            if shared is None:
+                await agent.client.aclose()
+            elif resources.router is not None:
+                resources.router.target = None
     observer.emit(
         "coder.turn.settled",
         {

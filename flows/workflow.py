@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, cast
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun
 from prefect.logging import get_run_logger
 from prefect.states import State
+from prefect.utilities.annotations import quote
 
 from flows import registry
 from flows.archive import archive_chat, retire_workflow_chat
@@ -29,7 +30,7 @@ from flows.params import (
     validate_toolset,
     validate_workflow_id,
 )
-from flows.resources import TurnResources, hold_workflow_lease, load_resources
+from flows.resources import TurnResources, hold_workflow_lease, load_resources, shared_client
 from flows.results import TurnResult
 from flows.toolset import Toolset
 from flows.turn import run_turn
@@ -116,12 +117,19 @@ async def agent_workflow(
     try:
         # One lease for the whole run (not one per turn): another run of this
         # workflow waits up to lease_wait_s, then finds the finished steps stored.
-        async with hold_workflow_lease(workflow_id, resources.store, settings) as held:
-            leased = dataclasses.replace(resources, lease=held)
+        async with (
+            hold_workflow_lease(workflow_id, resources.store, settings) as held,
+            shared_client(resources) as shared,
+        ):
+            shared = dataclasses.replace(shared, lease=held)
             for step in steps:
-                results.append(await turn(workflow_id, step, settings, leased, toolset))
+                # quote(): Prefect would otherwise walk (and rebuild) the blocks,
+                # the store and the client as task inputs on every turn.
+                results.append(
+                    await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
+                )
             if not settings.keep_chat:
-                await archive_chat(workflow_id, settings, leased)
+                await archive_chat(workflow_id, settings, shared)
     finally:
         await drain_background()
     return results

@@ -78,7 +78,6 @@ async def test_observability_is_published_and_the_token_is_nowhere(
         names = [e["event"] for e in mine]
         assert names.count("coder.turn.settled") == 2
         assert "coder.stream.redial" in names
-        assert "coder.segment.settled" in names
         settled = next(e for e in mine if e["event"] == "coder.turn.settled")
         assert settled["resource"]["prefect.resource.id"] == f"coder.chat.{chat_id}"
         haystacks += [str(e) for e in events]
