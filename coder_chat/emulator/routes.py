@@ -48,6 +48,7 @@ FILE_TYPES = {
     "text/plain",
 }
 NOT_FOUND = "Resource not found or you do not have access to this resource"
+SIGNED_OUT = "You are signed out or your session has expired. Please sign in again to continue."
 
 Result = Response | DropResponse | Upgrade
 
@@ -133,11 +134,12 @@ class Api:
         if not token:
             raise Refused(
                 401,
+                SIGNED_OUT,
                 'Cookie "coder_session_token" or query parameter must be provided.',
             )
         user = self.core.users_by_token.get(token)
         if user is None:
-            raise Refused(401, "Invalid API key.", "API key is invalid or expired.")
+            raise Refused(401, SIGNED_OUT, "API key is invalid.")
         return user
 
     async def _chats(self, req: Request, user: User, segs: list[str]) -> Result:

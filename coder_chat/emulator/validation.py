@@ -20,7 +20,13 @@ def parse_uuid(raw: str) -> str:
     try:
         return str(uuid.UUID(raw))
     except ValueError:
-        raise Refused(400, f'Invalid UUID "{raw}".', f"invalid UUID length: {len(raw)}") from None
+        # Go's uuid.Parse wording.
+        detail = (
+            "invalid UUID format"
+            if len(raw) in (32, 36, 38, 45)
+            else f"invalid UUID length: {len(raw)}"
+        )
+        raise Refused(400, f'Invalid UUID "{raw}".', detail) from None
 
 
 def is_uuid(raw: Any) -> bool:

@@ -189,9 +189,15 @@ async def test_auth_and_ownership(emu: Emulator) -> None:
         cid = chat["id"]
         alice.headers.pop("Coder-Session-Token")
         r = await alice.get(f"{P}/{cid}")
-        assert r.status_code == 401 and "message" in r.json()
+        assert r.status_code == 401
+        assert r.json() == {
+            "message": "You are signed out or your session has expired. Please sign in again "
+            "to continue.",
+            "detail": 'Cookie "coder_session_token" or query parameter must be provided.',
+        }
         alice.headers["Coder-Session-Token"] = "tok-alice"
-        assert (await bad.get(P)).status_code == 401
+        r = await bad.get(P)
+        assert r.status_code == 401 and r.json()["detail"] == "API key is invalid."
         assert (await bad.get(f"{P}/not-a-uuid")).status_code == 401  # auth before parsing
         # not shared: another user's chat does not exist for them
         assert (await bob.get(f"{P}/{cid}")).json()["message"] == NOT_FOUND
