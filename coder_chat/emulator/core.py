@@ -50,6 +50,10 @@ class Config:
     clock: Callable[[], float] = time.time
     log_requests: bool = True
     max_event_log: int = 100_000
+    # Newest builds stamp a promoted queue head with the id of the queue entry it came
+    # from; older ones do not. Both exist in the field, so clients must handle both:
+    # tests switch this off to exercise the content heuristic.
+    stamp_queued_message_id: bool = True
 
 
 @dataclass
@@ -277,7 +281,10 @@ class Core:
                 head = chat.queue.pop(0)
                 promoted_idx.append(len(rows))
                 creator = next((u for u in self.users if u.id == head["_created_by"]), chat.owner)
-                rows.append((self._user_wire(chat, head["content"], creator), "both"))
+                wire = self._user_wire(chat, head["content"], creator)
+                if self.cfg.stamp_queued_message_id:
+                    wire["queued_message_id"] = head["id"]
+                rows.append((wire, "both"))
                 queue_changed = True
             elif k is EffectKind.MOVE_TO_HEAD:
                 item = next(q for q in chat.queue if q["id"] == queued_id)

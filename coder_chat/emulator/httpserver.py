@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from websockets.frames import Opcode
 from websockets.server import ServerProtocol
+
+# websockets' protocol logs every handshake header at DEBUG, the session token
+# included. The emulator must keep secrets out of logs like the real server, so its
+# protocol logger never goes below INFO whatever the root level is.
+_WS_LOGGER = logging.getLogger("coder_chat.emulator.websocket")
+_WS_LOGGER.setLevel(logging.INFO)
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 11 * 1024 * 1024
@@ -319,7 +326,7 @@ class HttpServer:
             writer.write(_serialize(result, False))
             await writer.drain()
             return
-        proto = ServerProtocol(max_size=1 << 20)
+        proto = ServerProtocol(max_size=1 << 20, logger=_WS_LOGGER)
         proto.receive_data(req.raw_head)
         events = proto.events_received()
         if not events:

@@ -181,6 +181,7 @@ class Emulator:
         max_concurrent_root_chats: int | None = None,
         clock: Callable[[], float] = time.time,
         log_requests: bool = True,
+        stamp_queued_message_id: bool = True,
     ) -> None:
         toks = list(tokens) if tokens else [f"emu-{secrets.token_hex(16)}"]
         self._users = [
@@ -207,6 +208,7 @@ class Emulator:
             max_concurrent_root_chats=max_concurrent_root_chats,
             clock=clock,
             log_requests=log_requests,
+            stamp_queued_message_id=stamp_queued_message_id,
         )
         self._core: Core | None = None
         self._api: Api | None = None
