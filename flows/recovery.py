@@ -53,6 +53,7 @@ from coder_chat.rest import ChatClient
 from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
 from flows import registry
 from flows.errors import WorkflowBusyError, WorkflowParameterError
+from flows.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from flows.params import Step, WorkflowSettings, step_marker, validate_workflow_id
 from flows.resources import load_resources
 from flows.results import ToolCallRecord, TurnResult
@@ -71,8 +72,9 @@ __all__ = [
     "sweep_orphans",
 ]
 
-#: Label every workflow chat carries, so orphans of a crashed first turn are findable.
-WORKFLOW_LABEL = "prefect-coder/workflow"
+#: Label every workflow chat carries (``flows.labels``), so orphans of a crashed
+#: first turn are findable.
+WORKFLOW_LABEL = LABEL_WORKFLOW
 
 _NOT_KEY = re.compile(r"[^a-z0-9-]+")
 
@@ -149,6 +151,7 @@ class EagerCheckpoint:
         self.had_chat = had_chat
         self.started_at = started_at or time.time()
         self.written: str | None = None
+        self._streamed = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -195,9 +198,9 @@ class EagerCheckpoint:
                 task = asyncio.get_running_loop().create_task(self.ensure(ev.chat_id))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-        elif isinstance(ev, WsEvent) and (self.had_chat or self.written):
-            kind = getattr(ev.event, "type", None)
-            if kind == "message_part":
+        elif isinstance(ev, WsEvent) and not self._streamed and (self.had_chat or self.written):
+            if getattr(ev.event, "type", None) == "message_part":
+                self._streamed = True  # once per turn: the first streamed part
                 crash_point("turn.mid_stream")
 
     async def drain(self) -> None:
@@ -248,8 +251,11 @@ async def sweep_orphans(
     """
     log = logger or _logger()
     found: list[str] = []
-    async for chat in client.iter_chats(labels={WORKFLOW_LABEL: workflow_id}, timeout=bound_s):
-        if chat.id == keep:
+    labels = {**scope_labels(store.tenant), WORKFLOW_LABEL: label_value(workflow_id)}
+    async for chat in client.iter_chats(labels=labels, timeout=bound_s):
+        # Re-checked: a server that ignored the filter must never make us touch
+        # someone else's chat.
+        if chat.id == keep or not owned_by(chat.labels, store.tenant):
             continue
         found.append(chat.id)
         try:
@@ -405,7 +411,9 @@ async def recover_before_send(
         )
     crash_point("recovery.before_resubmit")
     await recovery.journal_resubmission(outcome.attempts)
-    return SendPlan(attempt=outcome.attempts + 1, outcome=outcome)
+    # At least the second try: the journal proves an earlier send of this step
+    # started, even when it never landed.
+    return SendPlan(attempt=max(2, outcome.attempts + 1), outcome=outcome)
 
 
 async def note_failed_attempt(

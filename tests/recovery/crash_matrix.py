@@ -1,0 +1,243 @@
+"""Shared machinery of the crash-matrix tests and the recovery benchmark.
+
+A two-step workflow; each step charges the test payments service through the
+crash-safe ``charge_card`` tool, then answers. A child process runs the workflow
+and SIGKILLs itself at a named crash point (``crash_child.py``); recovery then
+runs either as a plain rerun of the workflow (``run_turn`` recovers
+automatically) or through the ``recover-turn`` flow followed by the rerun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coder_chat.emulator import Emulator
+from flows.params import Step, WorkflowSettings, step_marker
+
+HERE = Path(__file__).resolve().parent
+
+
+def directive(script: Any) -> str:
+    return " #emu " + json.dumps(script)
+
+
+def charge_script(cents: int, text: str) -> dict[str, Any]:
+    return {
+        "text": text,
+        "deltas": 6,
+        "delay": 0.02,
+        "tool_calls": [{"name": "charge_card", "args": {"amount_cents": cents}}],
+    }
+
+
+STEPS = [
+    Step(
+        name="plan",
+        prompt="Charge the deposit." + directive(charge_script(100, "Charging the deposit.")),
+        tools=["charge_card"],
+    ),
+    Step(
+        name="pay",
+        prompt="Charge the rest." + directive(charge_script(250, "Charging the rest now.")),
+        tools=["charge_card"],
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix: crash points of successive child runs, or a fault."""
+
+    name: str
+    crashes: tuple[str, ...] = ()
+    #: Emulator fault armed for the first child run ("drop_response" only).
+    fault: str | None = None
+    #: Steps that may legitimately carry a second user turn (the documented window).
+    may_resubmit: frozenset[str] = field(default_factory=frozenset)
+
+
+CASES = [
+    Case("before the chat exists", ("turn.before_create:1",)),
+    Case("after create, before the checkpoint", ("turn.after_create:1",)),
+    Case(
+        "after the checkpoint, mid-stream", ("turn.mid_stream:2",), may_resubmit=frozenset({"pay"})
+    ),
+    Case(
+        "first turn mid-stream (eager checkpoint)",
+        ("turn.mid_stream:1",),
+        may_resubmit=frozenset({"plan"}),
+    ),
+    Case("inside a client tool, before its effect", ("tool.before_effect:2",)),
+    Case("first turn, inside the tool (eager checkpoint)", ("tool.before_effect:1",)),
+    Case("after the effect, before done", ("tool.after_effect:2",)),
+    Case("after done, before submission", ("tool.after_done:2",)),
+    Case("after submission, before the result is persisted", ("turn.before_persist:2",)),
+    Case(
+        "recovery: between the verdict and the interrupt",
+        ("turn.mid_stream:2", "recovery.after_verdict:1"),
+        may_resubmit=frozenset({"pay"}),
+    ),
+    Case(
+        "recovery: between a resumed verdict and its submission",
+        ("tool.after_done:2", "recovery.after_verdict:1"),
+    ),
+    Case(
+        "a second crash during recovery",
+        ("turn.mid_stream:2", "recovery.before_resubmit:1"),
+        may_resubmit=frozenset({"pay"}),
+    ),
+    Case("POST landed, response lost", fault="drop_response", may_resubmit=frozenset({"pay"})),
+]
+
+
+def child_spec(workflow_id: str, settings: WorkflowSettings) -> str:
+    return json.dumps(
+        {
+            "workflow_id": workflow_id,
+            "steps": [s.model_dump(mode="json") for s in STEPS],
+            # keep the chat: a failed child must not archive it (its handler would)
+            "settings": settings.model_copy(update={"keep_chat": True}).model_dump(mode="json"),
+        }
+    )
+
+
+async def run_child(
+    env: dict[str, str], crash_at: str, spec: str
+) -> subprocess.CompletedProcess[str]:
+    """Run the workflow in a fresh process that SIGKILLs itself at ``crash_at``."""
+    full = {**env, "CRASH_AT": crash_at, "CRASH_SPEC": spec}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(HERE / "crash_child.py")],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(HERE.parents[1]),
+    )
+
+
+class ForkServer:
+    """Client of ``crash_child.py --serve``: one warm process that forks a child per run."""
+
+    def __init__(self, env: dict[str, str], stderr_path: Path) -> None:
+        self.env = env
+        self.stderr_path = stderr_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._next = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._stderr = stderr_path.open("wb")  # closed in stop()
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(HERE / "crash_child.py"),
+            "--serve",
+            env=self.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=str(HERE.parents[1]),
+        )
+        assert self.proc.stdout is not None
+        ready = await asyncio.wait_for(self.proc.stdout.readline(), 60)
+        assert json.loads(ready).get("ready"), ready
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            msg = json.loads(line)
+            fut = self._waiters.pop(msg["id"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(int(msg["rc"]))
+
+    async def run(self, crash_at: str, spec: str, *, limit_s: float = 120) -> int:
+        """Run the workflow in a fresh forked process; its exit code (-9 = killed)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self._next += 1
+        rid = self._next
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        req = {"id": rid, "crash_at": crash_at, "spec": json.loads(spec)}
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        await self.proc.stdin.drain()
+        return await asyncio.wait_for(fut, limit_s)
+
+    def stderr_tail(self, n: int = 4000) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    async def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            self._reader.cancel()
+        self._stderr.close()
+
+
+def chats_of(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
+    """Every chat (incl. archived) that carries one of the workflow's markers."""
+    markers = [step_marker(workflow_id, s.name) for s in STEPS]
+    out = []
+    for chat in emu.chats():
+        texts = user_texts(emu, chat["id"])
+        if any(m in t for t in texts for m in markers):
+            out.append(chat)
+    return out
+
+
+def user_texts(emu: Emulator, chat_id: str) -> list[str]:
+    out = []
+    for m in emu.messages(chat_id, include_system=False):
+        if m.get("role") == "user":
+            out.append(
+                "".join(
+                    p.get("text", "") for p in m.get("content") or [] if p.get("type") == "text"
+                )
+            )
+    return out
+
+
+def effects_of(payments: Any, chat_ids: list[str]) -> dict[str, int]:
+    with payments.lock:
+        return {k: v for k, v in payments.effects.items() if any(f"/{c}/" in k for c in chat_ids)}
+
+
+def env_for_children(base: dict[str, str], payments_url: str) -> dict[str, str]:
+    env = dict(base)
+    env["PAYMENTS_URL"] = payments_url
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop("CRASH_AT", None)
+    return {k: v for k, v in env.items() if v is not None and k in env}
+
+
+__all__ = [
+    "CASES",
+    "STEPS",
+    "Case",
+    "chats_of",
+    "child_spec",
+    "effects_of",
+    "env_for_children",
+    "os",
+    "run_child",
+    "user_texts",
+]

@@ -1,0 +1,175 @@
+"""The crash matrix: a real SIGKILL of the process running the step, at every named
+point, then recovery by a plain rerun (automatic) or by the ``recover-turn`` flow.
+
+After recovery: each payment effect applied exactly once per idempotency key and
+one key per step; the final results equal the fault-free run's; at most one extra
+user turn, only where the documented window allows it, with the same marker; no
+chat of the workflow left in ``requires_action`` or running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from conftest import PrefectEnv
+from crash_matrix import (
+    CASES,
+    STEPS,
+    Case,
+    ForkServer,
+    chats_of,
+    child_spec,
+    effects_of,
+    env_for_children,
+    user_texts,
+)
+from payments import Payments
+
+from coder_chat.emulator import Emulator
+from flows.params import WorkflowSettings, step_marker
+from flows.recovery import recover_turn
+from flows.workflow import agent_workflow
+
+LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
+
+
+@pytest.fixture(scope="module")
+async def baseline(prefect_env: PrefectEnv, settings_module: WorkflowSettings) -> list[str]:
+    """The fault-free run's step texts."""
+    results = await agent_workflow("r-baseline-matrix", STEPS, settings_module)
+    return [r.text for r in results]
+
+
+@pytest.fixture(scope="module")
+def settings_module(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
+    return WorkflowSettings(
+        credentials_block=coder_block,
+        store_block=sqlite_block,
+        retries=0,
+        retry_delay_s=0,
+        lease_wait_s=20,
+        lease_ttl_s=1,
+        settle_wait_s=5,
+        redial_backoff_ms=20,
+        artifacts=False,
+        tool_modules=["flows.demo_tools", "payment_tools"],
+    )
+
+
+async def crash(
+    case: Case,
+    workflow_id: str,
+    settings: WorkflowSettings,
+    server: ForkServer,
+    emu: Emulator,
+) -> None:
+    spec = child_spec(workflow_id, settings)
+    if case.fault == "drop_response":
+        # the second step's send commits but its response never arrives
+        emu.faults.drop_response(1, method="POST", path="/messages")
+        try:
+            rc = await server.run("", spec)
+        finally:
+            emu.faults.clear()
+        assert rc == 3, (rc, server.stderr_tail())
+    for point in case.crashes:
+        rc = await server.run(point, spec)
+        assert rc == -9, (point, rc, server.stderr_tail())
+
+
+MODES = ["rerun", "recover-turn"]
+
+
+@pytest.fixture(scope="module")
+async def crashed(
+    settings_module: WorkflowSettings,
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    emu: Emulator,
+    baseline: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, str], str]:
+    """Crash every (case, mode) once, children running concurrently (a child costs
+    ≈ 2-4 s of Prefect import and flow start). Fault cases run alone first: an
+    armed emulator fault is global."""
+    server = ForkServer(
+        env_for_children(prefect_env.child_env(), payments.url),
+        tmp_path_factory.mktemp("fork") / "stderr.log",
+    )
+    await server.start()
+    ids = {
+        (c.name, m): f"r-mx-{i}-{j}-{uuid.uuid4().hex[:6]}"
+        for i, c in enumerate(CASES)
+        for j, m in enumerate(MODES)
+    }
+    for case in CASES:
+        if case.fault:
+            for m in MODES:
+                await crash(case, ids[case.name, m], settings_module, server, emu)
+    gate = asyncio.Semaphore(8)
+
+    async def one(case: Case, mode: str) -> None:
+        async with gate:
+            await crash(case, ids[case.name, mode], settings_module, server, emu)
+
+    try:
+        await asyncio.gather(*(one(c, m) for c in CASES if not c.fault for m in MODES))
+    finally:
+        await server.stop()
+    return ids
+
+
+async def check(
+    case: Case,
+    workflow_id: str,
+    results: list[Any],
+    baseline: list[str],
+    payments: Payments,
+    emu: Emulator,
+) -> None:
+    assert [r.text for r in results] == baseline
+    chats = chats_of(emu, workflow_id)
+    ids = [c["id"] for c in chats]
+    effects = effects_of(payments, ids)
+    # exactly once per key, and one key (one effect) per step
+    assert sorted(effects.values()) == [1, 1], effects
+    main = results[-1].chat_id
+    for s in STEPS:
+        marker = step_marker(workflow_id, s.name)
+        on_main = sum(marker in t for t in user_texts(emu, main))
+        allowed = 2 if s.name in case.may_resubmit else 1
+        assert 1 <= on_main <= allowed, (s.name, user_texts(emu, main))
+    for c in chats:
+        if c["id"] != main:
+            # an orphan of the empty-checkpoint window: only the first step's prompt
+            texts = user_texts(emu, c["id"])
+            assert len(texts) == 1 and step_marker(workflow_id, "plan") in texts[0]
+    for _ in range(100):
+        live = [c["id"] for c in chats_of(emu, workflow_id) if c["status"] in LIVE]
+        if not live:
+            break
+        await asyncio.sleep(0.05)
+    assert not live, [(c["id"], c["status"]) for c in chats_of(emu, workflow_id)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("mode", MODES)
+async def test_crash_matrix(
+    case: Case,
+    mode: str,
+    crashed: dict[tuple[str, str], str],
+    baseline: list[str],
+    settings_module: WorkflowSettings,
+    payments: Payments,
+    emu: Emulator,
+) -> None:
+    workflow_id = crashed[case.name, mode]
+    settings = settings_module
+    if mode == "recover-turn":
+        report = await recover_turn(workflow_id, steps=STEPS, settings=settings)
+        assert report.action in ("nothing", "recovered", "resubmitted"), report
+    results = await agent_workflow(workflow_id, STEPS, settings)
+    await check(case, workflow_id, results, baseline, payments, emu)
