@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
@@ -134,7 +135,9 @@ async def retire_workflow_chat(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-@task(name="archive-chat", task_run_name="archive {workflow_id}")
+# NO_CACHE: archiving must really run every time (it is idempotent), and its
+# inputs hold a live client that cannot be hashed.
+@task(name="archive-chat", task_run_name="archive {workflow_id}", cache_policy=NO_CACHE)
 async def archive_chat(
     workflow_id: str, settings: WorkflowSettings, resources: TurnResources | None = None
 ) -> ArchiveOutcome:

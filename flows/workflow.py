@@ -129,7 +129,7 @@ async def agent_workflow(
                     await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
                 )
             if not settings.keep_chat:
-                await archive_chat(workflow_id, settings, shared)
+                await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
     finally:
         await drain_background()
     return results

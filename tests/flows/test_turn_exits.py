@@ -24,7 +24,7 @@ def _chat_of(emu: Emulator, marker: str) -> str:
     return chats[0]
 
 
-SLOW = emu_directive({"text": "slowly", "deltas": 40, "delay": 0.1})
+SLOW = emu_directive({"text": "slowly " * 40, "deltas": 40, "delay": 0.1})  # ~4 s
 
 
 @pytest.mark.parametrize(
