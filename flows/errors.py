@@ -7,7 +7,7 @@ parameters, so they must be actionable without reading code.
 
 from __future__ import annotations
 
-__all__ = ["ChatNotSettledError", "WorkflowBusyError", "WorkflowParameterError"]
+__all__ = ["WorkflowBusyError", "WorkflowParameterError"]
 
 
 class WorkflowParameterError(ValueError):
@@ -47,23 +47,3 @@ class WorkflowBusyError(RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.workflow_id, self.waited_s))
-
-
-class ChatNotSettledError(RuntimeError):
-    """Before a resubmission the chat did not reach a settled status in time.
-
-    Resubmitting on a chat with a live run would queue the new prompt behind it,
-    and the old run's trailing output would be absorbed into the retried turn.
-    """
-
-    def __init__(self, chat_id: str, status: str | None, waited_s: float) -> None:
-        self.chat_id = chat_id
-        self.status = status
-        self.waited_s = waited_s
-        super().__init__(
-            f"chat {chat_id} still {status or 'unknown'} after {waited_s:.1f}s of "
-            "settle-wait; not resubmitting the step onto a live run"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.chat_id, self.status, self.waited_s))
