@@ -104,6 +104,7 @@ async def run(workflow_id: str) -> tuple[Any, list[dict[str, Any]], float]:
         DEPLOYMENT,
         parameters={"workflow_id": workflow_id, "steps": demo_steps()},
         timeout=300,
+        poll_interval=1,
     )
     elapsed = time.perf_counter() - t0
     state = flow_run.state
