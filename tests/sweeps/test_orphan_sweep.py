@@ -8,15 +8,15 @@ import time
 
 import pytest
 from flow_helpers import say, user_messages
-from sweep_helpers import new_chat, ours, snapshot, wait_status
+from sweep_helpers import directive, new_chat, ours, snapshot, wait_status
 
-from blocks import StateStore
+from blocks import StateStore, workflow_key
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderStreamError
 from coder_chat.rest import ChatClient
 from flows.labels import COLLECTION, LABEL_COLLECTION, LABEL_FLOW_RUN, LABEL_WORKFLOW, chat_labels
 from flows.params import Step, WorkflowSettings, step_marker
-from flows.sweeps import SweepOptions, sweep_orphans
+from flows.sweeps import SweepOptions, run_orphan_sweep, sweep_orphans
 from flows.workflow import agent_turn
 
 SLOW = {"text": "working slowly", "deltas": 50, "delay": 0.1}
@@ -99,10 +99,10 @@ async def test_several_orphans_of_one_workflow_are_all_retired_the_checkpointed_
     for cid in orphans:
         chat = await client.get_chat(cid)
         assert chat.archived and chat.status in ("waiting", "error"), (cid, chat.status)
-    # the paused orphan had nothing on the ledger: interrupted (twice: the first
-    # only closes the pause and the model continues), never left holding its pause
+    # the paused orphan had nothing on the ledger: interrupted (that only closes the
+    # pause and the model continues, so the sweep stops the run again if it must)
     paused_row = next(r for r in report.rows if r.chat_id == paused)
-    assert paused_row.outcome.startswith("interrupted → running; interrupted")
+    assert paused_row.outcome.startswith("interrupted → running")
     # checkpointed chats are never archived by the orphan sweep
     kept = await client.get_chat(done.chat_id)
     assert not kept.archived
@@ -157,43 +157,48 @@ async def test_a_live_first_turn_inside_the_grace_window_is_never_touched(
     settings: WorkflowSettings,
     store: StateStore,
     workflow_id: str,
+    tenant: str,
     options: SweepOptions,
 ) -> None:
+    # A real first turn, live: never touched, even with no grace period at all.
     marker = step_marker(workflow_id, "slow")
+    slow = directive({"text": "working slowly", "deltas": 15, "delay": 0.1})
     turn = asyncio.create_task(
-        agent_turn(workflow_id, Step(name="slow", prompt="go" + _slow()), settings)
+        agent_turn(workflow_id, Step(name="slow", prompt="go" + slow), settings)
     )
     try:
         chat_id = None
-        for _ in range(300):
+        for _ in range(500):
             found = _chats_of(emu, marker)
             if found:
                 chat_id = found[0]
                 break
             await asyncio.sleep(0.01)
         assert chat_id is not None
-        inside = await sweep_orphans(settings, grace_s=60, options=options)
-        # even with no grace at all, the workflow's lease (held by the live turn)
-        # keeps the sweep off its chat
-        no_grace = await sweep_orphans(settings, grace_s=0, options=options)
-        chat = await client.get_chat(chat_id)
-        assert chat.status == "running" and not chat.archived
+        during = await run_orphan_sweep(client, store, grace_s=0, options=options)
+        assert not turn.done()
         result = await turn
     finally:
         turn.cancel()
     assert result.text == "working slowly" and result.chat_id == chat_id
-    for report in (inside, no_grace):
-        assert report.count("retire") == 0 and report.failed == 0
-        assert {r.decision for r in report.rows} <= {"wait", "busy"}
-    cp = await store.checkpoints.get(workflow_id)
-    assert cp is not None and cp.chat_id == chat_id
+    assert during.failed == 0 and during.count("retire") == 0
     assert not (await client.get_chat(chat_id)).archived
 
-
-def _slow() -> str:
-    from sweep_helpers import directive
-
-    return directive({"text": "working slowly", "deltas": 10, "delay": 0.05})
+    # A live chat no checkpoint names yet (a first turn before its checkpoint is
+    # written): the grace period protects it ...
+    other = f"{workflow_id}-2"
+    live = await new_chat(client, labels=ours(tenant, other), script=SLOW)
+    inside = await sweep_orphans(settings, grace_s=60, options=options)
+    [row] = inside.rows
+    assert (row.chat_id, row.decision) == (live, "wait") and "grace" in row.reason
+    # ... and past the grace, the lease its live run holds still does.
+    async with store.lease(workflow_key(other), ttl=10, wait=1):
+        held = await run_orphan_sweep(client, store, grace_s=0, options=options)
+    [row] = held.rows
+    assert (row.chat_id, row.decision) == (live, "busy")
+    chat = await client.get_chat(live)
+    assert chat.status == "running" and not chat.archived
+    await _retire(client, live)
 
 
 async def test_chats_not_created_by_this_collection_are_never_touched(
