@@ -52,10 +52,10 @@ from coder_chat.recovery import RecoveryOutcome, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
 from flows import registry
-from flows.errors import WorkflowBusyError, WorkflowParameterError
+from flows.errors import WorkflowBusyError
 from flows.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from flows.params import Step, WorkflowSettings, step_marker, validate_workflow_id
-from flows.resources import load_resources
+from flows.resources import TurnResources, load_resources
 from flows.results import ToolCallRecord, TurnResult
 from flows.toolset import Toolset
 
@@ -452,10 +452,17 @@ class RecoverTurnReport(BaseModel):
     workflow_id: str
     step: str | None = None
     chat_id: str | None = None
-    action: str = Field(description="'nothing', 'recovered', 'resubmitted', 'would-resubmit'.")
+    action: str = Field(
+        description=(
+            "'nothing'; 'recovered' (a finished attempt's result, nothing sent); 'ran' "
+            "(run_turn completed the step: stored result or resubmission); "
+            "'would-resubmit' (resubmit=False and the attempt never finished)."
+        )
+    )
     reason: str = ""
     result: TurnResult | None = None
     orphans: list[str] = Field(default_factory=list)
+    finished_workflow: bool = False
 
 
 def _step_name(marker: str, workflow_id: str) -> str | None:
@@ -482,6 +489,81 @@ async def _step_from_history(
     return None
 
 
+@dataclass
+class _Plan:
+    """What the inspection under the lease decided for the ``recover-turn`` flow."""
+
+    step: Step | None = None
+    toolset: Toolset | None = None
+
+
+async def _inspect(
+    report: RecoverTurnReport,
+    *,
+    client: ChatClient,
+    resources: TurnResources,
+    settings: WorkflowSettings,
+    step: str | None,
+    steps: list[Step] | None,
+    resubmit: bool,
+) -> _Plan:
+    """Under the workflow's lease: sweep orphans, find the step, and — without
+    ``resubmit`` — recover it read-only. Fills ``report``; returns what to run."""
+    store, creds, log = resources.store, resources.credentials, _logger()
+    workflow_id = report.workflow_id
+    checkpoint = await store.checkpoints.get(workflow_id)
+    report.chat_id = checkpoint.chat_id if checkpoint else None
+    report.orphans = await sweep_orphans(
+        client, store, workflow_id, keep=report.chat_id, logger=log
+    )
+    if checkpoint is None:
+        report.reason = "no checkpoint: the workflow never got a chat to recover"
+        return _Plan()
+    entry = await store.journal.get(checkpoint.chat_id)
+    name = step or (_step_name(entry.marker, workflow_id) if entry else None)
+    if name is None:
+        report.reason = "the chat's journal names no step of this workflow"
+        return _Plan()
+    report.step = name
+    marker = step_marker(workflow_id, name)
+    if entry is None or entry.marker != marker:
+        report.reason = f"step {name!r} has no unfinished attempt on the chat"
+        return _Plan()
+    wanted = next((s for s in steps or [] if s.name == name), None)
+    if wanted is None:
+        wanted = await _step_from_history(client, checkpoint.chat_id, workflow_id, name)
+    if wanted is None:
+        report.reason = f"step {name!r} never sent anything on the chat"
+        return _Plan()
+    toolset = Toolset.of_steps(steps) if steps else Toolset(tools=sorted(registry.tool_names()))
+    if resubmit:
+        return _Plan(wanted, toolset)
+    resolved = toolset.including(wanted).resolve()
+    answer = resolved.answers.get(wanted.output_model) if wanted.output_model else None
+    tools = bind_crash_safe(resolved.tools, store, None)
+    recovery = TurnRecovery(
+        client,
+        store,
+        checkpoint.chat_id,
+        marker,
+        tools=tools,
+        journal_entry=JournalEntry,
+        timings=recovery_timings(settings, creds.request_timeout, creds.turn_timeout),
+        output_model=answer.model if answer is not None else None,
+        structured_tool_name=answer.name if answer is not None else "structured_output",
+        logger=log,
+    )
+    outcome = await recovery.run()
+    await publish_recovery(workflow_id, name, outcome, artifacts=settings.artifacts)
+    report.reason = outcome.reason
+    if outcome.classification == "recovered":
+        report.action = "recovered"
+        report.result = recovered_result(workflow_id, wanted, outcome, tools)
+    else:
+        report.action = "would-resubmit"
+    return _Plan()
+
+
 @flow(name="recover-turn", flow_run_name="recover {workflow_id}")
 async def recover_turn(
     workflow_id: str,
@@ -489,16 +571,17 @@ async def recover_turn(
     resubmit: bool = True,
     settings: WorkflowSettings | None = None,
     steps: list[Step] | None = None,
+    finish_workflow: bool = False,
 ) -> RecoverTurnReport:
     """Recover a workflow's stuck or crashed step.
 
     Takes the workflow's lease, sweeps orphan chats, finds the step (``step`` or
-    the one the chat's journal names), settles the chat (ledger reconcile before
-    any interrupt) and then either returns the recovered result of a finished
-    attempt or — with ``resubmit`` — runs the step again through ``run_turn``,
-    which stores the result under the step's key so a rerun of the workflow
-    continues after it. Without ``resubmit`` a step that needs resubmitting is
-    only reported (``would-resubmit``).
+    the one the chat's journal names), and then either — with ``resubmit`` —
+    runs it through ``run_turn``, which settles the chat (ledger reconcile before
+    any interrupt), returns a finished attempt's recovered result or resubmits,
+    and stores the result under the step's key so a rerun of the workflow
+    continues after it; or — without ``resubmit`` — recovers read-only: returns
+    the recovered result, or reports ``would-resubmit``.
 
     Args:
         workflow_id: the workflow to recover.
@@ -507,6 +590,10 @@ async def recover_turn(
         settings: as the workflow's (blocks, bounds).
         steps: the workflow's steps (for their tools and output models);
             default: the prompt from history and every registered tool.
+        finish_workflow: with ``steps`` and ``resubmit``, then run the rest of the
+            workflow (``agent-workflow`` as a subflow: finished steps come from
+            storage, the chat is archived at the end unless ``keep_chat``). The
+            Crashed-run trigger in ``prefect.yaml`` sets it.
     """
     from flows.turn import run_turn  # flows.turn imports this module
 
@@ -514,88 +601,43 @@ async def recover_turn(
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
     resources = await load_resources(settings)
-    store = resources.store
-    creds = resources.credentials
-    log = _logger()
     report = RecoverTurnReport(workflow_id=workflow_id, action="nothing")
-    client = creds.get_client()
+    client = resources.credentials.get_client()
     try:
         try:
-            lease = store.lease(
+            lease = resources.store.lease(
                 workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
             )
-            held = await lease.__aenter__()
+            await lease.__aenter__()
         except LeaseUnavailableError as exc:
             raise WorkflowBusyError(workflow_id, exc.waited) from None
         try:
-            checkpoint = await store.checkpoints.get(workflow_id)
-            report.chat_id = checkpoint.chat_id if checkpoint else None
-            report.orphans = await sweep_orphans(
-                client, store, workflow_id, keep=report.chat_id, logger=log
+            plan = await _inspect(
+                report,
+                client=client,
+                resources=resources,
+                settings=settings,
+                step=step,
+                steps=steps,
+                resubmit=resubmit,
             )
-            if checkpoint is None:
-                report.reason = "no checkpoint: the workflow never got a chat to recover"
-                return report
-            entry = await store.journal.get(checkpoint.chat_id)
-            name = step or (_step_name(entry.marker, workflow_id) if entry else None)
-            if name is None:
-                report.reason = "the chat's journal names no step of this workflow"
-                return report
-            report.step = name
-            wanted = next((s for s in steps or [] if s.name == name), None)
-            if wanted is None:
-                wanted = await _step_from_history(client, checkpoint.chat_id, workflow_id, name)
-            if wanted is None:
-                report.reason = f"step {name!r} never sent anything on the chat"
-                if not resubmit:
-                    return report
-                raise WorkflowParameterError(
-                    "steps",
-                    f"step {name!r} has no prompt in history",
-                    "pass the workflow's steps so the step can be sent",
-                )
-            toolset = (
-                Toolset.of_steps(steps) if steps else Toolset(tools=sorted(registry.tool_names()))
-            )
-            resolved = toolset.including(wanted).resolve()
-            answer = resolved.answers.get(wanted.output_model) if wanted.output_model else None
-            tools = bind_crash_safe(resolved.tools, store, None)
-            held.raise_if_lost()
-            timings = recovery_timings(settings, creds.request_timeout, creds.turn_timeout)
-            marker = step_marker(workflow_id, name)
-            if entry is None or entry.marker != marker:
-                report.reason = f"step {name!r} has no unfinished attempt on the chat"
-                return report
-            if not resubmit:
-                recovery = TurnRecovery(
-                    client,
-                    store,
-                    checkpoint.chat_id,
-                    marker,
-                    tools=tools,
-                    journal_entry=JournalEntry,
-                    timings=timings,
-                    output_model=answer.model if answer is not None else None,
-                    structured_tool_name=answer.name if answer is not None else "structured_output",
-                    logger=log,
-                )
-                outcome = await recovery.run()
-                await publish_recovery(workflow_id, name, outcome, artifacts=settings.artifacts)
-                report.reason = outcome.reason
-                if outcome.classification == "recovered":
-                    report.action = "recovered"
-                    report.result = recovered_result(workflow_id, wanted, outcome, tools)
-                else:
-                    report.action = "would-resubmit"
-                return report
         finally:
             await lease.__aexit__(None, None, None)
     finally:
         await client.aclose()
-    # Resubmission path: run_turn recovers first (and sends only when it must),
-    # under its own lease, and persists the result under the step's key.
-    result = await run_turn(workflow_id, wanted, settings, resources, toolset)
-    report.result = result
-    report.action = "recovered" if result.generate_ms == 0 else "resubmitted"
-    report.reason = f"run_turn returned attempt {result.attempt}"
+    if plan.step is not None:
+        # run_turn recovers first (and sends only when it must), under its own
+        # lease, and persists the result under the step's key.
+        result = await run_turn(workflow_id, plan.step, settings, resources, plan.toolset)
+        report.result = result
+        # A recovered result took no generate() time.
+        report.action = "recovered" if result.generate_ms == 0 else "ran"
+        report.reason = f"run_turn returned attempt {result.attempt} of {plan.step.name!r}"
+    if finish_workflow and steps and resubmit:
+        from flows.workflow import agent_workflow  # flows.workflow imports flows.turn
+
+        await agent_workflow(workflow_id, steps, settings)
+        report.finished_workflow = True
+    log = _logger()
+    log.info("recover-turn %s: %s (%s)", workflow_id, report.action, report.reason)
     return report

@@ -169,7 +169,10 @@ async def test_crash_matrix(
     workflow_id = crashed[case.name, mode]
     settings = settings_module
     if mode == "recover-turn":
-        report = await recover_turn(workflow_id, steps=STEPS, settings=settings)
-        assert report.action in ("nothing", "recovered", "resubmitted"), report
+        report = await recover_turn(
+            workflow_id, steps=STEPS, settings=settings, finish_workflow=True
+        )
+        assert report.action in ("nothing", "recovered", "ran"), report
+        assert report.finished_workflow
     results = await agent_workflow(workflow_id, STEPS, settings)
     await check(case, workflow_id, results, baseline, payments, emu)
