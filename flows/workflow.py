@@ -23,6 +23,7 @@ from prefect.utilities.annotations import quote
 from flows import registry
 from flows.archive import archive_chat, retire_workflow_chat
 from flows.background import drain as drain_background
+from flows.errors import WorkflowBusyError, WorkflowParameterError
 from flows.params import (
     Step,
     WorkflowSettings,
@@ -55,14 +56,25 @@ async def prepare(
     return await load_resources(settings)
 
 
-async def _archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, _state: State[Any]) -> None:
+async def _archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
     """Failure handler: the workflow owns its chat's end of life, so a finally
-    failed run retires its chat (abandoned runs must not accumulate live chats)."""
+    failed run retires its chat (abandoned runs must not accumulate live chats).
+
+    Not when the run never drove the chat: bad parameters or a busy workflow
+    must not archive a chat that an earlier or a concurrent run still uses.
+    """
     logger: logging.Logger | logging.LoggerAdapter[Any]
     try:
         logger = get_run_logger()
     except Exception:
         logger = logging.getLogger("flows.workflow")
+    try:
+        failure = await state.aresult(raise_on_failure=False)
+    except Exception:
+        failure = None
+    if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
+        logger.info("the run failed before driving the chat (%s): not archiving", failure)
+        return
     params = flow_run.parameters or {}
     try:
         settings = WorkflowSettings.model_validate(params.get("settings") or {})

@@ -89,3 +89,15 @@ async def test_bad_url_in_a_saved_block_fails_before_any_chat(
         )
     assert info.value.field.startswith("settings.credentials_block")
     assert len(emu.chats()) == chats
+
+
+async def test_bad_parameters_never_archive_the_workflows_live_chat(
+    emu: Emulator, settings: WorkflowSettings, workflow_id: str
+) -> None:
+    first = await agent_turn(workflow_id, GOOD, settings)
+    with pytest.raises(WorkflowParameterError):
+        await agent_workflow(
+            workflow_id, [GOOD, Step(name="t", prompt="x", tools=["typo_tool"])], settings
+        )
+    # the failure handler saw a parameter error: the chat stays resumable
+    assert emu.chat(first.chat_id)["archived"] is False
