@@ -4,6 +4,7 @@
 * :func:`flows.workflow.agent_workflow` — sequential steps on one chat (flow)
 * :func:`flows.workflow.agent_turn` — one step as its own flow run (flow)
 * :func:`flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
+* :func:`flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
 * :mod:`flows.registry` — client tools and output models by name
 
 Submodules are imported lazily so that ``flows.params`` and ``flows.registry``
@@ -21,6 +22,7 @@ __all__ = [
     "agent_turn",
     "agent_workflow",
     "archive_workflow_chat",
+    "recover_turn",
     "run_turn",
 ]
 
@@ -32,6 +34,7 @@ _LAZY = {
     "agent_workflow": "flows.workflow",
     "agent_turn": "flows.workflow",
     "archive_workflow_chat": "flows.archive",
+    "recover_turn": "flows.recovery",
 }
 
 

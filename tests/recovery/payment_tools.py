@@ -37,3 +37,36 @@ async def charge_card(args: Charge, ctx: EffectContext) -> dict[str, Any]:
 
 
 register_tool(charge_card)
+
+
+def _crash_once_from_env() -> None:
+    """Test seam for the Crashed-trigger test: a process started by a Prefect runner
+    (no fork server to tell it) SIGKILLs itself at ``$CRASH_AT`` — once per
+    ``$CRASH_ONCE_FILE`` across processes, so the recovery run is not killed too."""
+    at = os.environ.get("CRASH_AT")
+    once = os.environ.get("CRASH_ONCE_FILE")
+    if not at or not once:
+        return
+    import signal
+
+    from coder_chat.crash_safe import add_crash_hook
+
+    name, _, nth = at.partition(":")
+    wanted = int(nth or 1)
+    seen: dict[str, int] = {}
+
+    def hook(point: str) -> None:
+        seen[point] = seen.get(point, 0) + 1
+        if point != name or seen[point] != wanted:
+            return
+        try:
+            fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return  # already crashed once: this is the recovery
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    add_crash_hook(hook)
+
+
+_crash_once_from_env()

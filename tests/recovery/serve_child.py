@@ -1,0 +1,31 @@
+"""Serve ``agent-workflow`` and ``recover-turn`` (with the Crashed trigger taken from
+``prefect.yaml``) from one Prefect runner process, for the trigger test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import serve
+from prefect.deployments.runner import RunnerDeployment
+from prefect.events import DeploymentEventTrigger
+
+from flows.recovery import recover_turn
+from flows.workflow import agent_workflow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    recover = next(d for d in spec["deployments"] if d["name"] == "recover-turn")
+    triggers: list[Any] = [DeploymentEventTrigger(**t) for t in recover["triggers"]]
+    workflow = agent_workflow.to_deployment(name="agent-workflow")
+    recovery = recover_turn.to_deployment(name="recover-turn", triggers=triggers)
+    assert isinstance(workflow, RunnerDeployment) and isinstance(recovery, RunnerDeployment)
+    serve(workflow, recovery, print_starting_message=False)
+
+
+if __name__ == "__main__":
+    main()
