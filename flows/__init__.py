@@ -5,6 +5,8 @@
 * :func:`flows.workflow.agent_turn` — one step as its own flow run (flow)
 * :func:`flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
 * :func:`flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
+* :func:`flows.sweeps.sweep_orphans` — retire chats no checkpoint accounts for (flow)
+* :func:`flows.sweeps.sweep_stuck_turns` — interrupt turns nobody finishes (flow)
 * :mod:`flows.registry` — client tools and output models by name
 
 Submodules are imported lazily so that ``flows.params`` and ``flows.registry``
@@ -24,6 +26,8 @@ __all__ = [
     "archive_workflow_chat",
     "recover_turn",
     "run_turn",
+    "sweep_orphans",
+    "sweep_stuck_turns",
 ]
 
 _LAZY = {
@@ -35,6 +39,8 @@ _LAZY = {
     "agent_turn": "flows.workflow",
     "archive_workflow_chat": "flows.archive",
     "recover_turn": "flows.recovery",
+    "sweep_orphans": "flows.sweeps",
+    "sweep_stuck_turns": "flows.sweeps",
 }
 
 
