@@ -285,3 +285,49 @@ async def test_listing_pages_through_every_chat_and_publishes_a_table_artifact(
     assert mine and mine[0].type == "table"
     assert "no checkpoint accounts for it" in str(mine[0].data)
     assert f"`{tenant}`" in (mine[0].description or "")
+
+
+async def test_a_paused_orphan_with_a_committed_effect_is_reconciled_then_retired(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    # The process crashed inside a client tool after its effect committed (ledger
+    # "done") and before the chat id was checkpointed: the pause is the only
+    # pending record of the effect. Interrupting it would lose that record.
+    marker = step_marker(workflow_id, "note")
+    call = {"name": "record_note", "args": {"title": "t", "body": "b"}, "id": "call-7"}
+    paused = await new_chat(
+        client,
+        labels=ours(tenant, workflow_id),
+        tools=["record_note"],
+        prompt=f"{marker} write it down",
+        script=[{"tool_calls": [call]}, {"text": "noted"}],
+    )
+    await wait_status(client, paused, "requires_action")
+    await store.ledger.begin(paused, "call-7", tool_name="record_note")
+    await store.ledger.complete(paused, "call-7", {"saved": "note-7"})
+
+    first = await sweep_orphans(settings, grace_s=0, options=options)
+    [row] = first.rows
+    assert (row.decision, row.outcome) == ("reconcile", "reconciled (resumed)"), row
+    await wait_status(client, paused, "waiting")
+    results = [
+        p
+        for m in emu.messages(paused, include_system=False)
+        for p in m.get("content") or []
+        if p.get("type") == "tool-result"
+    ]
+    assert [r["tool_call_id"] for r in results] == ["call-7"]
+    assert "note-7" in str(results[0].get("result")) and not results[0].get("is_error")
+    assert not (await client.get_chat(paused)).archived
+
+    # the revived run settled: the next sweep retires the orphan like any other
+    second = await sweep_orphans(settings, grace_s=0, options=options)
+    [row] = second.rows
+    assert row.decision == "retire" and (await client.get_chat(paused)).archived
+    assert await store.ledger.list(paused) == []  # forgotten with the chat
