@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 from conftest import PrefectEnv
 from crash_matrix import STEPS, ForkServer, child_spec, env_for_children
@@ -15,7 +17,7 @@ from flows.recovery import recover_turn
 @pytest.fixture
 async def server(
     prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
-):  # type: ignore[no-untyped-def]
+) -> AsyncIterator[ForkServer]:
     srv = ForkServer(
         env_for_children(prefect_env.child_env(), payments.url),
         tmp_path_factory.mktemp("fork-rt") / "stderr.log",
