@@ -105,6 +105,9 @@ class SweepOptions(BaseModel):
     max_table_rows: int = Field(
         default=500, ge=1, description="Rows of the table artifact (the rest are counted)."
     )
+    emit_events: bool = Field(
+        default=True, description="Emit a Prefect event per chat acted on (and per run)."
+    )
 
 
 class SweepRow(BaseModel):
@@ -350,6 +353,8 @@ class _Sweeper:
         )
 
     def emit(self, event: str, d: Decision, **payload: Any) -> None:
+        if not self.opts.emit_events:
+            return
         related = []
         if d.workflow_id:
             related.append(
@@ -798,7 +803,8 @@ async def sweep_orphans(
             tool_modules=tuple(settings.tool_modules),
         )
     await publish_sweep_artifact(report, f"Grace period {grace:g}s.", opts.max_table_rows)
-    _emit_summary(report, logger)
+    if opts.emit_events:
+        _emit_summary(report, logger)
     return report
 
 
@@ -847,7 +853,8 @@ async def sweep_stuck_turns(
         f"Turn budget {budget:g}s, action budget {action_budget_s:g}s.",
         opts.max_table_rows,
     )
-    _emit_summary(report, _logger())
+    if opts.emit_events:
+        _emit_summary(report, _logger())
     return report
 
 
