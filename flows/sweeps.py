@@ -105,6 +105,13 @@ class SweepOptions(BaseModel):
     max_table_rows: int = Field(
         default=500, ge=1, description="Rows of the table artifact (the rest are counted)."
     )
+    include_archived: bool = Field(
+        default=True,
+        description=(
+            "The orphan sweep also lists archived chats (to settle stranded records of "
+            "chats archived elsewhere). Off: stranded chats are looked up one by one."
+        ),
+    )
     emit_events: bool = Field(
         default=True, description="Emit a Prefect event per chat acted on (and per run)."
     )
@@ -565,7 +572,7 @@ async def run_orphan_sweep(
     chats = await list_owned_chats(
         client,
         store.tenant,
-        archived=None,
+        archived=None if opts.include_archived else False,
         page_size=opts.page_size,
         overlap=opts.page_overlap,
         request_timeout_s=opts.request_timeout_s,
@@ -895,6 +902,14 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
     if marker is None:
         return "unavailable"
     registry.load_tool_modules(list(req.tool_modules))
+    # History does not say which calls were client tools: reconciliation only sees
+    # the names registered here. A ledgered tool this process does not know would
+    # look like "nothing of ours pending" and be interrupted away — leave it paused.
+    known = registry.tool_names()
+    if any(
+        e.tool_name and e.tool_name not in known for e in await req.store.ledger.list(req.chat_id)
+    ):
+        return "unavailable"
     tools = Toolset(tools=sorted(registry.tool_names())).resolve().tools
     recovery = TurnRecovery(
         req.client,
