@@ -421,7 +421,7 @@ class _Sweeper:
 
     def _done(self, final: Decision, outcome: str, ms: float) -> None:
         self.record(final, outcome, ms=ms)
-        if self.kind == "stuck-turns":
+        if self.kind == "stuck-turns" and final.action is not Action.KEEP:
             self.emit("coder.chat.stuck", final, outcome=outcome)
         elif final.action in (Action.RETIRE, Action.RECONCILE) and not self.dry_run:
             self.emit(
