@@ -117,6 +117,13 @@ class WorkflowSettings(BaseModel):
         ge=1,
         description="First stream redial backoff (doubles per failure; 5 failures end a turn).",
     )
+    eager_checkpoint: bool = Field(
+        default=True,
+        description=(
+            "Checkpoint a first turn's chat as soon as its stream dials (shrinks the "
+            "crash window the orphan sweep covers; a retry then resumes that chat)."
+        ),
+    )
     artifacts: bool = Field(default=True, description="Publish a markdown artifact per turn.")
     tool_modules: list[str] = Field(
         default_factory=lambda: ["flows.demo_tools"],

@@ -1,10 +1,11 @@
-"""Child process: run one first turn and SIGKILL itself right after the create
-response arrived — before any checkpoint of the chat exists.
+"""Child process: run one first turn and SIGKILL itself at a crash point —
+``turn.after_create`` (the create response arrived, no checkpoint can exist yet)
+by default, or ``$SWEEP_CRASH_AT`` (e.g. ``turn.mid_stream``: after the dial).
 
 Environment: ``SWEEP_SPEC`` = JSON ``{"workflow_id", "step", "settings"}`` plus the
 Prefect test server's ``PREFECT_API_URL``. The kill goes through the documented
-test seam ``coder_chat.crash_safe.add_crash_hook`` (crash point
-``turn.after_create``): a real SIGKILL, no ``finally`` block runs.
+test seam ``coder_chat.crash_safe.add_crash_hook``: a real SIGKILL, no ``finally``
+block runs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import sys
 def main() -> int:
     from coder_chat.crash_safe import add_crash_hook
 
+    at = os.environ.get("SWEEP_CRASH_AT") or "turn.after_create"
+
     def hook(point: str) -> None:
-        if point == "turn.after_create":
+        if point == at:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -70,6 +70,77 @@ async def test_a_crash_after_create_before_checkpoint_leaves_an_orphan_the_sweep
     assert (await client.get_chat(orphan)).archived
 
 
+async def test_the_eager_checkpoint_option_decides_who_owns_a_chat_after_a_mid_stream_crash(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    options: SweepOptions,
+    prefect_env: object,
+) -> None:
+    async def crash(wid: str, eager: bool) -> str:
+        slow = directive({"text": "long", "deltas": 30, "delay": 0.1})
+        spec = {
+            "workflow_id": wid,
+            "step": Step(name="s", prompt="go" + slow).model_dump(),
+            "settings": settings.model_copy(
+                update={"lease_ttl_s": 1.0, "eager_checkpoint": eager}
+            ).model_dump(),
+        }
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(HERE / "sweep_crash_child.py"),
+            env=prefect_env.subprocess_env(  # type: ignore[attr-defined]
+                SWEEP_SPEC=json.dumps(spec), SWEEP_CRASH_AT="none"
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            marker = step_marker(wid, "s")
+            chat = None
+            for _ in range(3000):  # until its stream is connected
+                found = [
+                    c["id"]
+                    for c in emu.chats()
+                    if any(marker in m for m in user_messages(emu, c["id"]))
+                ]
+                if found and any(e["chat_id"] == found[0] for e in emu.event_log(["ws_connect"])):
+                    chat = found[0]
+                    break
+                await asyncio.sleep(0.01)
+            assert chat is not None
+            if eager:
+                for _ in range(300):
+                    if await store.checkpoints.get(wid) is not None:
+                        break
+                    await asyncio.sleep(0.01)
+            else:
+                await asyncio.sleep(0.3)  # the dial is long past: nothing was written
+            assert child.returncode is None  # still mid-stream
+        finally:
+            child.kill()  # a real SIGKILL: no finally block runs
+            await child.wait()
+        return chat
+
+    # Both children are killed mid-stream, after the dial, before their `finally`.
+    eager_chat, lazy_chat = await asyncio.gather(
+        crash(f"{workflow_id}-e", True), crash(f"{workflow_id}-l", False)
+    )
+    cp = await store.checkpoints.get(f"{workflow_id}-e")
+    assert cp is not None and cp.chat_id == eager_chat  # the dial made it durable
+    assert await store.checkpoints.get(f"{workflow_id}-l") is None
+    for chat in (eager_chat, lazy_chat):
+        await wait_status(client, chat, "waiting")
+    patient = options.model_copy(update={"lease_wait_s": 3.0})
+    report = await sweep_orphans(settings, grace_s=0, options=patient)
+    [row] = report.rows
+    assert (row.chat_id, row.decision) == (lazy_chat, "retire")  # an orphan without it
+    assert (await client.get_chat(lazy_chat)).archived
+    assert not (await client.get_chat(eager_chat)).archived  # resumable by its workflow
+
+
 async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
     emu: Emulator,
     client: ChatClient,
