@@ -400,8 +400,15 @@ class _Sweeper:
                     await self._one(d, self._preview(d) if self.dry_run else self._apply(d))
                 return
             try:
-                async with _workflow_lease(self.store, workflow_id, self.opts):
+                async with _workflow_lease(self.store, workflow_id, self.opts) as held:
                     for d in decisions:
+                        if held.lost:  # taken over (we stalled past its ttl): stop acting
+                            self._done(
+                                busy_refinement(d, lease_holder="a new holder"),
+                                "lease lost: left for the next sweep",
+                                0.0,
+                            )
+                            continue
                         await self._one(d, self._apply(d))
             except LeaseUnavailableError as exc:
                 for d in decisions:

@@ -331,3 +331,44 @@ async def test_a_paused_orphan_with_a_committed_effect_is_reconciled_then_retire
     [row] = second.rows
     assert row.decision == "retire" and (await client.get_chat(paused)).archived
     assert await store.ledger.list(paused) == []  # forgotten with the chat
+
+
+async def test_one_chats_failure_is_a_failed_row_not_the_end_of_the_sweep(
+    emu: Emulator,
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+    prefect_env: object,
+) -> None:
+    from flow_helpers import TOKEN
+    from prefect import get_client
+
+    ids = [
+        await new_chat(client, labels=ours(tenant, f"{workflow_id}-{i}"), script={"text": "x"})
+        for i in range(3)
+    ]
+    for cid in ids:
+        await wait_status(client, cid, "waiting")
+    # the server answers one archive with a 500: that chat fails, the others go
+    emu.faults.fail_rest(1, status=500, method="PATCH")
+    try:
+        report = await sweep_orphans(settings, grace_s=0, options=options)
+    finally:
+        emu.faults.clear()
+    assert report.failed == 1 and report.count("retire") == 3
+    [bad] = [r for r in report.rows if not r.ok]
+    assert "CoderApiError" in bad.outcome and "500" in bad.outcome
+    assert [(await client.get_chat(cid)).archived for cid in ids].count(True) == 2
+    # the next run retires what failed
+    again = await sweep_orphans(settings, grace_s=0, options=options)
+    assert again.failed == 0 and [r.chat_id for r in again.rows] == [bad.chat_id]
+    assert [(await client.get_chat(cid)).archived for cid in ids] == [True] * 3
+    # nothing the sweep published carries the session token
+    async with get_client() as pc:
+        arts = await pc.read_artifacts(limit=200)
+    haystack = str([a.data for a in arts]) + str([a.description for a in arts])
+    haystack += report.model_dump_json() + again.model_dump_json()
+    assert TOKEN not in haystack and bad.chat_id in haystack
