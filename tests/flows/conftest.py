@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from flow_helpers import ROOT, TOKEN
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
 from prefect.settings import (
     PREFECT_API_URL,
     PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
@@ -65,7 +67,17 @@ def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectEnv
         }
     ):
         with prefect_test_harness(server_startup_timeout=60):
+            # Other test directories run their own harness: Prefect's event and
+            # log workers are process-wide singletons bound to the server that was
+            # current when they started. Flush and stop them so ours start fresh.
+            _restart_api_workers()
             yield PrefectEnv(str(PREFECT_API_URL.value()), results)
+            _restart_api_workers()
+
+
+def _restart_api_workers() -> None:
+    EventsWorker.drain_all(timeout=10)
+    APILogWorker.drain_all(timeout=10)
 
 
 @pytest.fixture(scope="session")
