@@ -151,17 +151,16 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
 ) -> None:
     def step(i: int) -> Step:
         # the middle step is long, so that sweeps surely meet a live turn
-        deltas, delay = (16, 0.1) if i == 1 else (4, 0.03)
+        deltas, delay = (12, 0.1) if i == 1 else (3, 0.02)
         script = {"text": f"answer {i}", "deltas": deltas, "delay": delay}
         return Step(name=f"s{i}", prompt=f"step {i}" + directive(script))
 
     steps = [step(i) for i in range(3)]
-    ids = [f"{workflow_id}-{n}" for n in range(3)]
+    ids = [f"{workflow_id}-{n}" for n in range(2)]
     keep = settings.model_copy(update={"keep_chat": True})
     workflows = asyncio.gather(
         agent_workflow(ids[0], steps, keep),
-        agent_workflow(ids[1], steps, keep),
-        agent_workflow(ids[2], steps, settings),  # archives its own chat at the end
+        agent_workflow(ids[1], steps, settings),  # archives its own chat at the end
     )
     reports = []
 
@@ -197,7 +196,7 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
         sent = user_messages(emu, chat_id)
         assert len(sent) == 3 and all(step_marker(wid, f"s{i}") in sent[i] for i in range(3))
         assert all(t.finish_reason == "stop" for t in turns)
-    for wid in ids[:2]:
+    for wid in ids[:1]:
         cp = await store.checkpoints.get(wid)
         assert cp is not None
         assert not (await client.get_chat(cp.chat_id)).archived  # kept chats stay live
@@ -207,4 +206,4 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
     assert "busy" in touched and touched <= {"busy", "wait", "keep"}, touched
     # afterwards the kept chats are still accounted for; nothing left to retire
     final = await sweep_orphans(settings, grace_s=0, options=options)
-    assert final.count("retire") == 0 and final.count("keep") == 3
+    assert final.count("retire") == 0 and final.count("keep") == 2
