@@ -7,17 +7,21 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from flow_helpers import user_messages
+from pydantic import BaseModel
 from sweep_helpers import directive, wait_status
 
 from blocks import StateStore
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
+from coder_chat.tools import ToolContext, client_tool
 from flows.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
 from flows.params import Step, WorkflowSettings, step_marker
-from flows.sweeps import SweepOptions, sweep_orphans, sweep_stuck_turns
+from flows.registry import register_tool
+from flows.sweeps import SweepOptions, SweepReport, sweep_orphans, sweep_stuck_turns
 from flows.workflow import agent_workflow
 
 HERE = Path(__file__).resolve().parent
@@ -141,6 +145,26 @@ async def test_the_eager_checkpoint_option_decides_who_owns_a_chat_after_a_mid_s
     assert not (await client.get_chat(eager_chat)).archived  # resumable by its workflow
 
 
+class _Nothing(BaseModel):
+    pass
+
+
+#: The gate tool holds its turn (paused in requires_action, its process answering)
+#: until the test opens it: sweeps then surely meet a live turn, however slow
+#: the machine is.
+_gate = threading.Event()
+
+
+@client_tool(name="sweep_gate", description="Wait for the test to open the gate.")
+async def _sweep_gate(args: _Nothing, ctx: ToolContext) -> str:
+    # a threading.Event: Prefect may run the task on another thread's loop
+    await asyncio.to_thread(_gate.wait, 60)
+    return "gate opened"
+
+
+register_tool(_sweep_gate, replace=True)
+
+
 async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
     emu: Emulator,
     client: ChatClient,
@@ -149,44 +173,48 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
     workflow_id: str,
     options: SweepOptions,
 ) -> None:
-    def step(i: int) -> Step:
-        # the middle step is long, so that sweeps surely meet a live turn
-        deltas, delay = (12, 0.1) if i == 1 else (3, 0.02)
-        script = {"text": f"answer {i}", "deltas": deltas, "delay": delay}
-        return Step(name=f"s{i}", prompt=f"step {i}" + directive(script))
-
-    steps = [step(i) for i in range(3)]
+    gated = [{"tool_calls": [{"name": "sweep_gate", "args": {}}]}, {"text": "answer 1"}]
+    steps = [
+        Step(name="s0", prompt="step 0" + directive({"text": "answer 0"})),
+        Step(name="s1", prompt="step 1" + directive(gated), tools=["sweep_gate"]),
+        Step(name="s2", prompt="step 2" + directive({"text": "answer 2", "deltas": 4})),
+    ]
     ids = [f"{workflow_id}-{n}" for n in range(2)]
     keep = settings.model_copy(update={"keep_chat": True})
+    _gate.clear()
     workflows = asyncio.gather(
         agent_workflow(ids[0], steps, keep),
         agent_workflow(ids[1], steps, settings),  # archives its own chat at the end
     )
-    reports = []
 
-    def live_turn() -> bool:
-        return any(
-            c["status"] == "running" and any(i in str(c.get("labels")) for i in ids)
-            for c in emu.chats()
+    # The harshest bounds: no grace, every running or paused chat "stuck".
+    async def sweep() -> None:
+        reports.append(await sweep_orphans(settings, grace_s=0, options=options))
+        reports.append(
+            await sweep_stuck_turns(
+                settings, turn_budget_s=0.01, action_budget_s=0.01, options=options
+            )
         )
 
-    async def sweep_until_done() -> None:
-        while not workflows.done():
-            if not live_turn():
-                await asyncio.sleep(0.02)
-                continue
-            # The harshest bounds: no grace, every running or paused chat "stuck".
-            reports.append(await sweep_orphans(settings, grace_s=0, options=options))
-            reports.append(
-                await sweep_stuck_turns(
-                    settings, turn_budget_s=0.01, action_budget_s=0.01, options=options
-                )
-            )
-
-    sweeping = asyncio.create_task(sweep_until_done())
+    reports: list[SweepReport] = []
+    try:
+        for _ in range(2000):  # both turns paused in their (live) client tool
+            paused = [
+                c
+                for c in emu.chats()
+                if c["status"] == "requires_action" and any(i in str(c.get("labels")) for i in ids)
+            ]
+            if len(paused) == 2 or workflows.done():
+                break
+            await asyncio.sleep(0.01)
+        assert len(paused) == 2
+        await sweep()
+        await sweep()
+    finally:
+        _gate.set()
+    while not workflows.done():  # and on, while the workflows finish
+        await sweep()
     results = await workflows
-    await sweeping
-    assert len(reports) >= 2
 
     for wid, turns in zip(ids, results, strict=True):
         assert [t.text for t in turns] == [f"answer {i}" for i in range(3)]
@@ -195,15 +223,16 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
         # every step sent exactly once: nothing resubmitted, nothing interrupted
         sent = user_messages(emu, chat_id)
         assert len(sent) == 3 and all(step_marker(wid, f"s{i}") in sent[i] for i in range(3))
-        assert all(t.finish_reason == "stop" for t in turns)
-    for wid in ids[:1]:
-        cp = await store.checkpoints.get(wid)
-        assert cp is not None
-        assert not (await client.get_chat(cp.chat_id)).archived  # kept chats stay live
+        [tool] = turns[1].tool_calls
+        assert (tool.name, tool.output, tool.is_error) == ("sweep_gate", "gate opened", False)
+    cp = await store.checkpoints.get(ids[0])
+    assert cp is not None and not (await client.get_chat(cp.chat_id)).archived  # kept live
     assert not any(r.failed for r in reports)
+    busy = [row for r in reports[:4] for row in r.rows]
+    # the stuck sweeps met both paused turns and left them to their live runs
+    assert [row.decision for row in busy] == ["busy"] * 4, busy
     touched = {row.decision for r in reports for row in r.rows}
-    # the sweeps did meet live turns (and left them alone): not a vacuous pass
-    assert "busy" in touched and touched <= {"busy", "wait", "keep"}, touched
-    # afterwards the kept chats are still accounted for; nothing left to retire
+    assert touched <= {"busy", "wait", "keep"}, touched
+    # afterwards the chats are still accounted for; nothing left to retire
     final = await sweep_orphans(settings, grace_s=0, options=options)
     assert final.count("retire") == 0 and final.count("keep") == 2
