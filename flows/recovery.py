@@ -191,6 +191,9 @@ class EagerCheckpoint:
     def __call__(self, ev: TransportEvent) -> None:
         if isinstance(ev, HttpRequest) and ev.op == "createChat":
             crash_point("turn.before_create")
+        elif isinstance(ev, HttpRequest) and ev.op == "createChatMessage":
+            # the send write-ahead is journaled; the request is about to leave
+            crash_point("turn.sending")
         elif isinstance(ev, HttpResponse) and ev.op == "createChat" and ev.ok:
             crash_point("turn.after_create")
         elif isinstance(ev, WsDial) and not self.had_chat and self.written != ev.chat_id:
@@ -425,9 +428,17 @@ async def note_failed_attempt(
     SDK's best-effort interrupt, which may have stopped the run before recovery
     looked. Scoped by (marker, count) like every entry: if the send never landed,
     the verdict applies to the attempt the step was resubmitting over, which was
-    cut short or errored anyway. Best-effort and bounded."""
+    cut short or errored anyway. Best-effort and bounded; shielded, because it also
+    runs while the turn is being cancelled."""
     if not chat_id:
         return
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(_note_failed_attempt(client, store, chat_id, marker))
+
+
+async def _note_failed_attempt(
+    client: ChatClient, store: StateStore, chat_id: str, marker: str
+) -> None:
     try:
         messages, _ = await fetch_until(
             client,

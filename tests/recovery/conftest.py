@@ -22,6 +22,7 @@ ROOT = HERE.parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from crash_matrix import STEPS, ForkServer, env_for_children, run_workflow  # noqa: E402
 from payments import Payments, running_payments  # noqa: E402
 from prefect.settings import (  # noqa: E402
     PREFECT_API_URL,
@@ -100,9 +101,14 @@ def fresh_emu() -> Iterator[Emulator]:
         yield e
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[StateStore]:
-    s = StateStore(f"sqlite+aiosqlite:///{tmp_path / 'state.db'}", tenant="recovery-tests")
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateStore]:
+    """The same tests on both real backends (PostgreSQL: the session's private cluster)."""
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    s = StateStore(url, tenant=f"recovery-{uuid.uuid4().hex[:8]}")
     yield s
     await s.aclose()
 
@@ -148,7 +154,7 @@ def workflow_id(request: pytest.FixtureRequest) -> str:
     return f"r-{name}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def settings(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
     return WorkflowSettings(
         credentials_block=coder_block,
@@ -162,3 +168,24 @@ def settings(coder_block: str, sqlite_block: str, payments: Payments) -> Workflo
         artifacts=False,
         tool_modules=["flows.demo_tools", "payment_tools"],
     )
+
+
+@pytest.fixture(scope="session")
+async def fork_server(
+    prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ForkServer]:
+    """One warm process that forks a fresh child per crash run (saves the import)."""
+    server = ForkServer(
+        env_for_children(prefect_env.child_env(), payments.url),
+        tmp_path_factory.mktemp("fork") / "children-stderr.log",
+    )
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture(scope="session")
+async def baseline(prefect_env: PrefectEnv, settings: WorkflowSettings) -> list[str]:
+    """The fault-free run's step texts of the crash-matrix workflow."""
+    results = await run_workflow(f"r-baseline-{uuid.uuid4().hex[:8]}", STEPS, settings)
+    return [r.text for r in results]

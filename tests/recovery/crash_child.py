@@ -3,7 +3,7 @@
 Two modes:
 
 * ``python crash_child.py`` — one run; ``CRASH_AT`` = ``<point>:<occurrence>``
-  (empty = never), ``CRASH_SPEC`` = JSON ``{"workflow_id", "steps", "settings"}``.
+  (empty = never; ``<point>:<n>+<seconds>`` kills that long after the point), ``CRASH_SPEC`` = JSON ``{"workflow_id", "steps", "settings"}``.
 * ``python crash_child.py --serve`` — a fork server: imports Prefect and the flows
   once (≈ 2 s), then reads one JSON request per line from stdin
   (``{"id", "crash_at", "spec"}``), forks a fresh process per request and answers
@@ -24,6 +24,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from typing import Any
 
 
@@ -33,13 +34,22 @@ def run_once(crash_at: str, spec: dict[str, Any]) -> int:
     from flows.workflow import agent_workflow
 
     name, _, nth = crash_at.partition(":")
+    # "<point>:<n>+<seconds>": SIGKILL that long AFTER the point (e.g. with a request
+    # in flight), from a timer thread, whatever the event loop is doing then.
+    nth, _, delay = nth.partition("+")
     wanted = int(nth or 1)
     seen: dict[str, int] = {}
+
+    def kill() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(point: str) -> None:
         seen[point] = seen.get(point, 0) + 1
         if point == name and seen[point] == wanted:
-            os.kill(os.getpid(), signal.SIGKILL)
+            if delay:
+                threading.Timer(float(delay), kill).start()
+            else:
+                kill()
 
     if name:
         add_crash_hook(hook)

@@ -74,6 +74,7 @@ CASES = [
         ("turn.mid_stream:1",),
         may_resubmit=frozenset({"plan"}),
     ),
+    Case("after the send write-ahead, before the request leaves", ("turn.sending:1",)),
     Case("inside a client tool, before its effect", ("tool.before_effect:2",)),
     Case("first turn, inside the tool (eager checkpoint)", ("tool.before_effect:1",)),
     Case("after the effect, before done", ("tool.after_effect:2",)),
@@ -97,11 +98,13 @@ CASES = [
 ]
 
 
-def child_spec(workflow_id: str, settings: WorkflowSettings) -> str:
+def child_spec(
+    workflow_id: str, settings: WorkflowSettings, *, steps: list[Step] | None = None
+) -> str:
     return json.dumps(
         {
             "workflow_id": workflow_id,
-            "steps": [s.model_dump(mode="json") for s in STEPS],
+            "steps": [s.model_dump(mode="json") for s in steps or STEPS],
             # keep the chat: a failed child must not archive it (its handler would)
             "settings": settings.model_copy(update={"keep_chat": True}).model_dump(mode="json"),
         }
@@ -193,6 +196,18 @@ class ForkServer:
         self._stderr.close()
 
 
+async def run_workflow(
+    workflow_id: str, steps: list[Step], settings: WorkflowSettings
+) -> list[Any]:
+    """``agent_workflow`` whose steps are all agent turns: their ``TurnResult`` list."""
+    from flows.results import TurnResult
+    from flows.workflow import agent_workflow
+
+    results = await agent_workflow(workflow_id, steps, settings)
+    assert all(isinstance(r, TurnResult) for r in results), results
+    return list(results)
+
+
 def chats_of(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
     """Every chat (incl. archived) that carries one of the workflow's markers."""
     markers = [step_marker(workflow_id, s.name) for s in STEPS]
@@ -239,5 +254,6 @@ __all__ = [
     "env_for_children",
     "os",
     "run_child",
+    "run_workflow",
     "user_texts",
 ]

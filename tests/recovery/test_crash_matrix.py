@@ -23,7 +23,7 @@ from crash_matrix import (
     chats_of,
     child_spec,
     effects_of,
-    env_for_children,
+    run_workflow,
     user_texts,
 )
 from payments import Payments
@@ -31,32 +31,8 @@ from payments import Payments
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings, step_marker
 from flows.recovery import recover_turn
-from flows.workflow import agent_workflow
 
 LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
-
-
-@pytest.fixture(scope="module")
-async def baseline(prefect_env: PrefectEnv, settings_module: WorkflowSettings) -> list[str]:
-    """The fault-free run's step texts."""
-    results = await agent_workflow("r-baseline-matrix", STEPS, settings_module)
-    return [r.text for r in results]
-
-
-@pytest.fixture(scope="module")
-def settings_module(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
-    return WorkflowSettings(
-        credentials_block=coder_block,
-        store_block=sqlite_block,
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=20,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        artifacts=False,
-        tool_modules=["flows.demo_tools", "payment_tools"],
-    )
 
 
 async def crash(
@@ -85,21 +61,17 @@ MODES = ["rerun", "recover-turn"]
 
 @pytest.fixture(scope="module")
 async def crashed(
-    settings_module: WorkflowSettings,
+    settings: WorkflowSettings,
     prefect_env: PrefectEnv,
     payments: Payments,
     emu: Emulator,
     baseline: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
+    fork_server: ForkServer,
 ) -> dict[tuple[str, str], str]:
     """Crash every (case, mode) once, children running concurrently (a child costs
     ≈ 2-4 s of Prefect import and flow start). Fault cases run alone first: an
     armed emulator fault is global."""
-    server = ForkServer(
-        env_for_children(prefect_env.child_env(), payments.url),
-        tmp_path_factory.mktemp("fork") / "stderr.log",
-    )
-    await server.start()
+    server = fork_server
     ids = {
         (c.name, m): f"r-mx-{i}-{j}-{uuid.uuid4().hex[:6]}"
         for i, c in enumerate(CASES)
@@ -108,17 +80,14 @@ async def crashed(
     for case in CASES:
         if case.fault:
             for m in MODES:
-                await crash(case, ids[case.name, m], settings_module, server, emu)
+                await crash(case, ids[case.name, m], settings, server, emu)
     gate = asyncio.Semaphore(8)
 
     async def one(case: Case, mode: str) -> None:
         async with gate:
-            await crash(case, ids[case.name, mode], settings_module, server, emu)
+            await crash(case, ids[case.name, mode], settings, server, emu)
 
-    try:
-        await asyncio.gather(*(one(c, m) for c in CASES if not c.fault for m in MODES))
-    finally:
-        await server.stop()
+    await asyncio.gather(*(one(c, m) for c in CASES if not c.fault for m in MODES))
     return ids
 
 
@@ -162,17 +131,17 @@ async def test_crash_matrix(
     mode: str,
     crashed: dict[tuple[str, str], str],
     baseline: list[str],
-    settings_module: WorkflowSettings,
+    settings: WorkflowSettings,
     payments: Payments,
     emu: Emulator,
 ) -> None:
     workflow_id = crashed[case.name, mode]
-    settings = settings_module
+    settings = settings
     if mode == "recover-turn":
         report = await recover_turn(
             workflow_id, steps=STEPS, settings=settings, finish_workflow=True
         )
         assert report.action in ("nothing", "recovered", "ran"), report
         assert report.finished_workflow
-    results = await agent_workflow(workflow_id, STEPS, settings)
+    results = await run_workflow(workflow_id, STEPS, settings)
     await check(case, workflow_id, results, baseline, payments, emu)

@@ -5,12 +5,10 @@ crash matrix must hold."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
-from conftest import PrefectEnv
-from crash_matrix import STEPS, Case, ForkServer, child_spec, env_for_children
-from hypothesis import HealthCheck, given, settings
+from crash_matrix import STEPS, Case, ForkServer, child_spec, run_workflow
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from payments import Payments
 from test_crash_matrix import check
@@ -18,7 +16,6 @@ from test_crash_matrix import check
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings
 from flows.recovery import recover_turn
-from flows.workflow import agent_workflow
 
 FIRST = [
     "turn.before_create:1",
@@ -48,42 +45,7 @@ SECOND = [
 FAULTS = [None, "drop_response_messages", "fail_tool_results_once"]
 
 
-@pytest.fixture(scope="module")
-async def server(
-    prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[ForkServer]:
-    srv = ForkServer(
-        env_for_children(prefect_env.child_env(), payments.url),
-        tmp_path_factory.mktemp("fork-prop") / "stderr.log",
-    )
-    await srv.start()
-    yield srv
-    await srv.stop()
-
-
-@pytest.fixture(scope="module")
-async def baseline_prop(settings_prop: WorkflowSettings) -> list[str]:
-    results = await agent_workflow(f"r-prop-base-{uuid.uuid4().hex[:6]}", STEPS, settings_prop)
-    return [r.text for r in results]
-
-
-@pytest.fixture(scope="module")
-def settings_prop(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
-    return WorkflowSettings(
-        credentials_block=coder_block,
-        store_block=sqlite_block,
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=20,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        artifacts=False,
-        tool_modules=["flows.demo_tools", "payment_tools"],
-    )
-
-
-@settings(
+@hyp_settings(
     max_examples=4,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -99,38 +61,38 @@ async def test_random_crash_schedules_recover(
     second: str | None,
     fault: str | None,
     mode: str,
-    server: ForkServer,
-    baseline_prop: list[str],
-    settings_prop: WorkflowSettings,
+    fork_server: ForkServer,
+    baseline: list[str],
+    settings: WorkflowSettings,
     payments: Payments,
     emu: Emulator,
 ) -> None:
     workflow_id = f"r-prop-{uuid.uuid4().hex[:10]}"
-    spec = child_spec(workflow_id, settings_prop)
+    spec = child_spec(workflow_id, settings)
     if fault == "drop_response_messages":
         emu.faults.drop_response(1, method="POST", path="/messages")
     elif fault == "fail_tool_results_once":
         emu.faults.fail_rest(1, status=503, method="POST", path="/tool-results")
     try:
-        rc = await server.run(first, spec)
+        rc = await fork_server.run(first, spec)
     finally:
         emu.faults.clear()
-    assert rc in (-9, 0, 3), server.stderr_tail()
+    assert rc in (-9, 0, 3), fork_server.stderr_tail()
     if second is not None:
-        rc = await server.run(second, spec)
-        assert rc in (-9, 0, 3), server.stderr_tail()
+        rc = await fork_server.run(second, spec)
+        assert rc in (-9, 0, 3), fork_server.stderr_tail()
     if mode == "recover-turn":
         report = await recover_turn(
-            workflow_id, steps=STEPS, settings=settings_prop, finish_workflow=True
+            workflow_id, steps=STEPS, settings=settings, finish_workflow=True
         )
         assert report.finished_workflow
-    results = await agent_workflow(workflow_id, STEPS, settings_prop)
+    results = await run_workflow(workflow_id, STEPS, settings)
     # any schedule may resubmit a step once (a cut-short or unlanded attempt)
     await check(
         Case("random", may_resubmit=frozenset({"plan", "pay"})),
         workflow_id,
         results,
-        baseline_prop,
+        baseline,
         payments,
         emu,
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import HERE, ROOT, PrefectEnv
-from crash_matrix import STEPS, Case, env_for_children
+from crash_matrix import STEPS, Case, env_for_children, run_workflow
 from payments import Payments
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
@@ -31,7 +31,6 @@ from test_crash_matrix import check
 
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings
-from flows.workflow import agent_workflow
 
 
 @pytest.fixture
@@ -69,9 +68,7 @@ async def test_crashed_agent_workflow_run_triggers_recover_turn(
 ) -> None:
     baseline = [
         r.text
-        for r in await agent_workflow(
-            f"r-trig-base-{uuid.uuid4().hex[:6]}", STEPS, trigger_settings
-        )
+        for r in await run_workflow(f"r-trig-base-{uuid.uuid4().hex[:6]}", STEPS, trigger_settings)
     ]
     env = env_for_children(prefect_env.child_env(), payments.url)
     env.update(
@@ -142,7 +139,7 @@ async def test_crashed_agent_workflow_run_triggers_recover_turn(
             await runner.wait()
         log.close()
     # A rerun returns every step from storage: the results the recovery produced.
-    results = await agent_workflow(workflow_id, STEPS, trigger_settings)
+    results = await run_workflow(workflow_id, STEPS, trigger_settings)
     await check(Case("trigger"), workflow_id, results, baseline, payments, emu)
 
 

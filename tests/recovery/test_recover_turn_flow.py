@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-from conftest import PrefectEnv
-from crash_matrix import STEPS, ForkServer, child_spec, env_for_children
-from payments import Payments
+from crash_matrix import STEPS, ForkServer, child_spec
 
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings, step_marker
 from flows.recovery import recover_turn
-
-
-@pytest.fixture
-async def server(
-    prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[ForkServer]:
-    srv = ForkServer(
-        env_for_children(prefect_env.child_env(), payments.url),
-        tmp_path_factory.mktemp("fork-rt") / "stderr.log",
-    )
-    await srv.start()
-    yield srv
-    await srv.stop()
 
 
 async def test_nothing_to_recover(settings: WorkflowSettings, workflow_id: str) -> None:
@@ -33,11 +15,11 @@ async def test_nothing_to_recover(settings: WorkflowSettings, workflow_id: str) 
 
 
 async def test_read_only_recovery_returns_a_finished_attempt_without_sending(
-    settings: WorkflowSettings, workflow_id: str, server: ForkServer, emu: Emulator
+    settings: WorkflowSettings, workflow_id: str, fork_server: ForkServer, emu: Emulator
 ) -> None:
     # the second step finished server-side, then its process died before the result
-    rc = await server.run("turn.before_persist:2", child_spec(workflow_id, settings))
-    assert rc == -9, server.stderr_tail()
+    rc = await fork_server.run("turn.before_persist:2", child_spec(workflow_id, settings))
+    assert rc == -9, fork_server.stderr_tail()
     report = await recover_turn(workflow_id, resubmit=False, settings=settings)
     assert report.action == "recovered", report
     assert report.step == "pay" and report.result is not None
@@ -48,10 +30,10 @@ async def test_read_only_recovery_returns_a_finished_attempt_without_sending(
 
 
 async def test_read_only_recovery_reports_a_cut_short_attempt(
-    settings: WorkflowSettings, workflow_id: str, server: ForkServer, emu: Emulator
+    settings: WorkflowSettings, workflow_id: str, fork_server: ForkServer, emu: Emulator
 ) -> None:
-    rc = await server.run("turn.mid_stream:2", child_spec(workflow_id, settings))
-    assert rc == -9, server.stderr_tail()
+    rc = await fork_server.run("turn.mid_stream:2", child_spec(workflow_id, settings))
+    assert rc == -9, fork_server.stderr_tail()
     report = await recover_turn(workflow_id, resubmit=False, settings=settings)
     assert report.action == "would-resubmit", report
     assert report.chat_id is not None
