@@ -34,6 +34,7 @@ from prefect.logging import get_run_logger
 from blocks import JournalEntry, StateStore
 from coder_chat.agent import GenerateResult
 from coder_chat.crash_safe import crash_point
+from coder_chat.events import TransportEvent, WsDial
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
@@ -224,7 +225,17 @@ async def _turn_under_lease(
     # workflow label so orphans are findable.
     eager = EagerCheckpoint(store, workflow_id, marker, had_chat=chat_id is not None)
     tools = bind_crash_safe(tools, store, eager)
-    hook = eager.chain(observer)
+    full_hook = eager.chain(observer)
+
+    def hook(ev: TransportEvent) -> None:
+        # settings.eager_checkpoint off: no checkpoint from the stream's first dial
+        # (crash-safe tools still make the chat durable before any effect); the
+        # orphan sweep then covers the whole create-to-checkpoint window.
+        if settings.eager_checkpoint or not isinstance(ev, WsDial):
+            full_hook(ev)
+        else:
+            observer(ev)
+
     shared = resources.client
     if shared is not None and resources.router is not None:
         resources.router.target = hook  # the shared client's HTTP/WS events
