@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from crash_matrix import STEPS, ForkServer, child_spec
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings, step_marker
@@ -47,3 +51,25 @@ async def test_read_only_recovery_reports_a_cut_short_attempt(
     ]
     assert sum(marker in t for t in texts) == 1
     assert STEPS[1].name == "pay"
+
+
+async def test_recovery_decisions_are_published_as_a_table_artifact(
+    settings: WorkflowSettings, workflow_id: str, fork_server: ForkServer
+) -> None:
+    rc = await fork_server.run("tool.after_done:2", child_spec(workflow_id, settings))
+    assert rc == -9, fork_server.stderr_tail()
+    loud = settings.model_copy(update={"artifacts": True})
+    report = await recover_turn(workflow_id, resubmit=False, settings=loud)
+    assert report.action == "recovered", report
+    async with get_client() as client:
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="coder-recovery-%")),
+        )
+    mine = [a for a in arts if a.description and workflow_id in a.description]
+    assert mine, [a.key for a in arts]
+    rows = mine[0].data
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    stages = [r["stage"] for r in rows]
+    assert stages[0] == "settle" and "reconcile" in stages and stages[-1] == "result"
+    assert all(r["seen"] and r["decided"] and r["why"] for r in rows)
+    assert any("submit-recorded" in r["decided"] for r in rows)
