@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from crash_matrix import STEPS, ForkServer, child_spec
 from prefect.client.orchestration import get_client
@@ -67,8 +68,8 @@ async def test_recovery_decisions_are_published_as_a_table_artifact(
         )
     mine = [a for a in arts if a.description and workflow_id in a.description]
     assert mine, [a.key for a in arts]
-    rows = mine[0].data
-    rows = json.loads(rows) if isinstance(rows, str) else rows
+    data: Any = mine[0].data
+    rows: list[dict[str, str]] = json.loads(data) if isinstance(data, str) else data
     stages = [r["stage"] for r in rows]
     assert stages[0] == "settle" and "reconcile" in stages and stages[-1] == "result"
     assert all(r["seen"] and r["decided"] and r["why"] for r in rows)
