@@ -41,7 +41,7 @@ async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ["PREFECT_CODER_SETTLE_POLL_S"] = "0.05"
     os.environ["PREFECT_CODER_COMMIT_HORIZON_S"] = "0"
-    from crash_matrix import CASES, STEPS, ForkServer, child_spec, env_for_children
+    from crash_matrix import CASES, STEPS, ForkServer, arm_fault, child_spec, env_for_children
     from payments import running_payments
     from prefect.settings import (
         PREFECT_API_URL,
@@ -123,8 +123,8 @@ async def main(args: argparse.Namespace) -> None:
                 for _ in range(args.reps):
                     wf = f"bench-{uuid.uuid4().hex[:10]}"
                     spec = child_spec(wf, settings)
-                    if case.fault == "drop_response":
-                        emu.faults.drop_response(1, method="POST", path="/messages")
+                    if case.fault:
+                        arm_fault(emu, case.fault)
                         try:
                             await server.run("", spec)
                         finally:

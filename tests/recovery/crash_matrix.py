@@ -57,7 +57,8 @@ class Case:
 
     name: str
     crashes: tuple[str, ...] = ()
-    #: Emulator fault armed for the first child run ("drop_response" only).
+    #: Emulator fault armed for the first child run: the "POST landed, response lost"
+    #: window on the step's message send, or on the chat's creation.
     fault: str | None = None
     #: Steps that may legitimately carry a second user turn (the documented window).
     may_resubmit: frozenset[str] = field(default_factory=frozenset)
@@ -94,8 +95,22 @@ CASES = [
         ("turn.mid_stream:2", "recovery.before_resubmit:1"),
         may_resubmit=frozenset({"pay"}),
     ),
-    Case("POST landed, response lost", fault="drop_response", may_resubmit=frozenset({"pay"})),
+    Case(
+        "POST /messages landed, response lost",
+        fault="drop_response",
+        may_resubmit=frozenset({"pay"}),
+    ),
+    Case("POST /chats landed, response lost (orphan)", fault="drop_create"),
 ]
+
+
+def arm_fault(emu: Emulator, fault: str | None) -> None:
+    """Arm a case's emulator fault (global: run such cases alone)."""
+    if fault == "drop_response":
+        emu.faults.drop_response(1, method="POST", path="/messages")
+    elif fault == "drop_create":
+        # the first POST of the workflow is its chat's creation
+        emu.faults.drop_response(1, method="POST", path="/chats")
 
 
 def child_spec(
@@ -248,6 +263,7 @@ __all__ = [
     "CASES",
     "STEPS",
     "Case",
+    "arm_fault",
     "chats_of",
     "child_spec",
     "effects_of",

@@ -20,6 +20,7 @@ from crash_matrix import (
     STEPS,
     Case,
     ForkServer,
+    arm_fault,
     chats_of,
     child_spec,
     effects_of,
@@ -43,9 +44,9 @@ async def crash(
     emu: Emulator,
 ) -> None:
     spec = child_spec(workflow_id, settings)
-    if case.fault == "drop_response":
-        # the second step's send commits but its response never arrives
-        emu.faults.drop_response(1, method="POST", path="/messages")
+    if case.fault:
+        # the request commits but its response never arrives
+        arm_fault(emu, case.fault)
         try:
             rc = await server.run("", spec)
         finally:
