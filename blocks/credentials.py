@@ -84,6 +84,44 @@ class CoderCredentials(Block):
         default=True,
         description="Verify the deployment's TLS certificate (turn off only for test servers).",
     )
+    max_concurrent_turns: int | None = Field(
+        default=None,
+        ge=1,
+        title="Max concurrent turns",
+        description=(
+            "Deployment-wide cap on agent turns running at once, across every worker "
+            "(empty: no cap). Keep it within the deployment's chat capacity (5 root chats "
+            "by default)."
+        ),
+    )
+    turn_slot_wait: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a turn waits for a free turn slot before it fails.",
+    )
+    turn_slot_ttl: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a crashed turn keeps its slot at most (the slot lease's lifetime).",
+    )
+    ai_gateway_openai_provider: str = Field(
+        default="openai",
+        title="AI Gateway OpenAI provider",
+        description="AI Gateway provider name of the OpenAI-compatible surface.",
+    )
+    ai_gateway_anthropic_provider: str = Field(
+        default="anthropic",
+        title="AI Gateway Anthropic provider",
+        description="AI Gateway provider name of the Anthropic-compatible surface.",
+    )
+    ai_gateway_upstream_key: SecretStr | None = Field(
+        default=None,
+        title="AI Gateway upstream key (BYOK)",
+        description=(
+            "Bring-your-own-key mode: the upstream provider key, sent as the API key while "
+            "the session token travels in X-Coder-AI-Governance-Token; never logged."
+        ),
+    )
 
     @field_validator("base_url", mode="before")
     @classmethod

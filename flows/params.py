@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +56,28 @@ class Step(BaseModel):
             "Name of a registered structured-output model; the step's answer is then "
             "the model's validated JSON (TurnResult.structured)."
         ),
+    )
+    kind: Literal["agent", "model", "approval"] = Field(
+        default="agent",
+        description=(
+            "'agent': a turn of the workflow's chat. 'model': one AI Gateway call, no chat "
+            "(docs/model-steps.md). 'approval': suspend until a person approves, rejects "
+            "or edits the next prompt (docs/approvals.md); the prompt is shown to them."
+        ),
+    )
+    api: Literal["openai", "anthropic"] | None = Field(
+        default=None,
+        description="Model steps: the AI Gateway surface (default 'openai').",
+    )
+    model: str | None = Field(
+        default=None,
+        description="Model steps: the model name the AI Gateway routes (e.g. 'gpt-4o-mini').",
+    )
+    system: str | None = Field(default=None, description="Model steps: an optional system prompt.")
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Approval steps: seconds to wait for a decision (empty: 24 hours).",
     )
 
 
@@ -195,6 +218,24 @@ def validate_steps(
         seen.add(step.name)
         if not step.prompt.strip():
             raise WorkflowParameterError(f"{where}.prompt", "the prompt is empty", "write one")
+        if step.kind == "model" and not step.model:
+            raise WorkflowParameterError(
+                f"{where}.model",
+                "a model step needs the model name",
+                "set e.g. 'gpt-4o-mini' (the name the AI Gateway routes)",
+            )
+        if step.kind == "approval" and (step.tools or step.output_model):
+            raise WorkflowParameterError(
+                f"{where}.kind",
+                "an approval step calls no model, so it takes no tools or output_model",
+                "move them to the step after the approval",
+            )
+        if step.kind == "model" and step.tools:
+            raise WorkflowParameterError(
+                f"{where}.tools",
+                "a model step has no chat, so it cannot offer client tools",
+                "make it an agent step, or drop the tools",
+            )
         for j, tool in enumerate(step.tools):
             if tool not in tool_names:
                 raise WorkflowParameterError(

@@ -38,6 +38,7 @@ from coder_chat.events import TransportEvent, WsDial
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from flows.artifacts import publish_turn_artifact
+from flows.fleet import turn_slot
 from flows.labels import chat_labels, current_flow_run_id
 from flows.observe import TurnObserver
 from flows.params import Step, WorkflowSettings, step_marker
@@ -196,9 +197,20 @@ async def execute_turn(
         if stored is not None:
             logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
             return stored
-        return await _turn_under_lease(
-            workflow_id, step, settings, resources, marker, tools, answer, retry_reason, logger
-        )
+        creds = resources.credentials
+        # Fleet quota (flows/fleet.py): a deployment-wide cap on running turns.
+        async with turn_slot(
+            store,
+            creds.max_concurrent_turns,
+            wait=creds.turn_slot_wait,
+            ttl=creds.turn_slot_ttl,
+            workflow_id=workflow_id,
+            step=step.name,
+            logger=logger,
+        ):
+            return await _turn_under_lease(
+                workflow_id, step, settings, resources, marker, tools, answer, retry_reason, logger
+            )
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -11,6 +11,7 @@ failed, not while Prefect will retry it), unless ``settings.keep_chat``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any, cast
 
@@ -21,9 +22,11 @@ from prefect.states import State
 from prefect.utilities.annotations import quote
 
 from flows import registry
+from flows.approval import ApprovalResult, await_approval
 from flows.archive import archive_chat, retire_workflow_chat
 from flows.background import drain as drain_background
 from flows.errors import WorkflowBusyError, WorkflowParameterError
+from flows.model_step import ModelStepResult, model_step
 from flows.params import (
     Step,
     WorkflowSettings,
@@ -36,7 +39,7 @@ from flows.results import TurnResult
 from flows.toolset import Toolset
 from flows.turn import run_turn
 
-__all__ = ["agent_turn", "agent_workflow", "prepare"]
+__all__ = ["StepResult", "agent_turn", "agent_workflow", "prepare", "run_steps"]
 
 
 async def prepare(
@@ -109,8 +112,11 @@ async def agent_workflow(
     workflow_id: str,
     steps: list[Step],
     settings: WorkflowSettings | None = None,
-) -> list[TurnResult]:
+) -> list[StepResult]:
     """Run ``steps`` in order as turns of one Coder chat, then archive it.
+
+    Steps of kind ``"model"`` call the AI Gateway instead (no chat); steps of kind
+    ``"approval"`` suspend the run until a person decides (docs/approvals.md).
 
     Args:
         workflow_id: stable id of this workflow; with a step name it keys the step's
@@ -120,12 +126,46 @@ async def agent_workflow(
     """
     settings = settings or WorkflowSettings()
     resources = await prepare(workflow_id, steps, settings)
+    return await run_steps(workflow_id, steps, settings, resources)
+
+
+#: What one step returns: an agent turn, a model-only call or an approval decision.
+StepResult = TurnResult | ModelStepResult | ApprovalResult
+
+#: The failure handler, for flows that apply it to runs that ended without it
+#: (flows/approval.py: expired approvals).
+archive_on_failure = _archive_on_failure
+
+
+def _previous_answer(results: list[StepResult]) -> str | None:
+    for result in reversed(results):
+        if isinstance(result, ApprovalResult):
+            continue
+        if result.structured is not None:
+            return json.dumps(result.structured)
+        return result.text
+    return None
+
+
+async def run_steps(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings,
+    resources: TurnResources,
+    *,
+    allow_approval: bool = True,
+) -> list[StepResult]:
+    """The body of :func:`agent_workflow`: every step in order, then the archive."""
     turn = run_turn.with_options(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
     )
+    model = model_step.with_options(
+        retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
+    )
     # Client tools are declared once, when the first step creates the chat.
-    toolset = Toolset.of_steps(steps)
-    results: list[TurnResult] = []
+    toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
+    results: list[StepResult] = []
+    edited: dict[str, Step] = {}
     try:
         # One lease for the whole run (not one per turn): another run of this
         # workflow waits up to lease_wait_s, then finds the finished steps stored.
@@ -134,12 +174,46 @@ async def agent_workflow(
             shared_client(resources) as shared,
         ):
             shared = dataclasses.replace(shared, lease=held)
-            for step in steps:
+            for i, step in enumerate(steps):
+                step = edited.get(step.name, step)
                 # quote(): Prefect would otherwise walk (and rebuild) the blocks,
                 # the store and the client as task inputs on every turn.
-                results.append(
-                    await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
-                )
+                if step.kind == "model":
+                    results.append(
+                        await model(
+                            workflow_id,
+                            step,
+                            settings,
+                            cast(Any, quote(shared)),
+                            _previous_answer(results),
+                        )
+                    )
+                elif step.kind == "approval":
+                    if not allow_approval:
+                        raise WorkflowParameterError(
+                            f"steps[{i}].kind",
+                            "approval steps need a flow run of their own (a subflow or a "
+                            "fan-out member cannot suspend)",
+                            "run this workflow as its own agent-workflow deployment run",
+                        )
+                    following = steps[i + 1] if i + 1 < len(steps) else None
+                    decision = await await_approval(
+                        workflow_id,
+                        step,
+                        last_text=_previous_answer(results),
+                        next_step=following,
+                    )
+                    results.append(decision)
+                    if decision.decision == "reject":
+                        break
+                    if decision.decision == "edit" and following is not None:
+                        edited[following.name] = following.model_copy(
+                            update={"prompt": decision.next_prompt}
+                        )
+                else:
+                    results.append(
+                        await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
+                    )
             if not settings.keep_chat:
                 await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
     finally:

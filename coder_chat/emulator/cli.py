@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ping-interval", type=float, default=15.0)
     p.add_argument("--delta-delay", type=float, default=0.005)
     p.add_argument("--delta-count", type=int, default=5)
+    p.add_argument(
+        "--max-concurrent-root-chats",
+        type=int,
+        default=5,
+        help="capacity like the real server's default (5); extra running chats wait with "
+        "queued_for_capacity: true. 0 = unlimited",
+    )
     return p
 
 
@@ -45,6 +52,7 @@ async def _amain(args: argparse.Namespace) -> None:
         ping_interval=args.ping_interval,
         delta_delay=args.delta_delay,
         delta_count=args.delta_count,
+        max_concurrent_root_chats=args.max_concurrent_root_chats or None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -54,6 +54,9 @@ class Config:
     # from; older ones do not. Both exist in the field, so clients must handle both:
     # tests switch this off to exercise the content heuristic.
     stamp_queued_message_id: bool = True
+    # AI Gateway provider names → surface kind ("openai" | "anthropic"); None: both
+    # default names (see aibridge.py).
+    aibridge_providers: dict[str, str] | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ import contextlib
 import json
 from typing import Any
 
+from . import aibridge
 from . import statemachine as sm
 from .core import DEFAULT_MODEL_CONFIG_ID, Core, FileRec, WatchSub
 from .httpserver import (
@@ -111,6 +112,10 @@ class Api:
                     "agent_api_version": "1.0",
                 },
             )
+        if aibridge.handles(path):
+            # The AI Gateway authenticates with provider-style keys, not the
+            # Coder-Session-Token header.
+            return aibridge.handle(self.core, req, path)
         user = self._auth(req)
         if path.startswith("/api/v2/organizations/") and path.endswith("/chats/models"):
             return self._models(req, path)

@@ -182,6 +182,7 @@ class Emulator:
         clock: Callable[[], float] = time.time,
         log_requests: bool = True,
         stamp_queued_message_id: bool = True,
+        aibridge_providers: dict[str, str] | None = None,
     ) -> None:
         toks = list(tokens) if tokens else [f"emu-{secrets.token_hex(16)}"]
         self._users = [
@@ -209,6 +210,7 @@ class Emulator:
             clock=clock,
             log_requests=log_requests,
             stamp_queued_message_id=stamp_queued_message_id,
+            aibridge_providers=aibridge_providers,
         )
         self._core: Core | None = None
         self._api: Api | None = None

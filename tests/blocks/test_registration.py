@@ -28,7 +28,7 @@ def test_collections_entry_point_imports_the_blocks() -> None:
 
 def test_schemas_mark_secrets_and_are_json() -> None:
     creds = CoderCredentials._to_block_schema(block_type_id=uuid.uuid4())
-    assert creds.fields["secret_fields"] == ["token"]
+    assert creds.fields["secret_fields"] == ["token", "ai_gateway_upstream_key"]
     props = creds.fields["properties"]
     assert props["organization_id"]["format"] == "uuid"
     assert set(creds.fields["required"]) == {"base_url", "organization_id", "token"}

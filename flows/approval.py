@@ -1,0 +1,241 @@
+"""Human approval between turns: a workflow step of kind ``"approval"``.
+
+At an approval step the flow run *suspends* (``asuspend_flow_run`` with a typed
+:class:`ApprovalInput`): the run's process exits, freeing its infrastructure,
+and the run shows as ``Suspended`` in the Prefect UI with a **Resume** form —
+approve, reject, or edit the next step's prompt. Meanwhile the chat sits idle in
+``waiting`` (the previous turn finished; nothing is pending), never in
+``requires_action``, whose server-side deadline is 5 minutes.
+
+On resume Prefect reschedules the run; a worker starts it again from the top.
+Finished turns and model steps return their persisted results (nothing is sent
+again), the same suspend call returns the submitted input (Prefect keys it by
+``approval-<step>``), and the decision itself is persisted under the step's
+key so that a later re-run of the workflow does not ask again.
+
+* approve: continue with the next step as written;
+* edit: continue with ``next_prompt`` as the next step's prompt;
+* reject: archive the chat (unless ``keep_chat``) and end the workflow
+  (``Completed``, the last result is the rejection).
+
+Suspending needs a deployment (Prefect refuses to suspend a run without one,
+and a subflow cannot suspend). The timeout is the step's ``timeout_s``
+(default 24 h); when it passes, Prefect's server marks the run ``Failed``
+("The flow was paused and never resumed.") without running any of our code, so
+:func:`expire_approvals` (a flow, scheduled in ``prefect.yaml``) applies the
+workflow's failure handler to such runs: it archives their chats.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
+from prefect.flow_runs import asuspend_flow_run
+from prefect.input import RunInput
+from prefect.logging import get_run_logger
+from prefect.states import Failed
+from pydantic import BaseModel, Field
+
+from flows.params import Step
+from flows.results import result_key
+
+__all__ = [
+    "EXPIRED_MESSAGE",
+    "ApprovalInput",
+    "ApprovalResult",
+    "approval_key",
+    "await_approval",
+    "expire_approvals",
+]
+
+DEFAULT_TIMEOUT_S = 24 * 3600
+#: The state message Prefect's server writes when a pause times out.
+EXPIRED_MESSAGE = "The flow was paused and never resumed."
+HANDLED_TAG = "coder-approval-expired-handled"
+
+
+class ApprovalInput(RunInput):
+    """What the person submits in the Prefect UI's Resume form."""
+
+    decision: Literal["approve", "reject", "edit"] = Field(
+        default="approve",
+        description="approve: continue; edit: continue with next_prompt; reject: archive the chat.",
+    )
+    next_prompt: str | None = Field(
+        default=None, description="With 'edit': the next step's new prompt."
+    )
+    comment: str | None = Field(default=None, description="Optional note, kept in the result.")
+
+
+class ApprovalResult(BaseModel):
+    """An approval step's outcome (persisted under the step's key)."""
+
+    kind: Literal["approval"] = "approval"
+    workflow_id: str
+    step: str
+    decision: Literal["approve", "reject", "edit"]
+    next_prompt: str | None = None
+    comment: str | None = None
+    decided_at: str
+
+
+def approval_key(workflow_id: str, step_name: str) -> str:
+    """Storage key of an approval decision (stable across runs)."""
+    return "coder-approval-" + result_key(workflow_id, step_name)[len("coder-turn-") :]
+
+
+def _approval_cache_key(_context: object, parameters: dict[str, Any]) -> str:
+    return approval_key(str(parameters["workflow_id"]), str(parameters["step_name"]))
+
+
+@task(
+    name="record-approval",
+    task_run_name="{workflow_id}/{step_name}",
+    cache_key_fn=_approval_cache_key,
+    persist_result=True,
+    result_serializer="json",
+)
+async def record_approval(
+    workflow_id: str, step_name: str, decision: ApprovalResult
+) -> ApprovalResult:
+    """Persist the decision (a cached no-op when it was recorded before)."""
+    return decision
+
+
+async def _stored_decision(workflow_id: str, step_name: str) -> ApprovalResult | None:
+    ctx = FlowRunContext.get()
+    store = getattr(ctx, "result_store", None) if ctx is not None else None
+    if store is None:
+        return None
+    key = approval_key(workflow_id, step_name)
+    if not await store.aexists(key):
+        return None
+    value = (await store.aread(key)).result
+    return value if isinstance(value, ApprovalResult) else ApprovalResult.model_validate(value)
+
+
+def _description(
+    workflow_id: str, step: Step, last_text: str | None, next_step: Step | None
+) -> str:
+    lines = [f"**Approval `{step.name}` of workflow `{workflow_id}`**", "", step.prompt, ""]
+    if last_text:
+        lines += ["Last answer:", "", "> " + last_text[:2000].replace("\n", "\n> "), ""]
+    if next_step is not None:
+        lines += [f"Next step `{next_step.name}` will send:", "", "> " + next_step.prompt[:2000]]
+    else:
+        lines += ["This is the last step: approving ends the workflow."]
+    lines += [
+        "",
+        "Choose **approve**, **reject** (archives the chat) or **edit** (set next_prompt).",
+    ]
+    return "\n".join(lines)
+
+
+async def await_approval(
+    workflow_id: str,
+    step: Step,
+    *,
+    last_text: str | None = None,
+    next_step: Step | None = None,
+) -> ApprovalResult:
+    """Suspend the flow run until a person decides (flow level only).
+
+    Returns at once with the stored decision when this step was decided before.
+    The first call raises Prefect's ``Pause`` signal (the process exits); the
+    call in the resumed run returns the submitted input.
+    """
+    logger: logging.Logger | logging.LoggerAdapter[Any] = get_run_logger()
+    stored = await _stored_decision(workflow_id, step.name)
+    if stored is not None:
+        logger.info("approval %s was decided before: %s", step.name, stored.decision)
+        return stored
+    form = ApprovalInput.with_initial_data(
+        description=_description(workflow_id, step, last_text, next_step),
+        decision="approve",
+        next_prompt=next_step.prompt if next_step is not None else None,
+    )
+    logger.info(
+        "waiting for approval %s: suspending (resume from the Prefect UI within %ss)",
+        step.name,
+        int(step.timeout_s or DEFAULT_TIMEOUT_S),
+    )
+    answer = cast(
+        ApprovalInput,
+        await asuspend_flow_run(
+            wait_for_input=form,
+            timeout=int(step.timeout_s or DEFAULT_TIMEOUT_S),
+            key=f"approval-{step.name}",
+        ),
+    )
+    decision = answer.decision
+    next_prompt = answer.next_prompt if decision == "edit" else None
+    if decision == "edit" and not (next_prompt or "").strip():
+        decision = "approve"  # an edit without a prompt keeps the prompt as written
+    result = ApprovalResult(
+        workflow_id=workflow_id,
+        step=step.name,
+        decision=decision,
+        next_prompt=next_prompt,
+        comment=answer.comment,
+        decided_at=datetime.now(UTC).isoformat(),
+    )
+    logger.info("approval %s: %s", step.name, decision)
+    return await record_approval(workflow_id, step.name, result)
+
+
+@flow(name="expire-approvals")
+async def expire_approvals(limit: int = 200) -> list[str]:
+    """Apply the workflow failure handler to ``agent-workflow`` runs whose approval
+    timed out; returns the flow-run ids handled.
+
+    Prefect's server fails an expired suspended run without running any code of
+    ours; this flow finds such runs (and suspended runs already past their
+    timeout, in case the server's expiry service is off), marks them failed and
+    archives their chats the way the workflow's ``on_failure`` hook would.
+    Idempotent: handled runs get the tag ``coder-approval-expired-handled``.
+    """
+    from flows.workflow import agent_workflow, archive_on_failure
+
+    logger = get_run_logger()
+    handled: list[str] = []
+    now = datetime.now(UTC)
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["agent-workflow"])),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.PAUSED, StateType.FAILED])
+                ),
+            ),
+            limit=limit,
+        )
+        for run in runs:
+            state = run.state
+            if state is None or HANDLED_TAG in (run.tags or []):
+                continue
+            if state.type == StateType.PAUSED:
+                timeout = state.state_details.pause_timeout
+                if timeout is None or timeout > now:
+                    continue
+                await client.set_flow_run_state(run.id, Failed(message=EXPIRED_MESSAGE), force=True)
+                state = Failed(message=EXPIRED_MESSAGE)
+            elif state.message != EXPIRED_MESSAGE:
+                continue
+            await archive_on_failure(agent_workflow, run, state)
+            await client.update_flow_run(run.id, tags=[*(run.tags or []), HANDLED_TAG])
+            handled.append(str(run.id))
+            logger.info("approval of %s expired: failure handler applied", run.name)
+    return handled

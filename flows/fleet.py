@@ -1,0 +1,373 @@
+"""Fleet quota: a deployment-wide cap on concurrently running agent turns, and the
+``agent_fanout`` flow that runs many independent workflows within it.
+
+The cap (``CoderCredentials.max_concurrent_turns``) is ``N`` lease rows in the
+shared state store, ``turn-slot:0`` … ``turn-slot:N-1``. A turn holds one of
+them from before its first request to its last (renewed in the background like
+the workflow lease), so every worker process on every machine that uses the
+same store sees the same N slots.
+
+Why the store's lease table and not a Prefect global concurrency limit (both
+were measured, see ``docs/fleet.md``): a Prefect limit's minimum lease is 60 s
+and its hand-off is polled at ≈ 1 s, so a crashed holder blocks a slot ≈ 70 s
+and a freed slot sits idle ≈ 1 s; a store slot lapses ``turn_slot_ttl`` after
+its holder died (seconds, configurable) and a waiter polls every
+``poll_interval`` (50 ms by default). Acquiring is one atomic statement per
+free-looking slot, so two workers can never both take the same slot.
+
+A turn that has to wait logs ``waiting for a turn slot`` once (visible in the
+run's logs in the UI), shows the task run as ``Running`` named
+``WaitingForTurnSlot`` while it waits, emits ``coder.turn.waiting_for_slot``
+and, when ``turn_slot_wait`` runs out, fails with :class:`TurnSlotUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+from prefect import flow, task
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from blocks import StateStore
+from blocks.state.leases import default_holder
+from blocks.state.schema import leases as lease_table
+from flows.observe import TurnObserver
+from flows.params import Step, WorkflowSettings
+
+__all__ = [
+    "SLOT_PREFIX",
+    "FanoutItem",
+    "FanoutOutcome",
+    "TurnSlotUnavailableError",
+    "agent_fanout",
+    "busy_slots",
+    "turn_slot",
+]
+
+SLOT_PREFIX = "turn-slot:"
+WAITING_STATE_NAME = "WaitingForTurnSlot"
+
+
+class TurnSlotUnavailableError(RuntimeError):
+    """No turn slot became free within ``turn_slot_wait`` (the fleet is at its cap)."""
+
+    def __init__(self, cap: int, waited_s: float) -> None:
+        self.cap = cap
+        self.waited_s = waited_s
+        super().__init__(
+            f"no turn slot became free in {waited_s:.1f}s: all {cap} slots of "
+            "CoderCredentials.max_concurrent_turns stayed busy. Raise turn_slot_wait, raise "
+            "max_concurrent_turns (within the deployment's chat capacity), or start fewer "
+            "workflows at once."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.cap, self.waited_s))
+
+
+def slot_key(index: int) -> str:
+    """The lease key of slot ``index``."""
+    return f"{SLOT_PREFIX}{index}"
+
+
+async def busy_slots(store: StateStore, cap: int) -> set[int]:
+    """Indices of the slots whose lease is live now (database clock)."""
+    keys = [slot_key(i) for i in range(cap)]
+    async with store.read() as conn:
+        rows = await conn.execute(
+            sa.select(lease_table.c.key).where(
+                lease_table.c.tenant == store.tenant,
+                lease_table.c.key.in_(keys),
+                lease_table.c.expires_at > store.now(),
+            )
+        )
+        return {int(str(r.key)[len(SLOT_PREFIX) :]) for r in rows}
+
+
+async def _claim(store: StateStore, cap: int, holder: str, ttl: float) -> int | None:
+    busy = await busy_slots(store, cap)
+    free = [i for i in range(cap) if i not in busy]
+    # Random order: waiters that see the same free slot mostly try different ones.
+    random.shuffle(free)
+    for i in free:
+        if await store.leases.acquire(slot_key(i), holder, ttl) is not None:
+            return i
+    return None
+
+
+async def _show_waiting(waiting: bool) -> None:
+    """Name the task run's state ``WaitingForTurnSlot`` in the UI while it waits."""
+    ctx = TaskRunContext.get()
+    if ctx is None:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    state = Running(name=WAITING_STATE_NAME if waiting else "Running")
+    try:
+        async with get_client() as client:
+            await client.set_task_run_state(ctx.task_run.id, state, force=True)
+    except Exception:  # cosmetic: the log line says the same
+        logging.getLogger("flows.fleet").debug("could not name the waiting state", exc_info=True)
+
+
+@contextlib.asynccontextmanager
+async def turn_slot(
+    store: StateStore,
+    cap: int | None,
+    *,
+    wait: float,
+    ttl: float,
+    workflow_id: str = "-",
+    step: str = "-",
+    logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    poll_interval: float = 0.05,
+) -> AsyncIterator[int | None]:
+    """Hold one of ``cap`` deployment-wide turn slots for the block (no cap: no-op).
+
+    Yields the slot's index (None without a cap).
+
+    Waits up to ``wait`` seconds, then raises :class:`TurnSlotUnavailableError`.
+    The slot is renewed every ``ttl/3`` and released on exit; a holder that dies
+    keeps it at most ``ttl`` seconds.
+    """
+    if cap is None:
+        yield None
+        return
+    log = logger or logging.getLogger("flows.fleet")
+    holder = default_holder()
+    started = time.monotonic()
+    deadline = started + wait
+    gate = _local_gate(store)
+    # Only the head of this process's queue polls the store: 50 waiting turns in one
+    # worker would otherwise hammer it (SQLite answers "database is locked").
+    try:
+        await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
+    except TimeoutError:
+        raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
+    try:
+        index = await _wait_for_slot(
+            store, cap, holder, ttl, started, deadline, workflow_id, step, log, poll_interval
+        )
+    finally:
+        gate.release()
+    key = slot_key(index)
+    # Renew from the moment the claim committed (not after a second acquire: under a
+    # busy store that gap could outlast the ttl and hand the slot to someone else).
+    renewer = asyncio.create_task(_renew(store, key, holder, ttl, log), name=f"renew:{key}")
+    try:
+        yield index
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        try:
+            await store.leases.release(key, holder)
+        except Exception:  # it lapses after ttl on its own
+            log.warning("could not release turn slot %d; it lapses after %.0fs", index, ttl)
+
+
+async def _renew(
+    store: StateStore,
+    key: str,
+    holder: str,
+    ttl: float,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    last_ok = time.monotonic()
+    while True:
+        await asyncio.sleep(ttl / 3)
+        try:
+            renewed = await store.leases.renew(key, holder, ttl)
+        except Exception as exc:
+            if time.monotonic() - last_ok < ttl:
+                continue  # transient: retry until a whole ttl went by
+            log.warning("turn slot %s could not be renewed (%s)", key, type(exc).__name__)
+            return
+        if renewed is None:
+            # Lapsed and taken over: the fleet may run one turn over its cap until
+            # this one ends. Only a store stalled for a whole ttl gets here.
+            log.warning("turn slot %s was lost (not renewed within %.0fs)", key, ttl)
+            return
+        last_ok = time.monotonic()
+
+
+_gates: dict[tuple[int, str, str], asyncio.Lock] = {}
+
+
+def _local_gate(store: StateStore) -> asyncio.Lock:
+    """The FIFO queue of this process's waiters on one store (per event loop)."""
+    key = (id(asyncio.get_running_loop()), store.url, store.tenant)
+    gate = _gates.get(key)
+    if gate is None:
+        gate = _gates[key] = asyncio.Lock()
+    return gate
+
+
+async def _wait_for_slot(
+    store: StateStore,
+    cap: int,
+    holder: str,
+    ttl: float,
+    started: float,
+    deadline: float,
+    workflow_id: str,
+    step: str,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    poll_interval: float,
+) -> int:
+    index = await _claim(store, cap, holder, ttl)
+    if index is None:
+        log.info(
+            "waiting for a turn slot: all %d slots busy (step %s of %s; waits up to %.0fs)",
+            cap,
+            step,
+            workflow_id,
+            deadline - started,
+        )
+        TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
+            "coder.turn.waiting_for_slot", {"cap": cap}
+        )
+        await _show_waiting(True)
+        while index is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+            # Jitter spreads the pollers of a large fan-out over the interval.
+            await asyncio.sleep(min(left, poll_interval * (0.5 + random.random())))
+            index = await _claim(store, cap, holder, ttl)
+        waited = time.monotonic() - started
+        log.info("got turn slot %d/%d after %.2fs", index, cap, waited)
+        await _show_waiting(False)
+    return index
+
+
+# --------------------------------------------------------------------------- fan-out
+
+
+class FanoutItem(BaseModel):
+    """One independent workflow of a fan-out (its own workflow id, chat and results)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow_id: str = Field(description="Stable id of this workflow (unique in the fan-out).")
+    steps: list[Step] = Field(description="The workflow's steps, run in order.")
+
+
+class FanoutOutcome(BaseModel):
+    """How one workflow of a fan-out ended."""
+
+    workflow_id: str
+    ok: bool
+    error: str | None = None
+    results: list[Any] = Field(default_factory=list)
+
+
+@task(name="fanout-workflow", task_run_name="{workflow_id}")
+async def fanout_workflow(
+    workflow_id: str, steps: list[Step], settings: WorkflowSettings
+) -> list[Any]:
+    """One workflow of a fan-out: the steps of ``agent-workflow`` as one task run.
+
+    A task, not a subflow: Prefect 3.9 runs gathered async subflows one after the
+    other (measured: 10 subflows sleeping 1 s each took 16.8 s; 10 tasks 1.2 s).
+    On failure it applies the workflow's failure handler itself (archives the chat
+    unless ``keep_chat``), since no flow-level hook runs for a task.
+    """
+    from flows.archive import retire_workflow_chat
+    from flows.workflow import prepare, run_steps
+
+    resources = await prepare(workflow_id, steps, settings)
+    try:
+        return await run_steps(workflow_id, steps, settings, resources, allow_approval=False)
+    except Exception:
+        if not settings.keep_chat:
+            try:
+                await retire_workflow_chat(
+                    workflow_id,
+                    resources,
+                    lease_wait_s=settings.lease_wait_s,
+                    lease_ttl_s=settings.lease_ttl_s,
+                )
+            except Exception:
+                get_run_logger().error(
+                    "could not archive the chat of %s", workflow_id, exc_info=True
+                )
+        raise
+
+
+@flow(name="agent-fanout", persist_result=True, result_serializer="json")
+async def agent_fanout(
+    workflows: list[FanoutItem],
+    settings: WorkflowSettings | None = None,
+    max_parallel: int = 64,
+    fail_on_error: bool = True,
+) -> list[FanoutOutcome]:
+    """Run independent workflows in parallel; every turn stays within the turn-slot cap.
+
+    Each workflow runs as a ``fanout-workflow`` task with its own workflow id (its
+    own chat, checkpoint, lease and stored results), so re-running the fan-out
+    re-runs only what did not finish. Concurrency of *turns* is bounded
+    deployment-wide by ``CoderCredentials.max_concurrent_turns``; ``max_parallel``
+    only bounds how many workflows this flow run drives at once.
+
+    Args:
+        workflows: the workflows; ids must be unique. Approval steps are not
+            allowed here (only a whole flow run can suspend); run those
+            workflows as their own ``agent-workflow`` deployment runs.
+        settings: shared by every workflow.
+        max_parallel: workflows driven at once by this flow run.
+        fail_on_error: fail the fan-out run (after all finished) if any workflow failed.
+    """
+    from flows.errors import WorkflowParameterError
+
+    settings = settings or WorkflowSettings()
+    seen: set[str] = set()
+    for i, item in enumerate(workflows):
+        if item.workflow_id in seen:
+            raise WorkflowParameterError(
+                f"workflows[{i}].workflow_id",
+                f"{item.workflow_id!r} is used twice",
+                "give every workflow of a fan-out its own id",
+            )
+        seen.add(item.workflow_id)
+        for j, step in enumerate(item.steps):
+            if step.kind == "approval":
+                raise WorkflowParameterError(
+                    f"workflows[{i}].steps[{j}].kind",
+                    "approval steps cannot run inside a fan-out (only a flow run can suspend)",
+                    "run workflows with approvals as their own agent-workflow deployment runs",
+                )
+    if max_parallel < 1:
+        raise WorkflowParameterError("max_parallel", "must be at least 1", "pass e.g. 64")
+    logger = get_run_logger()
+    gate = asyncio.Semaphore(max_parallel)
+
+    async def one(item: FanoutItem) -> FanoutOutcome:
+        async with gate:
+            try:
+                results = await fanout_workflow(item.workflow_id, item.steps, settings)
+            except Exception as exc:
+                return FanoutOutcome(
+                    workflow_id=item.workflow_id, ok=False, error=f"{type(exc).__name__}: {exc}"
+                )
+            return FanoutOutcome(workflow_id=item.workflow_id, ok=True, results=list(results))
+
+    outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
+    failed = [o.workflow_id for o in outcomes if not o.ok]
+    logger.info("fan-out finished: %d ok, %d failed", len(outcomes) - len(failed), len(failed))
+    if failed and fail_on_error:
+        raise RuntimeError(
+            f"{len(failed)} of {len(outcomes)} workflows failed: {', '.join(failed[:20])}"
+            + (" …" if len(failed) > 20 else "")
+        )
+    return outcomes

@@ -1,0 +1,186 @@
+"""Fleet quota: the deployment-wide turn-slot cap, measured from the emulator's own
+event log (``turn_start``/``turn_end`` carry the server's count of running turns)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TOKEN
+
+from blocks import ChatStateStore, CoderCredentials, StateStore
+from coder_chat.emulator import Emulator
+from flows.fleet import (
+    FanoutItem,
+    TurnSlotUnavailableError,
+    agent_fanout,
+    busy_slots,
+    turn_slot,
+)
+from flows.params import Step, WorkflowSettings
+
+
+async def _settings(
+    emu: Emulator, store_url: str, *, cap: int | None, wait: float = 60.0, ttl: float = 10.0
+) -> WorkflowSettings:
+    name = uuid.uuid4().hex[:10]
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=emu.organization_id,
+        token=TOKEN,
+        request_timeout=15.0,
+        turn_timeout=30.0,
+        max_concurrent_turns=cap,
+        turn_slot_wait=wait,
+        turn_slot_ttl=ttl,
+    ).save(f"fleet-coder-{name}", overwrite=True)
+    await ChatStateStore(url=store_url).save(f"fleet-store-{name}", overwrite=True)
+    return WorkflowSettings(
+        credentials_block=f"fleet-coder-{name}",
+        store_block=f"fleet-store-{name}",
+        retries=0,
+        retry_delay_s=0,
+        lease_ttl_s=5,
+        settle_wait_s=2,
+        redial_backoff_ms=20,
+        artifacts=False,
+    )
+
+
+def _step(name: str, seconds: float) -> Step:
+    return Step(name=name, prompt=f'work #emu {{"sleep": {seconds}, "text": "done {name}"}}')
+
+
+async def test_fanout_of_50_never_runs_more_than_5_turns(
+    prefect_server: Path, emu: Emulator, store_url: str
+) -> None:
+    settings = await _settings(emu, store_url, cap=5)
+    run = uuid.uuid4().hex[:6]
+    items = [
+        FanoutItem(workflow_id=f"fan-{run}-{i}", steps=[_step("only", 0.3)]) for i in range(50)
+    ]
+    outcomes = await agent_fanout(items, settings)
+    assert [o.ok for o in outcomes] == [True] * 50
+    assert {o.results[0].text for o in outcomes} == {"done only"}
+    starts = emu.event_log(["turn_start"])
+    assert len(starts) == 50
+    # The server's own count: never above the cap, and the turns did overlap (a slot
+    # is held from before the chat exists, so the server may see one or two fewer).
+    assert 3 <= emu.max_concurrent_turns() <= 5
+    # Every chat was archived at the end of its workflow.
+    assert all(c["archived"] for c in emu.chats())
+
+
+async def test_two_steps_each_take_and_return_a_slot(
+    prefect_server: Path, emu: Emulator, store_url: str
+) -> None:
+    settings = await _settings(emu, store_url, cap=2)
+    run = uuid.uuid4().hex[:6]
+    items = [
+        FanoutItem(workflow_id=f"two-{run}-{i}", steps=[_step("a", 0.05), _step("b", 0.05)])
+        for i in range(6)
+    ]
+    outcomes = await agent_fanout(items, settings)
+    assert all(o.ok for o in outcomes)
+    assert len(emu.event_log(["turn_start"])) == 12
+    assert emu.max_concurrent_turns() == 2
+    store = (await ChatStateStore.aload(settings.store_block)).get_store()
+    try:
+        assert await busy_slots(store, 2) == set()  # every slot released
+    finally:
+        await store.aclose()
+
+
+_HOLDER = """
+import asyncio, sys
+from blocks.state import StateStore
+from flows.fleet import turn_slot
+
+async def main():
+    store = StateStore(sys.argv[1])
+    async with turn_slot(store, 1, wait=5, ttl=float(sys.argv[2])):
+        print("HELD", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def _start_holder(store_url: str, ttl: float) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_LOGGING_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, store_url, str(ttl)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "HELD"
+    return proc
+
+
+async def test_crashed_holder_blocks_the_cap_at_most_its_lease(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ttl = 2.0
+    proc = await asyncio.to_thread(_start_holder, store_url, ttl)
+    os.kill(proc.pid, signal.SIGKILL)  # a real crash: no release, no more renewals
+    killed_at = time.monotonic()
+    proc.wait()
+    store = StateStore(store_url)
+    try:
+        assert await busy_slots(store, 1) == {0}
+        logger = logging.getLogger("test.fleet")
+        with caplog.at_level(logging.INFO, logger="test.fleet"):
+            async with turn_slot(store, 1, wait=10, ttl=ttl, logger=logger):
+                got_after = time.monotonic() - killed_at
+        assert got_after <= ttl + 0.5, got_after
+        assert any("waiting for a turn slot" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.aclose()
+
+
+async def test_wait_is_bounded_with_a_clear_error(store_url: str) -> None:
+    store = StateStore(store_url)
+    try:
+        async with turn_slot(store, 1, wait=5, ttl=5):
+            t0 = time.monotonic()
+            with pytest.raises(TurnSlotUnavailableError) as err:
+                async with turn_slot(store, 1, wait=0.3, ttl=5):
+                    pytest.fail("got a slot that is held")
+            assert 0.3 <= time.monotonic() - t0 < 1.5
+        assert "max_concurrent_turns" in str(err.value)
+        assert "turn_slot_wait" in str(err.value)
+        # Released on exit: the next holder gets it at once.
+        async with turn_slot(store, 1, wait=0.1, ttl=5) as held:
+            assert held == 0
+    finally:
+        await store.aclose()
+
+
+async def test_a_workflow_past_its_slot_wait_fails_clearly(
+    prefect_server: Path, emu: Emulator, store_url: str
+) -> None:
+    settings = await _settings(emu, store_url, cap=1, wait=0.3)
+    store = StateStore(store_url)
+    try:
+        async with turn_slot(store, 1, wait=1, ttl=10):
+            outcomes = await agent_fanout(
+                [FanoutItem(workflow_id=f"late-{uuid.uuid4().hex[:6]}", steps=[_step("s", 0)])],
+                settings,
+                fail_on_error=False,
+            )
+    finally:
+        await store.aclose()
+    assert not outcomes[0].ok
+    assert "TurnSlotUnavailableError" in (outcomes[0].error or "")
+    assert emu.event_log(["turn_start"]) == []  # nothing was sent
