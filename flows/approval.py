@@ -121,9 +121,13 @@ async def _stored_decision(workflow_id: str, step_name: str) -> ApprovalResult |
     if store is None:
         return None
     key = approval_key(workflow_id, step_name)
-    if not await store.aexists(key):
+    # Not aexists(): in a flow-run context (Prefect 3.9.1) it answered False for a
+    # record the task had written (measured), so read and treat "missing" as None.
+    try:
+        # Tasks write the record whole (no separate metadata file): read it that way.
+        value = (await store.model_copy(update={"metadata_storage": None}).aread(key)).result
+    except Exception:
         return None
-    value = (await store.aread(key)).result
     return value if isinstance(value, ApprovalResult) else ApprovalResult.model_validate(value)
 
 

@@ -1,0 +1,205 @@
+"""Approval steps on a real Prefect test server: the flow run suspends (its process
+exits), a person resumes it with typed input, and a fresh process continues from
+the persisted results. Flow runs are executed the way a process worker does it:
+``python -m prefect.engine`` with ``PREFECT__FLOW_RUN_ID``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from conftest import TOKEN
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.flow_runs import aresume_flow_run
+from prefect.settings import PREFECT_API_URL
+
+from blocks import ChatStateStore, CoderCredentials
+from coder_chat.emulator import Emulator
+from flows.approval import EXPIRED_MESSAGE, expire_approvals
+from flows.params import WorkflowSettings
+from flows.workflow import agent_workflow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+async def deployment_id(prefect_server: Path) -> UUID:
+    deployment = await agent_workflow.to_deployment(name="approvals-test")
+    return await deployment.apply()
+
+
+async def _start(
+    deployment_id: UUID, emu: Emulator, tmp_path: Path, steps: list[dict[str, Any]], **opts: Any
+) -> tuple[UUID, str]:
+    name = uuid.uuid4().hex[:10]
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=emu.organization_id,
+        token=TOKEN,
+        request_timeout=15.0,
+        turn_timeout=30.0,
+    ).save(f"appr-coder-{name}", overwrite=True)
+    await ChatStateStore(url=f"sqlite+aiosqlite:///{tmp_path / 'state.db'}").save(
+        f"appr-store-{name}", overwrite=True
+    )
+    settings = {
+        "credentials_block": f"appr-coder-{name}",
+        "store_block": f"appr-store-{name}",
+        "retries": 0,
+        "lease_ttl_s": 10,
+        "artifacts": False,
+        **opts,
+    }
+    wf = f"appr-{name}"
+    async with get_client() as client:
+        run = await client.create_flow_run_from_deployment(
+            deployment_id, parameters={"workflow_id": wf, "steps": steps, "settings": settings}
+        )
+    return run.id, wf
+
+
+def _execute(run_id: UUID, results: Path) -> None:
+    """Run the flow run in a fresh process, like a process worker (blocks until it exits)."""
+    env = dict(
+        os.environ,
+        PREFECT__FLOW_RUN_ID=str(run_id),
+        PREFECT_API_URL=str(PREFECT_API_URL.value()),
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results),
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY="",
+        PYTHONPATH=str(ROOT),
+    )
+    env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect.engine"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+async def _run(run_id: UUID) -> FlowRun:
+    async with get_client() as client:
+        return await client.read_flow_run(run_id)
+
+
+STEPS = [
+    {"name": "draft", "prompt": "Draft the change"},
+    {"name": "review", "kind": "approval", "prompt": "Ship the draft?", "timeout_s": 600},
+    {"name": "apply", "prompt": "Apply the draft"},
+]
+
+
+def _as_dict(result: Any) -> dict[str, Any]:
+    return result if isinstance(result, dict) else result.model_dump()
+
+
+def _user_texts(emu: Emulator) -> list[str]:
+    out = []
+    for chat in emu.chats():
+        for m in emu.messages(chat["id"], include_system=False):
+            if m["role"] == "user":
+                out.append("".join(p.get("text", "") for p in m["content"]))
+    return out
+
+
+async def _suspend(
+    deployment_id: UUID, emu: Emulator, tmp_path: Path, prefect_server: Path, steps: list[dict]
+) -> tuple[UUID, str]:
+    run_id, wf = await _start(deployment_id, emu, tmp_path, steps)
+    await asyncio.to_thread(_execute, run_id, prefect_server)
+    run = await _run(run_id)
+    assert run.state is not None
+    assert run.state.type == StateType.PAUSED and run.state.name == "Suspended"
+    # The chat sits idle in `waiting` (never requires_action) while nobody decides.
+    [chat] = emu.chats()
+    assert chat["status"] == "waiting" and not chat["archived"]
+    assert run.state.state_details.run_input_keyset is not None  # the UI's typed form
+    return run_id, wf
+
+
+async def test_approve_continues_from_persisted_results(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    run_id, wf = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    await aresume_flow_run(run_id, run_input={"decision": "approve", "comment": "lgtm"})
+    await asyncio.to_thread(_execute, run_id, prefect_server)
+    run = await _run(run_id)
+    assert run.state is not None and run.state.type == StateType.COMPLETED
+    results = await run.state.aresult()
+    assert [r["step"] if isinstance(r, dict) else r.step for r in results] == [
+        "draft",
+        "review",
+        "apply",
+    ]
+    texts = _user_texts(emu)
+    # The draft turn was not sent again after the resume.
+    assert len(texts) == 2 and "Draft the change" in texts[0] and "Apply the draft" in texts[1]
+    assert len(emu.event_log(["turn_start"])) == 2
+    assert [c["archived"] for c in emu.chats()] == [True]
+    # A later run of the same workflow finds every step, the decision included, stored:
+    # it neither suspends (it has no deployment: it could not) nor sends anything.
+    rerun = await agent_workflow(wf, STEPS, WorkflowSettings(**run.parameters["settings"]))
+    assert [_as_dict(r) for r in rerun] == [_as_dict(r) for r in results]
+    assert len(emu.event_log(["turn_start"])) == 2
+
+
+async def test_edit_replaces_the_next_prompt(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    await aresume_flow_run(
+        run_id, run_input={"decision": "edit", "next_prompt": "Apply the draft, skip docs"}
+    )
+    await asyncio.to_thread(_execute, run_id, prefect_server)
+    run = await _run(run_id)
+    assert run.state is not None and run.state.type == StateType.COMPLETED
+    texts = _user_texts(emu)
+    assert len(texts) == 2 and "Apply the draft, skip docs" in texts[1]
+
+
+async def test_reject_archives_the_chat_and_stops(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    await aresume_flow_run(run_id, run_input={"decision": "reject", "comment": "no"})
+    await asyncio.to_thread(_execute, run_id, prefect_server)
+    run = await _run(run_id)
+    assert run.state is not None and run.state.type == StateType.COMPLETED
+    results = await run.state.aresult()
+    assert (
+        results[-1]["decision"] == "reject"
+        if isinstance(results[-1], dict)
+        else (results[-1].decision == "reject")
+    )
+    assert len(emu.event_log(["turn_start"])) == 1  # "apply" never ran
+    assert [c["archived"] for c in emu.chats()] == [True]
+
+
+async def test_timeout_follows_the_failure_handler(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    steps = [dict(s) for s in STEPS]
+    steps[1]["timeout_s"] = 1
+    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, steps)
+    await asyncio.sleep(1.2)
+    handled = await expire_approvals()
+    assert str(run_id) in handled
+    run = await _run(run_id)
+    assert run.state is not None and run.state.type == StateType.FAILED
+    assert run.state.message == EXPIRED_MESSAGE
+    assert [c["archived"] for c in emu.chats()] == [True]
+    # Idempotent: a second sweep does nothing.
+    assert str(run_id) not in await expire_approvals()
