@@ -112,7 +112,7 @@ async def _show_waiting(waiting: bool) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 
-    state = Running(name=WAITING_STATE_NAME if waiting else "Running")
+    state: Any = Running(name=WAITING_STATE_NAME if waiting else "Running")
     try:
         async with get_client() as client:
             await client.set_task_run_state(ctx.task_run.id, state, force=True)

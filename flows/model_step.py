@@ -48,7 +48,7 @@ class ModelStepResult(BaseModel):
     model: str | None = None
     text: str
     structured: dict[str, Any] | None = None
-    attempts: int = Field(1, description="Model calls made (2 after a re-ask).")
+    attempts: int = Field(default=1, description="Model calls made (2 after a re-ask).")
     usage: dict[str, Any] = Field(default_factory=dict)
     duration_ms: float = 0.0
 
