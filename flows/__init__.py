@@ -7,6 +7,9 @@
 * :func:`flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
 * :func:`flows.sweeps.sweep_orphans` — retire chats no checkpoint accounts for (flow)
 * :func:`flows.sweeps.sweep_stuck_turns` — interrupt turns nobody finishes (flow)
+* :func:`flows.fleet.agent_fanout` — many workflows in parallel within the turn cap (flow)
+* :func:`flows.model_step.model_step` — one AI Gateway call, no chat (task)
+* :func:`flows.approval.expire_approvals` — failure handler for timed-out approvals (flow)
 * :mod:`flows.registry` — client tools and output models by name
 
 Submodules are imported lazily so that ``flows.params`` and ``flows.registry``
@@ -21,9 +24,12 @@ __all__ = [
     "Step",
     "TurnResult",
     "WorkflowSettings",
+    "agent_fanout",
     "agent_turn",
     "agent_workflow",
     "archive_workflow_chat",
+    "expire_approvals",
+    "model_step",
     "recover_turn",
     "run_turn",
     "sweep_orphans",
@@ -38,6 +44,9 @@ _LAZY = {
     "agent_workflow": "flows.workflow",
     "agent_turn": "flows.workflow",
     "archive_workflow_chat": "flows.archive",
+    "agent_fanout": "flows.fleet",
+    "model_step": "flows.model_step",
+    "expire_approvals": "flows.approval",
     "recover_turn": "flows.recovery",
     "sweep_orphans": "flows.sweeps",
     "sweep_stuck_turns": "flows.sweeps",

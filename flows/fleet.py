@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 SLOT_PREFIX = "turn-slot:"
+#: Benchmarks set this to a list to record ("acquire" | "acquire_waited" | "release",
+#: monotonic time).
+SLOT_TRACE: list[tuple[str, float]] | None = None
 WAITING_STATE_NAME = "WaitingForTurnSlot"
 
 
@@ -160,7 +163,10 @@ async def turn_slot(
         )
     finally:
         gate.release()
+    waited = time.monotonic() - started > poll_interval
     key = slot_key(index)
+    if SLOT_TRACE is not None:
+        SLOT_TRACE.append(("acquire_waited" if waited else "acquire", time.monotonic()))
     # Renew from the moment the claim committed (not after a second acquire: under a
     # busy store that gap could outlast the ttl and hand the slot to someone else).
     renewer = asyncio.create_task(_renew(store, key, holder, ttl, log), name=f"renew:{key}")
@@ -170,6 +176,8 @@ async def turn_slot(
         renewer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewer
+        if SLOT_TRACE is not None:
+            SLOT_TRACE.append(("release", time.monotonic()))
         try:
             await store.leases.release(key, holder)
         except Exception:  # it lapses after ttl on its own

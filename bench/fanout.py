@@ -1,0 +1,183 @@
+"""Fan-out throughput under the fleet's turn-slot cap, and the two cap mechanisms.
+
+1. ``agent_fanout`` of ``--workflows`` short one-turn workflows (default 200) under
+   caps 5 and 50 (``CoderCredentials.max_concurrent_turns``), on the local
+   emulator (no server capacity limit) with a SQLite store and a temporary
+   Prefect test server: wall time, turns/s, the server-side peak of running
+   turns (emulator event log) and the slot hand-off latency (a waiting turn's
+   acquire minus the latest release before it; p50/p95).
+2. The hand-off latency of a Prefect global concurrency limit (``concurrency(name,
+   occupy=1, strict=True)``, limit 1) on the same server, for comparison.
+
+Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--turn-s 0.05]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from prefect.settings import (  # noqa: E402
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_LOGGING_LEVEL,
+    PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+    temporary_settings,
+)
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from blocks import ChatStateStore, CoderCredentials  # noqa: E402
+from coder_chat.emulator import Emulator  # noqa: E402
+from flows import fleet  # noqa: E402
+from flows.params import Step, WorkflowSettings  # noqa: E402
+
+TOKEN = f"bench-{uuid.uuid4().hex}"
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _handoffs(trace: list[tuple[str, float]]) -> list[float]:
+    """For every acquire that had to wait: its time minus the latest release before it."""
+    out: list[float] = []
+    last_release: float | None = None
+    for kind, at in sorted(trace, key=lambda e: e[1]):
+        if kind == "release":
+            last_release = at
+        elif kind == "acquire_waited" and last_release is not None:
+            out.append(at - last_release)
+    return out
+
+
+async def _one_cap(emu: Emulator, tmp: Path, cap: int, n: int, turn_s: float) -> dict[str, float]:
+    name = uuid.uuid4().hex[:8]
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=emu.organization_id,
+        token=TOKEN,
+        max_concurrent_turns=cap,
+        turn_slot_wait=600,
+        turn_slot_ttl=30,
+    ).save(f"bench-coder-{name}", overwrite=True)
+    await ChatStateStore(url=f"sqlite+aiosqlite:///{tmp / f'{name}.db'}").save(
+        f"bench-store-{name}", overwrite=True
+    )
+    settings = WorkflowSettings(
+        credentials_block=f"bench-coder-{name}",
+        store_block=f"bench-store-{name}",
+        retries=0,
+        lease_ttl_s=30,
+        artifacts=False,
+    )
+    items = [
+        fleet.FanoutItem(
+            workflow_id=f"b-{name}-{i}",
+            steps=[Step(name="s", prompt=f'go #emu {{"sleep": {turn_s}, "text": "ok"}}')],
+        )
+        for i in range(n)
+    ]
+    before = len(emu.event_log(["turn_start"]))
+    fleet.SLOT_TRACE = []
+    t0 = time.perf_counter()
+    outcomes = await fleet.agent_fanout(items, settings, max_parallel=max(64, 2 * cap))
+    wall = time.perf_counter() - t0
+    trace, fleet.SLOT_TRACE = fleet.SLOT_TRACE, None
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
+    starts = emu.event_log(["turn_start"])[before:]
+    assert len(starts) == n
+    peak = max(e["details"]["running"] for e in starts)
+    hand = _handoffs(trace)
+    return {
+        "cap": cap,
+        "wall_s": wall,
+        "turns_per_s": n / wall,
+        "server_peak": peak,
+        "handoffs": len(hand),
+        "handoff_p50_ms": _pct(hand, 0.5) * 1000,
+        "handoff_p95_ms": _pct(hand, 0.95) * 1000,
+    }
+
+
+async def _gcl_handoff(rounds: int) -> list[float]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.asyncio import concurrency
+
+    name = f"bench-gcl-{uuid.uuid4().hex[:6]}"
+    async with get_client() as client:
+        await client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=name, limit=1)
+        )
+    out: list[float] = []
+
+    async def holder(at: dict[str, float]) -> None:
+        async with concurrency(name, occupy=1, strict=True):
+            await asyncio.sleep(0.2)
+        at["release"] = time.monotonic()
+
+    async def waiter(at: dict[str, float]) -> None:
+        await asyncio.sleep(0.05)
+        async with concurrency(name, occupy=1, strict=True):
+            at["acquire"] = time.monotonic()
+
+    for _ in range(rounds):
+        at: dict[str, float] = {}
+        await asyncio.gather(holder(at), waiter(at))
+        out.append(at["acquire"] - at["release"])
+    return out
+
+
+async def _main(args: argparse.Namespace, tmp: Path) -> None:
+    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as emu:
+        for cap in [int(c) for c in args.caps.split(",")]:
+            r = await _one_cap(emu, tmp, cap, args.workflows, args.turn_s)
+            print(
+                f"cap {r['cap']:>3}: {args.workflows} workflows in {r['wall_s']:.1f}s = "
+                f"{r['turns_per_s']:.1f} turns/s; server peak {r['server_peak']}; "
+                f"slot hand-off p50 {r['handoff_p50_ms']:.0f} ms, p95 "
+                f"{r['handoff_p95_ms']:.0f} ms ({r['handoffs']} waits)",
+                flush=True,
+            )
+    gcl = await _gcl_handoff(args.gcl_rounds)
+    print(
+        f"Prefect global concurrency limit (strict, limit 1): hand-off p50 "
+        f"{_pct(gcl, 0.5) * 1000:.0f} ms, p95 {_pct(gcl, 0.95) * 1000:.0f} ms "
+        f"({len(gcl)} rounds)",
+        flush=True,
+    )
+    print(f"(mean of store hand-offs above vs GCL: {statistics.mean(gcl) * 1000:.0f} ms)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--workflows", type=int, default=200)
+    p.add_argument("--caps", default="5,50")
+    p.add_argument("--turn-s", type=float, default=0.05)
+    p.add_argument("--gcl-rounds", type=int, default=10)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
+    with temporary_settings(
+        updates={
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+            PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp / "results",
+            PREFECT_LOGGING_LEVEL: "ERROR",
+        }
+    ):
+        with prefect_test_harness(server_startup_timeout=60):
+            asyncio.run(_main(args, tmp))
+
+
+if __name__ == "__main__":
+    main()
