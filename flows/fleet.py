@@ -55,7 +55,7 @@ __all__ = [
 
 SLOT_PREFIX = "turn-slot:"
 #: Benchmarks set this to a list to record ("acquire" | "acquire_waited" | "release",
-#: monotonic time).
+#: monotonic time) and ("acquire_latency", seconds from asking to holding).
 SLOT_TRACE: list[tuple[str, float]] | None = None
 WAITING_STATE_NAME = "WaitingForTurnSlot"
 
@@ -153,20 +153,37 @@ async def turn_slot(
     gate = _local_gate(store)
     # Only the head of this process's queue polls the store: 50 waiting turns in one
     # worker would otherwise hammer it (SQLite answers "database is locked").
+    queued = gate.locked()
+    if queued:
+        await _announce(cap, wait, workflow_id, step, log)
     try:
         await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
     except TimeoutError:
         raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
     try:
-        index = await _wait_for_slot(
-            store, cap, holder, ttl, started, deadline, workflow_id, step, log, poll_interval
+        index, waited = await _wait_for_slot(
+            store,
+            cap,
+            holder,
+            ttl,
+            started,
+            deadline,
+            workflow_id,
+            step,
+            log,
+            poll_interval,
+            announced=queued,
         )
     finally:
         gate.release()
-    waited = time.monotonic() - started > poll_interval
+    if queued or waited:
+        log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
+        await _show_waiting(False)
     key = slot_key(index)
     if SLOT_TRACE is not None:
-        SLOT_TRACE.append(("acquire_waited" if waited else "acquire", time.monotonic()))
+        now = time.monotonic()
+        SLOT_TRACE.append(("acquire_waited" if waited else "acquire", now))
+        SLOT_TRACE.append(("acquire_latency", now - started))
     # Renew from the moment the claim committed (not after a second acquire: under a
     # busy store that gap could outlast the ttl and hand the slot to someone else).
     renewer = asyncio.create_task(_renew(store, key, holder, ttl, log), name=f"renew:{key}")
@@ -221,6 +238,27 @@ def _local_gate(store: StateStore) -> asyncio.Lock:
     return gate
 
 
+async def _announce(
+    cap: int,
+    wait: float,
+    workflow_id: str,
+    step: str,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """The visible "waiting" signals: a log line, an event, a named UI state."""
+    log.info(
+        "waiting for a turn slot: all %d slots busy (step %s of %s; waits up to %.0fs)",
+        cap,
+        step,
+        workflow_id,
+        wait,
+    )
+    TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
+        "coder.turn.waiting_for_slot", {"cap": cap}
+    )
+    await _show_waiting(True)
+
+
 async def _wait_for_slot(
     store: StateStore,
     cap: int,
@@ -232,31 +270,22 @@ async def _wait_for_slot(
     step: str,
     log: logging.Logger | logging.LoggerAdapter[Any],
     poll_interval: float,
-) -> int:
+    *,
+    announced: bool,
+) -> tuple[int, bool]:
     index = await _claim(store, cap, holder, ttl)
-    if index is None:
-        log.info(
-            "waiting for a turn slot: all %d slots busy (step %s of %s; waits up to %.0fs)",
-            cap,
-            step,
-            workflow_id,
-            deadline - started,
-        )
-        TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
-            "coder.turn.waiting_for_slot", {"cap": cap}
-        )
-        await _show_waiting(True)
-        while index is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TurnSlotUnavailableError(cap, time.monotonic() - started)
-            # Jitter spreads the pollers of a large fan-out over the interval.
-            await asyncio.sleep(min(left, poll_interval * (0.5 + random.random())))
-            index = await _claim(store, cap, holder, ttl)
-        waited = time.monotonic() - started
-        log.info("got turn slot %d/%d after %.2fs", index, cap, waited)
-        await _show_waiting(False)
-    return index
+    if index is not None:
+        return index, False
+    if not announced:
+        await _announce(cap, deadline - started, workflow_id, step, log)
+    while index is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+        # Jitter spreads the pollers of a large fan-out over the interval.
+        await asyncio.sleep(min(left, poll_interval * (0.5 + random.random())))
+        index = await _claim(store, cap, holder, ttl)
+    return index, True
 
 
 # --------------------------------------------------------------------------- fan-out

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TOKEN
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
 from blocks import ChatStateStore, CoderCredentials, StateStore
 from coder_chat.emulator import Emulator
 from flows.fleet import (
+    WAITING_STATE_NAME,
     FanoutItem,
     TurnSlotUnavailableError,
     agent_fanout,
@@ -77,6 +80,17 @@ async def test_fanout_of_50_never_runs_more_than_5_turns(
     assert 3 <= emu.max_concurrent_turns() <= 5
     # Every chat was archived at the end of its workflow.
     assert all(c["archived"] for c in emu.chats())
+    # Waiting turns were visible in the UI as a named Running state.
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"fan-{run}-")), limit=200
+        )
+        turns = [r for r in runs if r.name.endswith("/only")]
+        assert len(turns) == 50
+        names = set()
+        for r in turns[:20]:
+            names |= {st.name for st in await client.read_task_run_states(r.id)}
+    assert WAITING_STATE_NAME in names
 
 
 async def test_two_steps_each_take_and_return_a_slot(
