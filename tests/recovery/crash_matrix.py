@@ -62,6 +62,9 @@ class Case:
     fault: str | None = None
     #: Steps that may legitimately carry a second user turn (the documented window).
     may_resubmit: frozenset[str] = field(default_factory=frozenset)
+    #: How many extra user turns such a step may carry: one per crash or failure that
+    #: cut a live attempt short (the model continues from each aborted attempt).
+    extra_turns: int = 1
 
 
 CASES = [

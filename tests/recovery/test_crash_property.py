@@ -87,9 +87,10 @@ async def test_random_crash_schedules_recover(
         )
         assert report.finished_workflow
     results = await run_workflow(workflow_id, STEPS, settings)
-    # any schedule may resubmit a step once (a cut-short or unlanded attempt)
+    # each crash or failure may cut one live attempt short: one extra turn each
+    failures = 1 + (second is not None) + (fault is not None)
     await check(
-        Case("random", may_resubmit=frozenset({"plan", "pay"})),
+        Case("random", may_resubmit=frozenset({"plan", "pay"}), extra_turns=failures),
         workflow_id,
         results,
         baseline,
