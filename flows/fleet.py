@@ -154,28 +154,32 @@ async def turn_slot(
     # Only the head of this process's queue polls the store: 50 waiting turns in one
     # worker would otherwise hammer it (SQLite answers "database is locked").
     queued = gate.locked()
-    if queued:
-        await _announce(cap, wait, workflow_id, step, log)
-    try:
-        await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
-    except TimeoutError:
-        raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
-    try:
-        index, waited = await _wait_for_slot(
-            store,
-            cap,
-            holder,
-            ttl,
-            started,
-            deadline,
-            workflow_id,
-            step,
-            log,
-            poll_interval,
-            announced=queued,
-        )
-    finally:
-        gate.release()
+    # Fast path: nobody of this process is queued, so try at once (no FIFO to jump).
+    index = None if queued else await _claim(store, cap, holder, ttl)
+    waited = False
+    if index is None:
+        if queued:
+            await _announce(cap, wait, workflow_id, step, log)
+        try:
+            await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
+        except TimeoutError:
+            raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
+        try:
+            index, waited = await _wait_for_slot(
+                store,
+                cap,
+                holder,
+                ttl,
+                started,
+                deadline,
+                workflow_id,
+                step,
+                log,
+                poll_interval,
+                announced=queued,
+            )
+        finally:
+            gate.release()
     if queued or waited:
         log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
         await _show_waiting(False)
