@@ -153,33 +153,32 @@ async def turn_slot(
     gate = _local_gate(store)
     # Only the head of this process's queue polls the store: 50 waiting turns in one
     # worker would otherwise hammer it (SQLite answers "database is locked").
+    # Every claim of this process goes through its queue, even when slots are free: a
+    # burst of 100 concurrent claims made SQLite fail other writes ("database is
+    # locked", measured with bench/fanout.py at cap 50).
     queued = gate.locked()
-    # Fast path: nobody of this process is queued, so try at once (no FIFO to jump).
-    index = None if queued else await _claim(store, cap, holder, ttl)
-    waited = False
-    if index is None:
-        if queued:
-            await _announce(cap, wait, workflow_id, step, log)
-        try:
-            await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
-        except TimeoutError:
-            raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
-        try:
-            index, waited = await _wait_for_slot(
-                store,
-                cap,
-                holder,
-                ttl,
-                started,
-                deadline,
-                workflow_id,
-                step,
-                log,
-                poll_interval,
-                announced=queued,
-            )
-        finally:
-            gate.release()
+    if queued:
+        await _announce(cap, wait, workflow_id, step, log)
+    try:
+        await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
+    except TimeoutError:
+        raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
+    try:
+        index, waited = await _wait_for_slot(
+            store,
+            cap,
+            holder,
+            ttl,
+            started,
+            deadline,
+            workflow_id,
+            step,
+            log,
+            poll_interval,
+            announced=queued,
+        )
+    finally:
+        gate.release()
     if queued or waited:
         log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
         await _show_waiting(False)
