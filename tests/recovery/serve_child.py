@@ -12,7 +12,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.events import DeploymentEventTrigger
 
 from flows.recovery import recover_turn
-from flows.workflow import agent_workflow
+from flows.workflow import agent_turn, agent_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,10 +21,13 @@ def main() -> None:
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     recover = next(d for d in spec["deployments"] if d["name"] == "recover-turn")
     triggers: list[Any] = [DeploymentEventTrigger(**t) for t in recover["triggers"]]
-    workflow = agent_workflow.to_deployment(name="agent-workflow")
-    recovery = recover_turn.to_deployment(name="recover-turn", triggers=triggers)
-    assert isinstance(workflow, RunnerDeployment) and isinstance(recovery, RunnerDeployment)
-    serve(workflow, recovery, print_starting_message=False)
+    deployments = [
+        agent_workflow.to_deployment(name="agent-workflow"),
+        agent_turn.to_deployment(name="agent-turn"),
+        recover_turn.to_deployment(name="recover-turn", triggers=triggers),
+    ]
+    assert all(isinstance(d, RunnerDeployment) for d in deployments)
+    serve(*deployments, print_starting_message=False)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -1,55 +1,42 @@
-"""The ``prefect.yaml`` trigger, on a real Prefect server: an ``agent-workflow`` run
-whose process is SIGKILLed ends Crashed, the automation starts ``recover-turn``
-with the crashed run's parameters, and the workflow ends as a fault-free run would.
+"""The ``prefect.yaml`` triggers, on a real Prefect server: an ``agent-workflow``
+(or ``agent-turn``) run whose process is SIGKILLed ends Crashed, the automation
+starts ``recover-turn`` with the crashed run's parameters, and the workflow ends
+as a fault-free run would.
 
 The server is the session's Prefect test server (its automation services — event
 triggers and actions — run in it); the deployments are served by a real Prefect
-runner process, which starts each flow run in its own subprocess.
+runner process (``serve_child.py``, triggers read from ``prefect.yaml``), which
+starts each flow run in its own subprocess.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import HERE, ROOT, PrefectEnv
-from crash_matrix import STEPS, Case, env_for_children, run_workflow
+from crash_matrix import STEPS, Case, chats_of, effects_of, env_for_children, run_workflow
 from payments import Payments
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (
-    DeploymentFilter,
-    DeploymentFilterName,
-    FlowRunFilter,
-)
+from prefect.client.orchestration import PrefectClient, get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
-from test_crash_matrix import check
+from test_crash_matrix import LIVE, check
 
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings
+from flows.toolset import Toolset
+from flows.workflow import agent_turn
+
+DEPLOYMENTS = ["agent-workflow", "agent-turn", "recover-turn"]
 
 
-@pytest.fixture
-def trigger_settings(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
-    return WorkflowSettings(
-        credentials_block=coder_block,
-        store_block=sqlite_block,
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=30,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        artifacts=False,
-        tool_modules=["flows.demo_tools", "payment_tools"],
-    )
-
-
-async def _wait(predicate, limit_s: float, what: str):  # type: ignore[no-untyped-def]
+async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: str) -> Any:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         value = await predicate()
@@ -59,21 +46,16 @@ async def _wait(predicate, limit_s: float, what: str):  # type: ignore[no-untype
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def test_crashed_agent_workflow_run_triggers_recover_turn(
-    prefect_env: PrefectEnv,
-    payments: Payments,
-    emu: Emulator,
-    trigger_settings: WorkflowSettings,
-    tmp_path: Path,
-) -> None:
-    baseline = [
-        r.text
-        for r in await run_workflow(f"r-trig-base-{uuid.uuid4().hex[:6]}", STEPS, trigger_settings)
-    ]
+@contextlib.asynccontextmanager
+async def served(
+    prefect_env: PrefectEnv, payments: Payments, tmp_path: Path, crash_at: str
+) -> AsyncIterator[PrefectClient]:
+    """A runner serving the deployments; its flow-run processes SIGKILL themselves
+    at ``crash_at`` once (``payment_tools``' test seam)."""
     env = env_for_children(prefect_env.child_env(), payments.url)
     env.update(
         PREFECT_RUNNER_POLL_FREQUENCY="1",
-        CRASH_AT="tool.after_done:2",
+        CRASH_AT=crash_at,
         CRASH_ONCE_FILE=str(tmp_path / "crashed-once"),
     )
     log = (tmp_path / "runner.log").open("wb")
@@ -88,48 +70,14 @@ async def test_crashed_agent_workflow_run_triggers_recover_turn(
     try:
         async with get_client() as client:
 
-            async def deployments_ready() -> bool:
+            async def ready() -> bool:
                 found = await client.read_deployments(
-                    deployment_filter=DeploymentFilter(
-                        name=DeploymentFilterName(any_=["agent-workflow", "recover-turn"])
-                    )
+                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=DEPLOYMENTS))
                 )
-                return len(found) == 2
+                return len(found) == len(DEPLOYMENTS)
 
-            await _wait(deployments_ready, 60, "the served deployments")
-            workflow_id = f"r-trig-{uuid.uuid4().hex[:8]}"
-            crashed_run: Any = await run_deployment(  # type: ignore[misc]
-                "agent-workflow/agent-workflow",
-                parameters={
-                    "workflow_id": workflow_id,
-                    "steps": [s.model_dump(mode="json") for s in STEPS],
-                    "settings": trigger_settings.model_dump(mode="json"),
-                },
-                timeout=0,
-            )
-
-            async def crashed() -> bool:
-                run = await client.read_flow_run(crashed_run.id)
-                state = run.state
-                return state is not None and state.type.value == "CRASHED"
-
-            await _wait(crashed, 90, "the agent-workflow run to end Crashed")
-
-            async def recovered() -> object:
-                runs = await client.read_flow_runs(
-                    deployment_filter=DeploymentFilter(
-                        name=DeploymentFilterName(any_=["recover-turn"])
-                    ),
-                    flow_run_filter=FlowRunFilter(),
-                )
-                mine = [r for r in runs if r.parameters.get("workflow_id") == workflow_id]
-                done = [r for r in mine if r.state and r.state.is_final()]
-                return done[0] if done else None
-
-            run = await _wait(recovered, 120, "the triggered recover-turn run to finish")
-            assert run.state.type.value == "COMPLETED", (run.state, log_tail(tmp_path))
-            assert run.parameters["finish_workflow"] is True
-            assert run.parameters["steps"][1]["name"] == "pay"
+            await _wait(ready, 60, "the served deployments")
+            yield client
     finally:
         runner.terminate()
         try:
@@ -138,10 +86,94 @@ async def test_crashed_agent_workflow_run_triggers_recover_turn(
             runner.kill()
             await runner.wait()
         log.close()
+
+
+async def crash_then_recovery(
+    client: PrefectClient, deployment: str, parameters: dict[str, Any], tmp_path: Path
+) -> Any:
+    """Start ``deployment``, wait for it to end Crashed, then for the recover-turn run
+    the automation started for the same workflow to finish; return that run."""
+    crashed_run: Any = await run_deployment(  # type: ignore[misc]
+        deployment, parameters=parameters, timeout=0
+    )
+
+    async def crashed() -> bool:
+        state = (await client.read_flow_run(crashed_run.id)).state
+        return state is not None and state.type.value == "CRASHED"
+
+    await _wait(crashed, 90, f"the {deployment} run to end Crashed")
+
+    async def recovered() -> Any:
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["recover-turn"]))
+        )
+        mine = [r for r in runs if r.parameters.get("workflow_id") == parameters["workflow_id"]]
+        done = [r for r in mine if r.state and r.state.is_final()]
+        return done[0] if done else None
+
+    run = await _wait(recovered, 120, "the triggered recover-turn run to finish")
+    log = (tmp_path / "runner.log").read_text(errors="replace")[-4000:]
+    assert run.state.type.value == "COMPLETED", (run.state, log)
+    return run
+
+
+async def test_crashed_agent_workflow_run_triggers_recover_turn(
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    emu: Emulator,
+    settings: WorkflowSettings,
+    baseline: list[str],
+    tmp_path: Path,
+) -> None:
+    workflow_id = f"r-trig-{uuid.uuid4().hex[:8]}"
+    async with served(prefect_env, payments, tmp_path, "tool.after_done:2") as client:
+        run = await crash_then_recovery(
+            client,
+            "agent-workflow/agent-workflow",
+            {
+                "workflow_id": workflow_id,
+                "steps": [s.model_dump(mode="json") for s in STEPS],
+                "settings": settings.model_dump(mode="json"),
+            },
+            tmp_path,
+        )
+        assert run.parameters["finish_workflow"] is True
+        assert run.parameters["steps"][1]["name"] == "pay"  # a list, not a string
     # A rerun returns every step from storage: the results the recovery produced.
-    results = await run_workflow(workflow_id, STEPS, trigger_settings)
+    results = await run_workflow(workflow_id, STEPS, settings)
     await check(Case("trigger"), workflow_id, results, baseline, payments, emu)
 
 
-def log_tail(tmp_path: Path) -> str:
-    return (tmp_path / "runner.log").read_text(errors="replace")[-4000:]
+async def test_crashed_agent_turn_run_triggers_recover_turn_for_its_step(
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    emu: Emulator,
+    settings: WorkflowSettings,
+    baseline: list[str],
+    tmp_path: Path,
+) -> None:
+    workflow_id = f"r-trig-turn-{uuid.uuid4().hex[:8]}"
+    tools = Toolset.of_steps(STEPS)
+    keep = settings.model_copy(update={"keep_chat": True})
+    first = await agent_turn(workflow_id, STEPS[0], keep, tools)
+    async with served(prefect_env, payments, tmp_path, "tool.after_done:1") as client:
+        run = await crash_then_recovery(
+            client,
+            "agent-turn/agent-turn",
+            {
+                "workflow_id": workflow_id,
+                "step": STEPS[1].model_dump(mode="json"),
+                "settings": keep.model_dump(mode="json"),
+                "workflow_tools": tools.model_dump(mode="json"),
+            },
+            tmp_path,
+        )
+        assert run.parameters["step"] == "pay"
+        assert [s["name"] for s in run.parameters["steps"]] == ["pay"]
+    # The step's result is stored: running the step again returns it, sends nothing.
+    second = await agent_turn(workflow_id, STEPS[1], keep, tools)
+    assert [first.text, second.text] == baseline
+    chats = chats_of(emu, workflow_id)
+    assert [c["id"] for c in chats] == [first.chat_id]
+    assert sorted(effects_of(payments, [first.chat_id]).values()) == [1, 1]
+    assert emu.chat(first.chat_id)["status"] not in LIVE
