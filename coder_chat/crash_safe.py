@@ -56,10 +56,12 @@ __all__ = [
     "CrashSafeTool",
     "EffectContext",
     "LedgerEntryView",
+    "PureTool",
     "ToolLedgerStore",
     "add_crash_hook",
     "crash_point",
     "crash_safe_tool",
+    "pure",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -282,3 +284,20 @@ def crash_safe_tool(
         return CrashSafeTool(name or fn.__name__, desc, model, fn, redrive=redrive)
 
     return decorate
+
+
+class PureTool(ClientTool[M]):
+    """A client tool without side effects (a lookup, a computation, an ack).
+
+    Recovery may simply run it again to answer a ``requires_action`` pause it
+    left behind, instead of interrupting the attempt and resubmitting the step
+    (``structured_output``'s acknowledgement is treated the same way).
+    """
+
+    def __repr__(self) -> str:
+        return f"PureTool(name={self.name!r}, input_model={self.input_model.__name__})"
+
+
+def pure(tool: ClientTool[M]) -> PureTool[M]:
+    """Declare ``tool`` side-effect free: safe for recovery to re-run (see :class:`PureTool`)."""
+    return PureTool(tool.name, tool.description, tool.input_model, tool.fn)

@@ -50,7 +50,7 @@ from coder_chat.core.recovery import (
     settle_action,
 )
 from coder_chat.core.translator import pending_client_calls
-from coder_chat.crash_safe import CrashSafeTool, ToolLedgerStore, crash_point
+from coder_chat.crash_safe import CrashSafeTool, PureTool, ToolLedgerStore, crash_point
 from coder_chat.errors import CoderApiError
 from coder_chat.history import (
     PAGE_SIZE,
@@ -264,7 +264,7 @@ class TurnRecovery:
             tool = self.tools[call["tool_name"]]
             action = ledger_action(
                 None if entry is None else entry.state,
-                replayable=isinstance(tool, StructuredOutput),
+                replayable=isinstance(tool, StructuredOutput | PureTool),
             )
             plan.append((call, action, entry))
             self._decide(

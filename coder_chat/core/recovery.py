@@ -202,8 +202,9 @@ class LedgerAction(StrEnum):
     #: Re-drive with the SAME idempotency key — a committed effect replays as a
     #: no-op — with arguments from history, validated as the live loop would.
     REDRIVE = "redrive"
-    #: No entry, but the tool is pure (e.g. ``structured_output``'s ack): running
-    #: it again has no effect, so answer the pause instead of cutting it short.
+    #: No entry, but the tool is pure (``structured_output``'s ack, a tool declared
+    #: with ``crash_safe.pure``): running it again has no effect, so answer the
+    #: pause instead of cutting the attempt short and resubmitting the step.
     REPLAY = "replay"
     #: No entry: the tool never ran. Interrupting loses nothing.
     UNSTARTED = "unstarted"

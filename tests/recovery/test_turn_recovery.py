@@ -15,6 +15,7 @@ from payments import Payments
 from pydantic import BaseModel
 
 from blocks import JournalEntry, StateStore
+from coder_chat.crash_safe import pure
 from coder_chat.emulator import Emulator
 from coder_chat.models import (
     ChatInputPart,
@@ -24,7 +25,7 @@ from coder_chat.models import (
 )
 from coder_chat.recovery import RecoveryStore, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
-from coder_chat.tools import ClientTool, structured_output
+from coder_chat.tools import ClientTool, ToolContext, client_tool, structured_output
 
 FAST = RecoveryTimings(probe_bound=5.0, settle_budget=10.0, poll_interval=0.02, commit_horizon=0.5)
 
@@ -287,3 +288,35 @@ async def test_structured_step_pause_is_answered_and_the_input_recovered(
     assert outcome.recovered is not None
     assert outcome.recovered.structured == Answer(verdict="ok", score=3)
     assert outcome.recovered.text == "Filed."
+
+
+class Lookup(BaseModel):
+    build_id: str
+
+
+async def test_pause_on_a_pure_tool_is_answered_by_running_it_again(
+    client: ChatClient, emu: Emulator, store: StateStore
+) -> None:
+    calls: list[str] = []
+
+    @client_tool(name="lookup_build", description="Look a build up.")
+    async def lookup(args: Lookup, ctx: ToolContext) -> dict[str, str]:
+        calls.append(args.build_id)
+        return {"build": args.build_id, "status": "failed"}
+
+    tool = pure(lookup)
+    marker = _marker()
+    script = {"tool_calls": [{"name": "lookup_build", "args": {"build_id": "nightly-7"}}]}
+    chat_id = await _create(client, emu, f"{marker} look" + directive(script), [tool])
+    await emu.await_status(chat_id, "requires_action")
+    outcome = await _recovery(client, store, chat_id, marker, [tool]).run()
+    assert outcome.classification == "recovered", [d.row() for d in outcome.decisions]
+    assert calls == ["nightly-7"]
+    assert outcome.recovered is not None and "nightly-7" in outcome.recovered.text
+    assert _user_count(emu, chat_id, marker) == 1
+    # the same tool NOT declared pure: the pause is cut short, the step resubmitted
+    marker2 = _marker()
+    chat2 = await _create(client, emu, f"{marker2} look" + directive(script), [lookup])
+    await emu.await_status(chat2, "requires_action")
+    again = await _recovery(client, store, chat2, marker2, [lookup]).run()
+    assert again.classification == "resubmit" and calls == ["nightly-7"]
