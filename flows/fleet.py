@@ -33,7 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from prefect import flow, task
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -256,9 +256,11 @@ async def _announce(
         workflow_id,
         wait,
     )
-    TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
-        "coder.turn.waiting_for_slot", {"cap": cap}
-    )
+    if TaskRunContext.get() is not None or FlowRunContext.get() is not None:
+        # Outside a run, emitting would start a temporary Prefect server (seconds).
+        TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
+            "coder.turn.waiting_for_slot", {"cap": cap}
+        )
     await _show_waiting(True)
 
 

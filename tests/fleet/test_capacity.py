@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from conftest import TOKEN
+from fleet_env import TOKEN
 from test_fleet import _settings, _step
 
 from coder_chat.emulator import Emulator
