@@ -38,6 +38,7 @@ from prefect.settings import (  # noqa: E402
     temporary_settings,
 )
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from prefect.utilities.annotations import quote  # noqa: E402
 
 from blocks import CoderCredentials, StateStore  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
@@ -92,7 +93,9 @@ async def _client(emu: Emulator, n: int) -> list[float]:
 
 @flow(persist_result=False)
 async def _task_flow(n: int, creds: Any, store: Any) -> list[float]:
-    resources = TurnResources(creds, store)
+    # As agent_workflow runs it: one shared client (pool), inputs quoted.
+    client = creds.get_client()
+    resources = quote(TurnResources(creds, store, client=client))
     settings = WorkflowSettings(artifacts=False)
     step = Step(name="plan", kind="model", model="m", prompt="Plan a fix", output_model="fix_plan")
     out = []
@@ -100,6 +103,7 @@ async def _task_flow(n: int, creds: Any, store: Any) -> list[float]:
         t0 = time.perf_counter()
         await model_step(f"bench-{uuid.uuid4().hex[:8]}-{i}", step, settings, resources)
         out.append(time.perf_counter() - t0)
+    await client.aclose()
     return out
 
 
