@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,51 @@ def postgres_url() -> Iterator[str]:
                 **run,  # type: ignore[arg-type]
             )
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------- Prefect server
+
+
+@dataclass(frozen=True)
+class PrefectHarness:
+    """The session's one Prefect test server and its isolated result storage."""
+
+    api_url: str
+    results_dir: Path
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectHarness]:
+    """One real Prefect test server for the whole session (≈ 9 s to start), shared by
+    every directory that runs flows.
+
+    Flow heartbeats are off (with them on, every flow run waits ≈ 1 s for a heartbeat
+    thread). Result storage is a fresh temp dir: step results are keyed by
+    (workflow, step) across runs, so a stale result from an earlier session must
+    never be found. One server, not one per directory: Prefect's event and log
+    workers are process-wide singletons bound to the server current when they
+    start, and nested harnesses left them pointing at the wrong one.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    results = tmp_path_factory.mktemp("prefect-results")
+    with temporary_settings(
+        updates={
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
+            PREFECT_LOGGING_LEVEL: "WARNING",
+        }
+    ):
+        with prefect_test_harness(server_startup_timeout=60):
+            yield PrefectHarness(str(PREFECT_API_URL.value()), results)
+            EventsWorker.drain_all(timeout=10)
+            APILogWorker.drain_all(timeout=10)

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from conftest import TOKEN
+from approval_env import TOKEN
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.flow_runs import aresume_flow_run

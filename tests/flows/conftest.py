@@ -1,10 +1,8 @@
 """Fixtures of the Prefect-layer tests: a real Prefect test server, a real emulator,
 real SQLite and PostgreSQL stores, saved blocks.
 
-* One ``prefect_test_harness`` per session (≈ 9 s), with flow heartbeats off
-  (with them on, every flow run waits ≈ 1 s for a heartbeat thread) and result
-  storage in a fresh temp dir: step results are keyed by (workflow, step)
-  across runs, so stale results from an earlier session must never be found.
+* The session's one Prefect test server (``prefect_harness`` in tests/conftest.py):
+  heartbeats off, result storage in a fresh temp dir.
 * One emulator per session, in its own thread, so flows, worker threads and
   subprocesses all reach it. Tests isolate themselves with unique workflow ids
   and count messages per chat.
@@ -17,19 +15,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flow_helpers import ROOT, TOKEN
-from prefect.events.worker import EventsWorker
-from prefect.logging.handlers import APILogWorker
-from prefect.settings import (
-    PREFECT_API_URL,
-    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-    PREFECT_LOGGING_LEVEL,
-    PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-    temporary_settings,
-)
-from prefect.testing.utilities import prefect_test_harness
 
 from blocks import ChatStateStore, CoderCredentials, StateStore
 from coder_chat.emulator import Emulator
@@ -57,27 +46,8 @@ class PrefectEnv:
 
 
 @pytest.fixture(scope="session")
-def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectEnv]:
-    results = tmp_path_factory.mktemp("prefect-results")
-    with temporary_settings(
-        updates={
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
-            PREFECT_LOGGING_LEVEL: "WARNING",
-        }
-    ):
-        with prefect_test_harness(server_startup_timeout=60):
-            # Other test directories run their own harness: Prefect's event and
-            # log workers are process-wide singletons bound to the server that was
-            # current when they started. Flush and stop them so ours start fresh.
-            _restart_api_workers()
-            yield PrefectEnv(str(PREFECT_API_URL.value()), results)
-            _restart_api_workers()
-
-
-def _restart_api_workers() -> None:
-    EventsWorker.drain_all(timeout=10)
-    APILogWorker.drain_all(timeout=10)
+def prefect_env(prefect_harness: Any) -> PrefectEnv:
+    return PrefectEnv(prefect_harness.api_url, prefect_harness.results_dir)
 
 
 @pytest.fixture(scope="session")

@@ -4,36 +4,20 @@ persisted ``model_step`` task."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from prefect.settings import (
-    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-    PREFECT_LOGGING_LEVEL,
-    PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-    temporary_settings,
-)
-from prefect.testing.utilities import prefect_test_harness
+from model_env import TOKEN
 
 from coder_chat.emulator import Emulator
 
-TOKEN = f"tok-model-{uuid.uuid4().hex}-SECRET"
-
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    results = tmp_path_factory.mktemp("model-results")
-    with temporary_settings(
-        updates={
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
-            PREFECT_LOGGING_LEVEL: "WARNING",
-        }
-    ):
-        with prefect_test_harness(server_startup_timeout=60):
-            yield results
+def prefect_server(prefect_harness: Any) -> Path:
+    """The session's one Prefect test server (tests/conftest.py); its result dir."""
+    return Path(prefect_harness.results_dir)
 
 
 @pytest.fixture

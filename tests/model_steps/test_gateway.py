@@ -9,7 +9,7 @@ import pickle
 from typing import Literal
 
 import pytest
-from conftest import TOKEN
+from model_env import TOKEN
 from pydantic import BaseModel, Field
 
 from coder_chat.emulator import Emulator

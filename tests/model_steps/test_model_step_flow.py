@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN
+from model_env import TOKEN
 
 from blocks import ChatStateStore, CoderCredentials
 from coder_chat.emulator import Emulator

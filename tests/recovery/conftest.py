@@ -11,55 +11,23 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from crash_matrix import STEPS, ForkServer, env_for_children, run_workflow  # noqa: E402
 from payments import Payments, running_payments  # noqa: E402
-from prefect.settings import (  # noqa: E402
-    PREFECT_API_URL,
-    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-    PREFECT_LOGGING_LEVEL,
-    PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-    temporary_settings,
-)
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from recovery_env import FAST_ENV, TOKEN, PrefectEnv  # noqa: E402
 
 from blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
 from flows.params import WorkflowSettings  # noqa: E402
-
-TOKEN = f"tok-recovery-{uuid.uuid4().hex}-SECRET"
-#: Short recovery constants for tests (production: 1 s poll, horizon = request timeout).
-FAST_ENV = {"PREFECT_CODER_SETTLE_POLL_S": "0.05", "PREFECT_CODER_COMMIT_HORIZON_S": "1.0"}
-
-
-@dataclass(frozen=True)
-class PrefectEnv:
-    api_url: str
-    results_dir: Path
-
-    def child_env(self, **extra: str) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PREFECT_API_URL=self.api_url,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(self.results_dir),
-            PREFECT_LOGGING_LEVEL="WARNING",
-            PYTHONPATH=os.pathsep.join(
-                p for p in (str(ROOT), str(HERE), os.environ.get("PYTHONPATH")) if p
-            ),
-            **FAST_ENV,
-        )
-        env.update(extra)
-        return env
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -114,17 +82,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 @pytest.fixture(scope="session")
-def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectEnv]:
-    results = tmp_path_factory.mktemp("prefect-results")
-    with temporary_settings(
-        updates={
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
-            PREFECT_LOGGING_LEVEL: "WARNING",
-        }
-    ):
-        with prefect_test_harness(server_startup_timeout=60):
-            yield PrefectEnv(str(PREFECT_API_URL.value()), results)
+def prefect_env(prefect_harness: Any) -> PrefectEnv:
+    return PrefectEnv(prefect_harness.api_url, prefect_harness.results_dir)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import PrefectEnv
 from crash_matrix import (
     CASES,
     STEPS,
@@ -28,6 +27,7 @@ from crash_matrix import (
     user_texts,
 )
 from payments import Payments
+from recovery_env import PrefectEnv
 
 from coder_chat.emulator import Emulator
 from flows.params import WorkflowSettings, step_marker

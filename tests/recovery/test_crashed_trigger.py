@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import HERE, ROOT, PrefectEnv
 from crash_matrix import STEPS, Case, chats_of, effects_of, env_for_children, run_workflow
 from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
+from recovery_env import HERE, ROOT, PrefectEnv
 from test_crash_matrix import LIVE, check
 
 from coder_chat.emulator import Emulator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from conftest import ROOT
+from recovery_env import ROOT
 
 DOC = ROOT / "docs" / "durable-workflows.md"
 
