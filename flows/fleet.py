@@ -107,20 +107,54 @@ async def _claim(store: StateStore, cap: int, holder: str, ttl: float) -> int | 
     return None
 
 
-async def _show_waiting(waiting: bool) -> None:
-    """Name the task run's state ``WaitingForTurnSlot`` in the UI while it waits."""
+async def _set_task_state(name: str) -> bool:
+    """Force the current task run's state to ``Running`` with ``name``; False on failure."""
     ctx = TaskRunContext.get()
     if ctx is None:
-        return
+        return False
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 
-    state: Any = Running(name=WAITING_STATE_NAME if waiting else "Running")
+    state: Any = Running(name=name)
     try:
         async with get_client() as client:
             await client.set_task_run_state(ctx.task_run.id, state, force=True)
     except Exception:  # cosmetic: the log line says the same
-        logging.getLogger("flows.fleet").debug("could not name the waiting state", exc_info=True)
+        logging.getLogger("flows.fleet").debug("could not set state %s", name, exc_info=True)
+        return False
+    return True
+
+
+class _WaitingState:
+    """Shows the task run as ``Running``/``WaitingForTurnSlot`` while it waits (best effort).
+
+    In the background and retried: the server records a task run from the
+    engine's events, asynchronously, so right at task start it may not know the
+    run yet (a fan-out of 50 lost about one state in three without the retry).
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._shown = False
+
+    def start(self) -> None:
+        if self._task is None and TaskRunContext.get() is not None:
+            self._task = asyncio.create_task(self._show(), name="waiting-state")
+
+    async def _show(self) -> None:
+        for _ in range(20):
+            if await _set_task_state(WAITING_STATE_NAME):
+                self._shown = True
+                return
+            await asyncio.sleep(0.25)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._shown:
+            await _set_task_state("Running")
 
 
 @contextlib.asynccontextmanager
@@ -156,32 +190,35 @@ async def turn_slot(
     # Every claim of this process goes through its queue, even when slots are free: a
     # burst of 100 concurrent claims made SQLite fail other writes ("database is
     # locked", measured with bench/fanout.py at cap 50).
+    ui = _WaitingState()
     queued = gate.locked()
-    if queued:
-        await _announce(cap, wait, workflow_id, step, log)
     try:
-        await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
-    except TimeoutError:
-        raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
-    try:
-        index, waited = await _wait_for_slot(
-            store,
-            cap,
-            holder,
-            ttl,
-            started,
-            deadline,
-            workflow_id,
-            step,
-            log,
-            poll_interval,
-            announced=queued,
-        )
+        if queued:
+            _announce(cap, wait, workflow_id, step, log, ui)
+        try:
+            await asyncio.wait_for(gate.acquire(), timeout=max(0.0, wait))
+        except TimeoutError:
+            raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
+        try:
+            index, waited = await _wait_for_slot(
+                store,
+                cap,
+                holder,
+                ttl,
+                started,
+                deadline,
+                workflow_id,
+                step,
+                log,
+                poll_interval,
+                ui=ui if not queued else None,
+            )
+        finally:
+            gate.release()
     finally:
-        gate.release()
+        await ui.stop()
     if queued or waited:
         log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
-        await _show_waiting(False)
     key = slot_key(index)
     if SLOT_TRACE is not None:
         now = time.monotonic()
@@ -241,12 +278,13 @@ def _local_gate(store: StateStore) -> asyncio.Lock:
     return gate
 
 
-async def _announce(
+def _announce(
     cap: int,
     wait: float,
     workflow_id: str,
     step: str,
     log: logging.Logger | logging.LoggerAdapter[Any],
+    ui: _WaitingState,
 ) -> None:
     """The visible "waiting" signals: a log line, an event, a named UI state."""
     log.info(
@@ -261,7 +299,7 @@ async def _announce(
         TurnObserver(workflow_id=workflow_id, step=step, logger=log).emit(
             "coder.turn.waiting_for_slot", {"cap": cap}
         )
-    await _show_waiting(True)
+    ui.start()
 
 
 async def _wait_for_slot(
@@ -276,13 +314,13 @@ async def _wait_for_slot(
     log: logging.Logger | logging.LoggerAdapter[Any],
     poll_interval: float,
     *,
-    announced: bool,
+    ui: _WaitingState | None,
 ) -> tuple[int, bool]:
     index = await _claim(store, cap, holder, ttl)
     if index is not None:
         return index, False
-    if not announced:
-        await _announce(cap, deadline - started, workflow_id, step, log)
+    if ui is not None:  # not announced yet
+        _announce(cap, deadline - started, workflow_id, step, log, ui)
     while index is None:
         left = deadline - time.monotonic()
         if left <= 0:

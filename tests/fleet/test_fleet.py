@@ -4,6 +4,7 @@ event log (``turn_start``/``turn_end`` carry the server's count of running turns
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleet_env import ROOT, TOKEN
@@ -28,6 +30,7 @@ from flows.fleet import (
     busy_slots,
     turn_slot,
 )
+from flows.labels import LABEL_WORKFLOW
 from flows.params import Step, WorkflowSettings
 
 
@@ -87,9 +90,13 @@ async def test_fanout_of_50_never_runs_more_than_5_turns(
         )
         turns = [r for r in runs if r.name.endswith("/only")]
         assert len(turns) == 50
-        names = set()
-        for r in turns:
-            names |= {st.name for st in await client.read_task_run_states(r.id)}
+        names: set[str] = set()
+        for _ in range(50):  # the state history is written asynchronously
+            for r in turns:
+                names |= {st.name for st in await client.read_task_run_states(r.id)}
+            if WAITING_STATE_NAME in names:
+                break
+            await asyncio.sleep(0.1)
     assert WAITING_STATE_NAME in names
 
 
@@ -206,3 +213,64 @@ async def test_a_workflow_past_its_slot_wait_fails_clearly(
     assert not outcomes[0].ok
     assert "TurnSlotUnavailableError" in (outcomes[0].error or "")
     assert emu.event_log(["turn_start"]) == []  # nothing was sent
+
+
+_FANOUT_CHILD = """
+import asyncio, json, sys
+from flows.fleet import FanoutItem, agent_fanout
+from flows.params import WorkflowSettings
+
+args = json.loads(sys.argv[1])
+items = [FanoutItem.model_validate(i) for i in args["items"]]
+outcomes = asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
+print("OK", sum(o.ok for o in outcomes), flush=True)
+"""
+
+
+async def test_cap_holds_across_worker_processes(
+    prefect_harness: Any, emu: Emulator, store_url: str
+) -> None:
+    # Two processes (this one and a child, like two workers) share the store and the
+    # cap of 3; the emulator counts the turns of both.
+    settings = await _settings(emu, store_url, cap=3)
+    run = uuid.uuid4().hex[:6]
+    mine = [FanoutItem(workflow_id=f"p0-{run}-{i}", steps=[_step("s", 0.3)]) for i in range(6)]
+    theirs = [
+        # Longer: the child's turns must still be running when ours start.
+        FanoutItem(workflow_id=f"p1-{run}-{i}", steps=[_step("s", 0.8)]).model_dump(mode="json")
+        for i in range(12)
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        PREFECT_API_URL=str(prefect_harness.api_url),
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(prefect_harness.results_dir),
+        PREFECT_LOGGING_LEVEL="WARNING",
+    )
+    payload = json.dumps({"items": theirs, "settings": settings.model_dump(mode="json")})
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _FANOUT_CHILD,
+        payload,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    # Start ours once the child's first turn runs, so both really overlap.
+    await asyncio.to_thread(emu.wait_for, lambda: len(emu.event_log(["turn_start"])) > 0, 60)
+    outcomes = await agent_fanout(mine, settings)
+    out, err = await asyncio.wait_for(child.communicate(), 90)
+    assert child.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == ["OK", "12"]
+    assert all(o.ok for o in outcomes)
+    starts = emu.event_log(["turn_start"])
+    assert len(starts) == 18
+    assert emu.max_concurrent_turns() <= 3
+    # The two processes' turns really interleaved (else the bound proves nothing).
+    owner = {c["id"]: c["labels"][LABEL_WORKFLOW][:2] for c in emu.chats()}
+    ends = emu.event_log(["turn_end"])
+    first = {p: min(e["mono"] for e in starts if owner[e["chat_id"]] == p) for p in ("p0", "p1")}
+    last = {p: max(e["mono"] for e in ends if owner[e["chat_id"]] == p) for p in ("p0", "p1")}
+    assert first["p0"] < last["p1"] and first["p1"] < last["p0"]
