@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -30,6 +31,14 @@ def make(emu: Emulator, **kw: object) -> CoderAgent:
     )
 
 
+async def _until(check: Callable[[], bool], within: float = 5.0) -> None:
+    for _ in range(int(within / 0.005)):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached in time")
+
+
 async def _run_identical_queued_jobs(emu: Emulator) -> None:
     first = make(emu)
     slow = Script.of(
@@ -38,16 +47,17 @@ async def _run_identical_queued_jobs(emu: Emulator) -> None:
         )
     )
     t1 = asyncio.create_task(first.generate(f"go #emu {json.dumps(slow.to_json())}"))
-    while first.chat_id is None:
-        await asyncio.sleep(0.005)
+    await _until(lambda: first.chat_id is not None)
     chat_id = first.chat_id
+    assert chat_id is not None
     await emu.await_status(chat_id, "running")
 
     # Both queued jobs send byte-identical content; the default model echoes it.
     a, b = make(emu, chat_id=chat_id), make(emu, chat_id=chat_id)
     ta = asyncio.create_task(a.generate("same prompt"))
-    while not any(e["kind"] == "queue" and e["chat_id"] == chat_id for e in emu.event_log()):
-        await asyncio.sleep(0.005)
+    await _until(
+        lambda: any(e["kind"] == "queue" and e["chat_id"] == chat_id for e in emu.event_log())
+    )
     tb = asyncio.create_task(b.generate("same prompt"))
     r1, ra, rb = await asyncio.gather(t1, ta, tb)
 
