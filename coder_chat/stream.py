@@ -433,18 +433,7 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
 
         opts = self.options
         try:
-            ws = await connect(
-                url,
-                additional_headers=self._client.auth_headers(),
-                open_timeout=opts.open_timeout,
-                ping_interval=opts.ping_interval,
-                ping_timeout=opts.ping_timeout,
-                close_timeout=opts.close_timeout,
-                max_size=opts.max_frame_bytes,
-                ssl=_ssl_context(url, self._client.verify),
-                logger=_WS_LOGGER,
-                compression=None,
-            )
+            ws = await _dial(self._client, url, opts)
         except InvalidStatus as exc:
             status = exc.response.status_code
             message, detail = _upgrade_envelope(exc.response.body, status)
@@ -563,18 +552,7 @@ class ChatWatcher(_PumpedReader[ChatWatchEvent]):
                 if not self._client.prefix_locked:
                     await self._client.ensure_prefix(op="watchChats")
                 url = self._client.watch_url()
-                ws = await connect(
-                    url,
-                    additional_headers=self._client.auth_headers(),
-                    open_timeout=opts.open_timeout,
-                    ping_interval=opts.ping_interval,
-                    ping_timeout=opts.ping_timeout,
-                    close_timeout=opts.close_timeout,
-                    max_size=opts.max_frame_bytes,
-                    ssl=_ssl_context(url, self._client.verify),
-                    logger=_WS_LOGGER,
-                    compression=None,
-                )
+                ws = await _dial(self._client, url, opts)
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if 400 <= status < 500 and status not in TRANSIENT_UPGRADE_STATUSES:
@@ -600,6 +578,23 @@ class ChatWatcher(_PumpedReader[ChatWatchEvent]):
                         await ws.close()
             await asyncio.sleep(backoff_ms / 1000.0)
             backoff_ms = min(backoff_ms * 2, opts.backoff_cap_ms)
+
+
+async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConnection:
+    """Open one WebSocket the way every reader does: token in the upgrade header only,
+    the stream options' bounds, TLS verification as the client's, quiet logging."""
+    return await connect(
+        url,
+        additional_headers=client.auth_headers(),
+        open_timeout=opts.open_timeout,
+        ping_interval=opts.ping_interval,
+        ping_timeout=opts.ping_timeout,
+        close_timeout=opts.close_timeout,
+        max_size=opts.max_frame_bytes,
+        ssl=_ssl_context(url, client.verify),
+        logger=_WS_LOGGER,
+        compression=None,
+    )
 
 
 def _ssl_context(url: str, verify: bool) -> ssl.SSLContext | None:

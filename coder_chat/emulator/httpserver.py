@@ -23,9 +23,10 @@ from websockets.server import ServerProtocol
 
 # websockets' protocol logs every handshake header at DEBUG, the session token
 # included. The emulator must keep secrets out of logs like the real server, so its
-# protocol logger never goes below INFO whatever the root level is.
+# protocol logger never goes below WARNING whatever the root level is (its INFO
+# lines are per-connection noise).
 _WS_LOGGER = logging.getLogger("coder_chat.emulator.websocket")
-_WS_LOGGER.setLevel(logging.INFO)
+_WS_LOGGER.setLevel(logging.WARNING)
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 11 * 1024 * 1024
