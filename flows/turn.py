@@ -9,8 +9,10 @@ Walk of one turn (``execute_turn``):
    waited for may have just finished this very step.
 3. Load the checkpoint (chat id + optional cursor); build the agent from it.
 4. On a checkpointed chat: if this step already sent before (the journal names
-   its marker) call the resubmission seam, then journal "submitting" (marker,
-   attempt, time) BEFORE the send.
+   its marker) run crash recovery first (``flows.recovery``: settle-wait, tool
+   ledger reconciliation, result recovery — a finished attempt's result is
+   returned instead of resending), then journal "submitting" (marker, attempt,
+   time) BEFORE the send.
 5. ``generate()`` with the marker in the prompt, a per-segment
    ``request_timeout`` and a total deadline.
 6. ``finally``: checkpoint the chat id (+ cursor only when defined); when the
