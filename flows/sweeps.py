@@ -550,6 +550,52 @@ async def _finish(sweeper: _Sweeper, started: float, actions: list[Decision]) ->
     return report
 
 
+@dataclass
+class _Begun:
+    """What both sweeps start from: the sweeper, the store's accounting, the listing."""
+
+    sweeper: _Sweeper
+    accounting: Accounting
+    chats: dict[str, Chat]
+    started: float
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+
+
+async def _begin(
+    kind: Literal["orphans", "stuck-turns"],
+    client: ChatClient,
+    store: StateStore,
+    opts: SweepOptions,
+    *,
+    archived: bool | None,
+    dry_run: bool,
+    reconciler: Reconciler,
+    tool_modules: tuple[str, ...],
+) -> _Begun:
+    logger = _logger()
+    started = time.perf_counter()
+    sweeper = _Sweeper(
+        kind,
+        client,
+        store,
+        opts,
+        dry_run=dry_run,
+        reconciler=reconciler,
+        tool_modules=tool_modules,
+        logger=logger,
+    )
+    acct = await _accounting(store)
+    chats = await list_owned_chats(
+        client,
+        store.tenant,
+        archived=archived,
+        page_size=opts.page_size,
+        overlap=opts.page_overlap,
+        request_timeout_s=opts.request_timeout_s,
+    )
+    return _Begun(sweeper, acct, chats, started, logger)
+
+
 async def run_orphan_sweep(
     client: ChatClient,
     store: StateStore,
@@ -563,26 +609,22 @@ async def run_orphan_sweep(
 ) -> SweepReport:
     """List, decide, retire (see :func:`sweep_orphans`); usable without a flow run."""
     opts = options or SweepOptions()
-    logger = _logger()
-    started = time.perf_counter()
-    sweeper = _Sweeper(
+    run = await _begin(
         "orphans",
         client,
         store,
         opts,
+        archived=None if opts.include_archived else False,
         dry_run=dry_run,
         reconciler=reconciler,
         tool_modules=tool_modules,
-        logger=logger,
     )
-    acct = await _accounting(store)
-    chats = await list_owned_chats(
-        client,
-        store.tenant,
-        archived=None if opts.include_archived else False,
-        page_size=opts.page_size,
-        overlap=opts.page_overlap,
-        request_timeout_s=opts.request_timeout_s,
+    sweeper, acct, chats, started, logger = (
+        run.sweeper,
+        run.accounting,
+        run.chats,
+        run.started,
+        run.logger,
     )
     actions: list[Decision] = []
     # Stranded chats are ours by record even without labels (created before labels
@@ -636,26 +678,22 @@ async def run_stuck_sweep(
 ) -> SweepReport:
     """List, decide, interrupt (see :func:`sweep_stuck_turns`); usable without a flow run."""
     opts = options or SweepOptions()
-    logger = _logger()
-    started = time.perf_counter()
-    sweeper = _Sweeper(
+    run = await _begin(
         "stuck-turns",
         client,
         store,
         opts,
+        archived=False,
         dry_run=dry_run,
         reconciler=reconciler,
         tool_modules=tool_modules,
-        logger=logger,
     )
-    acct = await _accounting(store)
-    chats = await list_owned_chats(
-        client,
-        store.tenant,
-        archived=False,
-        page_size=opts.page_size,
-        overlap=opts.page_overlap,
-        request_timeout_s=opts.request_timeout_s,
+    sweeper, acct, chats, started, logger = (
+        run.sweeper,
+        run.accounting,
+        run.chats,
+        run.started,
+        run.logger,
     )
     sweeper.report.listed = len(chats)
     sweeper.report.list_s = round(time.perf_counter() - started, 3)
