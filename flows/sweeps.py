@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prefect import flow
 from prefect.artifacts import acreate_table_artifact
@@ -550,8 +550,7 @@ async def _finish(sweeper: _Sweeper, started: float, actions: list[Decision]) ->
     return report
 
 
-@dataclass
-class _Begun:
+class _Begun(NamedTuple):
     """What both sweeps start from: the sweeper, the store's accounting, the listing."""
 
     sweeper: _Sweeper
@@ -609,7 +608,7 @@ async def run_orphan_sweep(
 ) -> SweepReport:
     """List, decide, retire (see :func:`sweep_orphans`); usable without a flow run."""
     opts = options or SweepOptions()
-    run = await _begin(
+    sweeper, acct, chats, started, logger = await _begin(
         "orphans",
         client,
         store,
@@ -618,13 +617,6 @@ async def run_orphan_sweep(
         dry_run=dry_run,
         reconciler=reconciler,
         tool_modules=tool_modules,
-    )
-    sweeper, acct, chats, started, logger = (
-        run.sweeper,
-        run.accounting,
-        run.chats,
-        run.started,
-        run.logger,
     )
     actions: list[Decision] = []
     # Stranded chats are ours by record even without labels (created before labels
@@ -678,7 +670,7 @@ async def run_stuck_sweep(
 ) -> SweepReport:
     """List, decide, interrupt (see :func:`sweep_stuck_turns`); usable without a flow run."""
     opts = options or SweepOptions()
-    run = await _begin(
+    sweeper, acct, chats, started, logger = await _begin(
         "stuck-turns",
         client,
         store,
@@ -687,13 +679,6 @@ async def run_stuck_sweep(
         dry_run=dry_run,
         reconciler=reconciler,
         tool_modules=tool_modules,
-    )
-    sweeper, acct, chats, started, logger = (
-        run.sweeper,
-        run.accounting,
-        run.chats,
-        run.started,
-        run.logger,
     )
     sweeper.report.listed = len(chats)
     sweeper.report.list_s = round(time.perf_counter() - started, 3)
