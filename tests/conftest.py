@@ -187,3 +187,9 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefec
             yield PrefectHarness(str(PREFECT_API_URL.value()), results)
             EventsWorker.drain_all(timeout=10)
             APILogWorker.drain_all(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(prefect_harness: PrefectHarness) -> Path:
+    """The Prefect test server's result dir, for tests that only need the server up."""
+    return prefect_harness.results_dir

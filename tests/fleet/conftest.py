@@ -6,18 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fleet_env import TOKEN
 
 from coder_chat.emulator import Emulator
-
-
-@pytest.fixture(scope="session")
-def prefect_server(prefect_harness: Any) -> Path:
-    """The session's one Prefect test server (tests/conftest.py); its result dir."""
-    return Path(prefect_harness.results_dir)
 
 
 @pytest.fixture
