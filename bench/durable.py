@@ -132,9 +132,8 @@ async def durable_turns(
     """(wall time per turn from the flow's view, generate time inside each turn)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    from flows.params import Step, WorkflowSettings
-    from flows.workflow import agent_workflow
+    from prefect_coder.flows.params import Step, WorkflowSettings
+    from prefect_coder.flows.workflow import agent_workflow
 
     settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
     steps = [Step(name=f"t{i:02d}", prompt=p) for i, p in enumerate(prompts(n))]
@@ -182,7 +181,8 @@ def report(label: str, raw: list[float], walls: list[float], gens: list[float]) 
 
 
 async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: str) -> None:
-    from blocks import ChatStateStore, CoderCredentials
+    from prefect_coder.blocks import ChatStateStore, CoderCredentials
+
     from coder_chat.emulator import Emulator
 
     with Emulator.running_in_thread(tokens=[TOKEN]) as emu:

@@ -35,11 +35,11 @@ from prefect.settings import (  # noqa: E402
     temporary_settings,
 )
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
+from prefect_coder.flows import fleet  # noqa: E402
+from prefect_coder.flows.params import Step, WorkflowSettings  # noqa: E402
 
-from blocks import ChatStateStore, CoderCredentials  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
-from flows import fleet  # noqa: E402
-from flows.params import Step, WorkflowSettings  # noqa: E402
 
 TOKEN = f"bench-{uuid.uuid4().hex}"
 
@@ -116,7 +116,7 @@ async def _one_cap(emu: Emulator, tmp: Path, cap: int, n: int, turn_s: float) ->
 
 
 async def _store_handoff(tmp: Path, rounds: int) -> list[float]:
-    from blocks import StateStore
+    from prefect_coder.blocks import StateStore
 
     store = StateStore(f"sqlite+aiosqlite:///{tmp / 'handoff.db'}")
 

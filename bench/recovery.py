@@ -51,15 +51,15 @@ async def main(args: argparse.Namespace) -> None:
         temporary_settings,
     )
     from prefect.testing.utilities import prefect_test_harness
+    from prefect_coder.blocks import ChatStateStore, CoderCredentials, JournalEntry, StateStore
+    from prefect_coder.flows.params import WorkflowSettings
+    from prefect_coder.flows.workflow import agent_workflow
     from pydantic import SecretStr
 
-    from blocks import ChatStateStore, CoderCredentials, JournalEntry, StateStore
     from coder_chat.emulator import Emulator
     from coder_chat.models import ChatInputPart, CreateChatRequest
     from coder_chat.recovery import RecoveryTimings, TurnRecovery
     from coder_chat.rest import ChatClient
-    from flows.params import WorkflowSettings
-    from flows.workflow import agent_workflow
 
     logging.getLogger("coder_chat").setLevel(logging.WARNING)
 
@@ -97,7 +97,7 @@ async def main(args: argparse.Namespace) -> None:
             settle_wait_s=15,
             redial_backoff_ms=20,
             artifacts=False,
-            tool_modules=["flows.demo_tools", "payment_tools"],
+            tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
         )
         env = env_for_children(
             {

@@ -20,7 +20,7 @@ class ChatStateStore(Block):
     Example:
         Load a saved store and checkpoint a workflow's chat:
         ```python
-        from blocks import ChatStateStore
+        from prefect_coder.blocks import ChatStateStore
 
         state_block = ChatStateStore.load("BLOCK_NAME")
         store = state_block.get_store()
@@ -29,7 +29,7 @@ class ChatStateStore(Block):
 
         Point workers on several machines at PostgreSQL:
         ```python
-        from blocks import ChatStateStore
+        from prefect_coder.blocks import ChatStateStore
 
         ChatStateStore(
             url="postgresql+asyncpg://coder@db.internal:5432/coder_state",

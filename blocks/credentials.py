@@ -26,7 +26,7 @@ class CoderCredentials(Block):
     Example:
         Load saved credentials and run one turn:
         ```python
-        from blocks import CoderCredentials
+        from prefect_coder.blocks import CoderCredentials
 
         coder_credentials = CoderCredentials.load("BLOCK_NAME")
         agent = coder_credentials.get_agent(chat_id=checkpoint.chat_id)
@@ -35,7 +35,7 @@ class CoderCredentials(Block):
 
         Build them from CODER_URL / CODER_SESSION_TOKEN / CODER_ORG_ID:
         ```python
-        from blocks import CoderCredentials
+        from prefect_coder.blocks import CoderCredentials
 
         CoderCredentials.from_env().save("coder")
         ```

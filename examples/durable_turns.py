@@ -29,11 +29,12 @@ if not os.environ.get("PREFECT_API_URL"):
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from blocks import ChatStateStore, CoderCredentials
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.results import result_key
+from prefect_coder.flows.workflow import agent_workflow
+
 from coder_chat.emulator import Emulator
-from flows.params import Step, WorkflowSettings
-from flows.results import result_key
-from flows.workflow import agent_workflow
 
 
 def scripted(text: str, script: object) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from blocks import ChatStateStore, CoderCredentials
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
 
 async def main() -> None:

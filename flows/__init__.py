@@ -1,18 +1,18 @@
 """Prefect tasks and flows for durable Coder Agents workflows.
 
-* :func:`flows.turn.run_turn` — one durable turn (task)
-* :func:`flows.workflow.agent_workflow` — sequential steps on one chat (flow)
-* :func:`flows.workflow.agent_turn` — one step as its own flow run (flow)
-* :func:`flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
-* :func:`flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
-* :func:`flows.sweeps.sweep_orphans` — retire chats no checkpoint accounts for (flow)
-* :func:`flows.sweeps.sweep_stuck_turns` — interrupt turns nobody finishes (flow)
-* :func:`flows.fleet.agent_fanout` — many workflows in parallel within the turn cap (flow)
-* :func:`flows.model_step.model_step` — one AI Gateway call, no chat (task)
-* :func:`flows.approval.expire_approvals` — failure handler for timed-out approvals (flow)
-* :mod:`flows.registry` — client tools and output models by name
+* :func:`prefect_coder.flows.turn.run_turn` — one durable turn (task)
+* :func:`prefect_coder.flows.workflow.agent_workflow` — sequential steps on one chat (flow)
+* :func:`prefect_coder.flows.workflow.agent_turn` — one step as its own flow run (flow)
+* :func:`prefect_coder.flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
+* :func:`prefect_coder.flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
+* :func:`prefect_coder.flows.sweeps.sweep_orphans` — retire chats no checkpoint accounts for (flow)
+* :func:`prefect_coder.flows.sweeps.sweep_stuck_turns` — interrupt turns nobody finishes (flow)
+* :func:`prefect_coder.flows.fleet.agent_fanout` — many workflows in parallel within the turn cap (flow)
+* :func:`prefect_coder.flows.model_step.model_step` — one AI Gateway call, no chat (task)
+* :func:`prefect_coder.flows.approval.expire_approvals` — failure handler for timed-out approvals (flow)
+* :mod:`prefect_coder.flows.registry` — client tools and output models by name
 
-Submodules are imported lazily so that ``flows.params`` and ``flows.registry``
+Submodules are imported lazily so that ``prefect_coder.flows.params`` and ``prefect_coder.flows.registry``
 stay usable without importing Prefect's engine.
 """
 
@@ -37,19 +37,19 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Step": "flows.params",
-    "WorkflowSettings": "flows.params",
-    "TurnResult": "flows.results",
-    "run_turn": "flows.turn",
-    "agent_workflow": "flows.workflow",
-    "agent_turn": "flows.workflow",
-    "archive_workflow_chat": "flows.archive",
-    "agent_fanout": "flows.fleet",
-    "model_step": "flows.model_step",
-    "expire_approvals": "flows.approval",
-    "recover_turn": "flows.recovery",
-    "sweep_orphans": "flows.sweeps",
-    "sweep_stuck_turns": "flows.sweeps",
+    "Step": "prefect_coder.flows.params",
+    "WorkflowSettings": "prefect_coder.flows.params",
+    "TurnResult": "prefect_coder.flows.results",
+    "run_turn": "prefect_coder.flows.turn",
+    "agent_workflow": "prefect_coder.flows.workflow",
+    "agent_turn": "prefect_coder.flows.workflow",
+    "archive_workflow_chat": "prefect_coder.flows.archive",
+    "agent_fanout": "prefect_coder.flows.fleet",
+    "model_step": "prefect_coder.flows.model_step",
+    "expire_approvals": "prefect_coder.flows.approval",
+    "recover_turn": "prefect_coder.flows.recovery",
+    "sweep_orphans": "prefect_coder.flows.sweeps",
+    "sweep_stuck_turns": "prefect_coder.flows.sweeps",
 }
 
 

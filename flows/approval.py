@@ -47,10 +47,9 @@ from prefect.flow_runs import asuspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.states import Failed
+from prefect_coder.flows.params import Step
+from prefect_coder.flows.results import result_key
 from pydantic import BaseModel, Field
-
-from flows.params import Step
-from flows.results import result_key
 
 __all__ = [
     "EXPIRED_MESSAGE",
@@ -211,7 +210,7 @@ async def expire_approvals(limit: int = 200) -> list[str]:
     archives their chats the way the workflow's ``on_failure`` hook would.
     Idempotent: handled runs get the tag ``coder-approval-expired-handled``.
     """
-    from flows.workflow import agent_workflow, archive_on_failure
+    from prefect_coder.flows.workflow import agent_workflow, archive_on_failure
 
     logger = get_run_logger()
     handled: list[str] = []

@@ -15,13 +15,13 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
+from prefect_coder.blocks import CoderCredentials
+from prefect_coder.flows.observe import TurnObserver
+from prefect_coder.flows.params import WorkflowSettings, validate_workflow_id
+from prefect_coder.flows.resources import TurnResources, hold_workflow_lease, load_resources
 from pydantic import BaseModel, Field
 
-from blocks import CoderCredentials
 from coder_chat.errors import CoderApiError
-from flows.observe import TurnObserver
-from flows.params import WorkflowSettings, validate_workflow_id
-from flows.resources import TurnResources, hold_workflow_lease, load_resources
 
 __all__ = ["ArchiveOutcome", "archive_chat", "archive_workflow_chat", "retire_workflow_chat"]
 
@@ -44,7 +44,7 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     try:
         return get_run_logger()
     except Exception:
-        return logging.getLogger("flows.archive")
+        return logging.getLogger("prefect_coder.flows.archive")
 
 
 async def _retire_one(

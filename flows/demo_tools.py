@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
+from prefect_coder.flows.registry import output_model, registered_tool
 from pydantic import BaseModel, Field
 
 from coder_chat.tools import ToolContext
-from flows.registry import output_model, registered_tool
 
 __all__ = ["BuildQuery", "FixPlan", "Note", "lookup_build", "record_note"]
 

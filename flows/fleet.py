@@ -35,13 +35,12 @@ import sqlalchemy as sa
 from prefect import flow, task
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging import get_run_logger
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state.leases import default_holder
+from prefect_coder.blocks.state.schema import leases as lease_table
+from prefect_coder.flows.observe import TurnObserver
+from prefect_coder.flows.params import Step, WorkflowSettings
 from pydantic import BaseModel, ConfigDict, Field
-
-from blocks import StateStore
-from blocks.state.leases import default_holder
-from blocks.state.schema import leases as lease_table
-from flows.observe import TurnObserver
-from flows.params import Step, WorkflowSettings
 
 __all__ = [
     "SLOT_PREFIX",
@@ -120,7 +119,9 @@ async def _set_task_state(name: str) -> bool:
         async with get_client() as client:
             await client.set_task_run_state(ctx.task_run.id, state, force=True)
     except Exception:  # cosmetic: the log line says the same
-        logging.getLogger("flows.fleet").debug("could not set state %s", name, exc_info=True)
+        logging.getLogger("prefect_coder.flows.fleet").debug(
+            "could not set state %s", name, exc_info=True
+        )
         return False
     return True
 
@@ -180,7 +181,7 @@ async def turn_slot(
     if cap is None:
         yield None
         return
-    log = logger or logging.getLogger("flows.fleet")
+    log = logger or logging.getLogger("prefect_coder.flows.fleet")
     holder = default_holder()
     started = time.monotonic()
     deadline = started + wait
@@ -363,8 +364,8 @@ async def fanout_workflow(
     On failure it applies the workflow's failure handler itself (archives the chat
     unless ``keep_chat``), since no flow-level hook runs for a task.
     """
-    from flows.archive import retire_workflow_chat
-    from flows.workflow import prepare, run_steps
+    from prefect_coder.flows.archive import retire_workflow_chat
+    from prefect_coder.flows.workflow import prepare, run_steps
 
     resources = await prepare(workflow_id, steps, settings)
     try:
@@ -408,7 +409,7 @@ async def agent_fanout(
         max_parallel: workflows driven at once by this flow run.
         fail_on_error: fail the fan-out run (after all finished) if any workflow failed.
     """
-    from flows.errors import WorkflowParameterError
+    from prefect_coder.flows.errors import WorkflowParameterError
 
     settings = settings or WorkflowSettings()
     seen: set[str] = set()

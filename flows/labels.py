@@ -47,7 +47,7 @@ __all__ = [
 COLLECTION = "prefect-coder"
 LABEL_COLLECTION = "prefect-coder/collection"
 LABEL_TENANT = "prefect-coder/tenant"
-#: Same key as ``flows.recovery.WORKFLOW_LABEL``: the turn's own first-turn orphan
+#: Same key as ``prefect_coder.flows.recovery.WORKFLOW_LABEL``: the turn's own first-turn orphan
 #: check filters by it too.
 LABEL_WORKFLOW = "prefect-coder/workflow"
 LABEL_FLOW_RUN = "prefect-coder/flow-run-id"

@@ -26,12 +26,12 @@ from typing import Any, Literal
 from prefect import task
 from prefect.logging import get_run_logger
 from prefect.states import State
+from prefect_coder.flows import registry
+from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.resources import TurnResources, load_resources
 from pydantic import BaseModel, Field
 
 from coder_chat.gateway import GatewayClient, GatewayError
-from flows import registry
-from flows.params import Step, WorkflowSettings
-from flows.resources import TurnResources, load_resources
 
 __all__ = ["ModelStepResult", "model_result_key", "model_step", "render_prompt"]
 

@@ -41,9 +41,16 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
+from prefect_coder.blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.flows import registry
+from prefect_coder.flows.errors import WorkflowBusyError
+from prefect_coder.flows.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker, validate_workflow_id
+from prefect_coder.flows.resources import TurnResources, load_resources
+from prefect_coder.flows.results import ToolCallRecord, TurnResult
+from prefect_coder.flows.toolset import Toolset
 from pydantic import BaseModel, Field
 
-from blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
 from coder_chat.crash_safe import CrashSafeTool, crash_point
 from coder_chat.errors import CoderApiError
 from coder_chat.events import HttpRequest, HttpResponse, TransportEvent, WsDial, WsEvent
@@ -51,13 +58,6 @@ from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_tur
 from coder_chat.recovery import RecoveryOutcome, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
-from flows import registry
-from flows.errors import WorkflowBusyError
-from flows.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
-from flows.params import Step, WorkflowSettings, step_marker, validate_workflow_id
-from flows.resources import TurnResources, load_resources
-from flows.results import ToolCallRecord, TurnResult
-from flows.toolset import Toolset
 
 __all__ = [
     "WORKFLOW_LABEL",
@@ -72,7 +72,7 @@ __all__ = [
     "sweep_orphans",
 ]
 
-#: Label every workflow chat carries (``flows.labels``), so orphans of a crashed
+#: Label every workflow chat carries (``prefect_coder.flows.labels``), so orphans of a crashed
 #: first turn are findable.
 WORKFLOW_LABEL = LABEL_WORKFLOW
 
@@ -83,7 +83,7 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     try:
         return get_run_logger()
     except Exception:
-        return logging.getLogger("flows.recovery")
+        return logging.getLogger("prefect_coder.flows.recovery")
 
 
 def _env_float(name: str) -> float | None:
@@ -606,7 +606,7 @@ async def recover_turn(
             storage, the chat is archived at the end unless ``keep_chat``). The
             Crashed-run trigger in ``prefect.yaml`` sets it.
     """
-    from flows.turn import run_turn  # flows.turn imports this module
+    from prefect_coder.flows.turn import run_turn  # prefect_coder.flows.turn imports this module
 
     settings = settings or WorkflowSettings()
     validate_workflow_id(workflow_id)
@@ -645,7 +645,9 @@ async def recover_turn(
         report.action = "recovered" if result.generate_ms == 0 else "ran"
         report.reason = f"run_turn returned attempt {result.attempt} of {plan.step.name!r}"
     if finish_workflow and steps and resubmit:
-        from flows.workflow import agent_workflow  # flows.workflow imports flows.turn
+        from prefect_coder.flows.workflow import (
+            agent_workflow,  # prefect_coder.flows.workflow imports prefect_coder.flows.turn
+        )
 
         await agent_workflow(workflow_id, steps, settings)
         report.finished_workflow = True

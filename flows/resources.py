@@ -2,7 +2,7 @@
 
 Both are loaded once per flow run and handed to every turn. Every way this can
 go wrong (missing block, bad URL, no credentials in the environment) becomes a
-:class:`~flows.errors.WorkflowParameterError` naming the settings field — before
+:class:`~prefect_coder.flows.errors.WorkflowParameterError` naming the settings field — before
 any chat is created.
 """
 
@@ -15,14 +15,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import cast
 
+from prefect_coder.blocks import (
+    ChatStateStore,
+    CoderCredentials,
+    HeldLease,
+    LeaseUnavailableError,
+    workflow_key,
+)
+from prefect_coder.blocks.state.store import StateStore
+from prefect_coder.flows.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.observe import TransportRouter, TurnObserver
+from prefect_coder.flows.params import WorkflowSettings, validate_base_url
 from pydantic import ValidationError
 
-from blocks import ChatStateStore, CoderCredentials, HeldLease, LeaseUnavailableError, workflow_key
-from blocks.state.store import StateStore
 from coder_chat.rest import ChatClient
-from flows.errors import WorkflowBusyError, WorkflowParameterError
-from flows.observe import TransportRouter, TurnObserver
-from flows.params import WorkflowSettings, validate_base_url
 
 __all__ = [
     "TurnResources",
@@ -146,7 +152,7 @@ async def hold_workflow_lease(
         )
         held = await cm.__aenter__()
     except LeaseUnavailableError as exc:
-        logger = logging.getLogger("flows.lease")
+        logger = logging.getLogger("prefect_coder.flows.lease")
         TurnObserver(workflow_id=workflow_id, step=step, logger=logger).emit(
             "coder.workflow.busy", {"waited_s": exc.waited}
         )

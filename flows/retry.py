@@ -3,7 +3,7 @@
 ``retryable`` means the *failure* is transient, not that a re-run is free: a
 re-run resubmits the prompt as a new user turn. So only transient failures are
 retried, and every resubmission on a checkpointed chat first goes through
-:func:`flows.recovery.recover_before_send` (settle-wait, ledger reconcile,
+:func:`prefect_coder.flows.recovery.recover_before_send` (settle-wait, ledger reconcile,
 result recovery) — never straight back onto a possibly live run.
 """
 

@@ -1,6 +1,6 @@
 """What the sweeps do with each chat, and why — pure decisions, no I/O.
 
-The shell (:mod:`flows.sweeps`) lists the chats this collection labelled, reads
+The shell (:mod:`prefect_coder.flows.sweeps`) lists the chats this collection labelled, reads
 the state store once, and asks these functions what to do with every chat; each
 answer carries its reason, which ends up in the run's table artifact.
 
@@ -40,7 +40,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from flows.labels import owned_by, workflow_of
+from prefect_coder.flows.labels import owned_by, workflow_of
 
 __all__ = [
     "BUSY_STATUSES",

@@ -12,7 +12,7 @@
 
 Both take ``dry_run`` and publish a table artifact per run: what was found, what
 was done, why, how long it took. The decisions are pure
-(:mod:`flows.sweep_plan`); this module lists, reads the store once, and acts
+(:mod:`prefect_coder.flows.sweep_plan`); this module lists, reads the store once, and acts
 with bounded concurrency.
 
 Acting on a chat whose workflow is known takes that workflow's lease (the same
@@ -36,18 +36,13 @@ from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.events import emit_event
 from prefect.logging import get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
-
-from blocks import LeaseUnavailableError, StateStore, workflow_key
-from coder_chat.errors import CoderApiError
-from coder_chat.models import Chat
-from coder_chat.rest import ChatClient
-from flows.errors import WorkflowParameterError
-from flows.labels import scope_labels
-from flows.observe import chat_resource
-from flows.params import WorkflowSettings
-from flows.resources import load_resources
-from flows.sweep_plan import (
+from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.flows.errors import WorkflowParameterError
+from prefect_coder.flows.labels import scope_labels
+from prefect_coder.flows.observe import chat_resource
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.resources import load_resources
+from prefect_coder.flows.sweep_plan import (
     Accounting,
     Action,
     ChatFacts,
@@ -57,6 +52,11 @@ from flows.sweep_plan import (
     plan_orphan,
     plan_stuck,
 )
+from pydantic import BaseModel, ConfigDict, Field
+
+from coder_chat.errors import CoderApiError
+from coder_chat.models import Chat
+from coder_chat.rest import ChatClient
 
 __all__ = [
     "ReconcileRequest",
@@ -183,7 +183,7 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     try:
         return get_run_logger()
     except Exception:
-        return logging.getLogger("flows.sweeps")
+        return logging.getLogger("prefect_coder.flows.sweeps")
 
 
 # --------------------------------------------------------------------------- listing
@@ -922,11 +922,12 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
     and only a call nothing was committed for falls back to an interrupt. The
     verdict is journaled under the step's marker, so the workflow's own recovery
     of that attempt later classifies it correctly."""
-    from blocks import JournalEntry
+    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.flows import registry
+    from prefect_coder.flows.recovery import bind_crash_safe
+    from prefect_coder.flows.toolset import Toolset
+
     from coder_chat.recovery import RecoveryTimings, TurnRecovery
-    from flows import registry
-    from flows.recovery import bind_crash_safe
-    from flows.toolset import Toolset
 
     marker = await _marker_of(req)
     if marker is None:
@@ -960,8 +961,9 @@ def default_reconciler() -> Reconciler:
     """The crash-recovery pause reconciliation when its modules are installed, else
     the safe fallback that leaves the pause alone."""
     try:
+        import prefect_coder.flows.recovery  # noqa: F401
+
         import coder_chat.recovery  # noqa: F401
-        import flows.recovery  # noqa: F401
     except ImportError:
         return reconcile_unavailable
     return reconcile_with_ledger

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from prefect_coder.flows import registry
+from prefect_coder.flows.params import Step
 from pydantic import BaseModel, ConfigDict, Field
 
 from coder_chat.tools import STRUCTURED_OUTPUT_TOOL, ClientTool, StructuredOutput, structured_output
-from flows import registry
-from flows.params import Step
 
 __all__ = ["ResolvedTools", "Toolset"]
 

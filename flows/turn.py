@@ -9,7 +9,7 @@ Walk of one turn (``execute_turn``):
    waited for may have just finished this very step.
 3. Load the checkpoint (chat id + optional cursor); build the agent from it.
 4. On a checkpointed chat: if this step already sent before (the journal names
-   its marker) run crash recovery first (``flows.recovery``: settle-wait, tool
+   its marker) run crash recovery first (``prefect_coder.flows.recovery``: settle-wait, tool
    ledger reconciliation, result recovery — a finished attempt's result is
    returned instead of resending), then journal "submitting" (marker, attempt,
    time) BEFORE the send.
@@ -32,19 +32,13 @@ from typing import Any
 from prefect import task
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
-
-from blocks import JournalEntry, StateStore
-from coder_chat.agent import GenerateResult
-from coder_chat.crash_safe import crash_point
-from coder_chat.events import TransportEvent, WsDial
-from coder_chat.stream import StreamOptions
-from coder_chat.tools import ClientTool, StructuredOutput
-from flows.artifacts import publish_turn_artifact
-from flows.fleet import turn_slot
-from flows.labels import chat_labels, current_flow_run_id
-from flows.observe import TurnObserver
-from flows.params import Step, WorkflowSettings, step_marker
-from flows.recovery import (
+from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.flows.artifacts import publish_turn_artifact
+from prefect_coder.flows.fleet import turn_slot
+from prefect_coder.flows.labels import chat_labels, current_flow_run_id
+from prefect_coder.flows.observe import TurnObserver
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.recovery import (
     EagerCheckpoint,
     bind_crash_safe,
     note_failed_attempt,
@@ -52,10 +46,16 @@ from flows.recovery import (
     recovery_timings,
     sweep_orphans,
 )
-from flows.resources import TurnResources, hold_workflow_lease, load_resources
-from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from flows.retry import is_retryable_failure, retry_if_retryable
-from flows.toolset import Toolset
+from prefect_coder.flows.resources import TurnResources, hold_workflow_lease, load_resources
+from prefect_coder.flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
+from prefect_coder.flows.retry import is_retryable_failure, retry_if_retryable
+from prefect_coder.flows.toolset import Toolset
+
+from coder_chat.agent import GenerateResult
+from coder_chat.crash_safe import crash_point
+from coder_chat.events import TransportEvent, WsDial
+from coder_chat.stream import StreamOptions
+from coder_chat.tools import ClientTool, StructuredOutput
 
 __all__ = [
     "execute_turn",
@@ -69,7 +69,7 @@ def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     try:
         return get_run_logger()
     except Exception:  # called outside a Prefect run (tests, scripts)
-        return logging.getLogger("flows.turn")
+        return logging.getLogger("prefect_coder.flows.turn")
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -178,7 +178,7 @@ async def execute_turn(
     """Run one step's turn durably (the body of :func:`run_turn`).
 
     ``toolset`` is the workflow's whole tool set (declared when the first step
-    creates the chat; see :mod:`flows.toolset`); the step's own tools are always
+    creates the chat; see :mod:`prefect_coder.flows.toolset`); the step's own tools are always
     included. ``retry_reason`` is set when Prefect retries the task.
     """
     logger = _run_logger()

@@ -20,24 +20,28 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.logging import get_run_logger
 from prefect.states import State
 from prefect.utilities.annotations import quote
-
-from flows import registry
-from flows.approval import ApprovalResult, await_approval
-from flows.archive import archive_chat, retire_workflow_chat
-from flows.background import drain as drain_background
-from flows.errors import WorkflowBusyError, WorkflowParameterError
-from flows.model_step import ModelStepResult, model_step
-from flows.params import (
+from prefect_coder.flows import registry
+from prefect_coder.flows.approval import ApprovalResult, await_approval
+from prefect_coder.flows.archive import archive_chat, retire_workflow_chat
+from prefect_coder.flows.background import drain as drain_background
+from prefect_coder.flows.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.model_step import ModelStepResult, model_step
+from prefect_coder.flows.params import (
     Step,
     WorkflowSettings,
     validate_steps,
     validate_toolset,
     validate_workflow_id,
 )
-from flows.resources import TurnResources, hold_workflow_lease, load_resources, shared_client
-from flows.results import TurnResult
-from flows.toolset import Toolset
-from flows.turn import run_turn
+from prefect_coder.flows.resources import (
+    TurnResources,
+    hold_workflow_lease,
+    load_resources,
+    shared_client,
+)
+from prefect_coder.flows.results import TurnResult
+from prefect_coder.flows.toolset import Toolset
+from prefect_coder.flows.turn import run_turn
 
 __all__ = ["StepResult", "agent_turn", "agent_workflow", "prepare", "run_steps"]
 
@@ -49,7 +53,7 @@ async def prepare(
     extra_tools: Toolset | None = None,
 ) -> TurnResources:
     """Validate every parameter and load the blocks; raises
-    :class:`~flows.errors.WorkflowParameterError` before any chat is created."""
+    :class:`~prefect_coder.flows.errors.WorkflowParameterError` before any chat is created."""
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
     tool_names, model_names = registry.tool_names(), registry.output_model_names()
@@ -70,7 +74,7 @@ async def _archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: S
     try:
         logger = get_run_logger()
     except Exception:
-        logger = logging.getLogger("flows.workflow")
+        logger = logging.getLogger("prefect_coder.flows.workflow")
     try:
         failure = await state.aresult(raise_on_failure=False)
     except Exception:

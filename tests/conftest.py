@@ -21,7 +21,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,13 +28,10 @@ from pathlib import Path
 
 import pytest
 
-# tests/blocks/ is a directory named like the `blocks` package. When pytest puts tests/
-# on sys.path (rootdir conftest), a bare `pytest` run (no cwd on sys.path) would import
-# that directory as a namespace package instead of the project's `blocks`. A regular
-# package anywhere on sys.path wins over a namespace portion, so the root must be there.
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+# The emulator's pytest plugin is opt-in (it is not auto-loaded into every pytest
+# session of an environment that has prefect-coder installed); this is the one line a
+# user's own conftest.py needs too.
+pytest_plugins = ["coder_chat.emulator.pytest_plugin"]
 
 
 def _pg_bindir() -> Path:

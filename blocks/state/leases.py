@@ -28,7 +28,7 @@ from .errors import LeaseLostError, LeaseUnavailableError
 from .records import Lease, from_epoch
 from .schema import leases as t
 
-logger = logging.getLogger("blocks.state.leases")
+logger = logging.getLogger("prefect_coder.blocks.state.leases")
 
 
 def default_holder() -> str:

@@ -20,12 +20,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.flow_runs import aresume_flow_run
 from prefect.settings import PREFECT_API_URL
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.approval import EXPIRED_MESSAGE, expire_approvals
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.workflow import agent_workflow
 
-from blocks import ChatStateStore, CoderCredentials
 from coder_chat.emulator import Emulator
-from flows.approval import EXPIRED_MESSAGE, expire_approvals
-from flows.params import WorkflowSettings
-from flows.workflow import agent_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 

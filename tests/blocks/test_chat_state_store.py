@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prefect_coder.blocks import ChatStateStore, StateStore
+from prefect_coder.blocks.state import default_sqlite_path
 from pydantic import SecretStr, ValidationError
-
-from blocks import ChatStateStore, StateStore
-from blocks.state import default_sqlite_path
 
 
 def test_default_is_sqlite_under_prefect_home() -> None:

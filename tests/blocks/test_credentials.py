@@ -7,9 +7,9 @@ import logging
 import uuid
 
 import pytest
+from prefect_coder.blocks import CoderCredentials
 from pydantic import SecretStr, ValidationError
 
-from blocks import CoderCredentials
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderApiError
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from prefect.blocks.core import Block
 from prefect.utilities.dispatch import get_registry_for_type
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
-import blocks
-from blocks import ChatStateStore, CoderCredentials
+import prefect_coder
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_collections_entry_point_imports_the_blocks() -> None:
     (ep,) = [e for e in entry_points(group="prefect.collections") if e.name == "prefect_coder"]
-    assert ep.value == "blocks"
+    assert ep.value == "prefect_coder"
     module = ep.load()
-    assert module is blocks
+    assert module is prefect_coder
     found = {n for n in dir(module) if Block.is_block_class(getattr(module, n))}
     assert found == {"ChatStateStore", "CoderCredentials"}
     # Defining the classes registers them in Prefect's dispatch registry, which is what a
@@ -39,3 +44,22 @@ def test_schemas_mark_secrets_and_are_json() -> None:
     assert store.fields["properties"]["url"].get("default") is None
     assert CoderCredentials.get_block_type_slug() == "coder-credentials"
     assert ChatStateStore.get_block_type_slug() == "chat-state-store"
+
+
+def test_installed_names_cannot_collide() -> None:
+    """From outside the checkout only the namespaced packages exist: a user's own
+    ``flows/`` or ``blocks/`` folder neither shadows ours nor is shadowed by it."""
+    code = (
+        "import importlib.util as u, prefect_coder.flows, prefect_coder.blocks, coder_chat;"
+        "print(u.find_spec('flows'), u.find_spec('blocks'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "None None"
+    assert Path(prefect_coder.__file__).parent == REPO / "prefect_coder"
+
+
+def test_emulator_plugin_is_opt_in() -> None:
+    """The emulator's pytest plugin is not registered for every pytest session."""
+    assert not [e for e in entry_points(group="pytest11") if e.value.startswith("coder_chat")]

@@ -8,8 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
-
-from blocks import ChatStateStore, CoderCredentials
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
 
 class _Suite(BlockStandardTestSuite):

@@ -19,10 +19,8 @@ import pytest
 from fleet_env import ROOT, TOKEN
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
-
-from blocks import ChatStateStore, CoderCredentials, StateStore
-from coder_chat.emulator import Emulator
-from flows.fleet import (
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.flows.fleet import (
     WAITING_STATE_NAME,
     FanoutItem,
     TurnSlotUnavailableError,
@@ -30,8 +28,10 @@ from flows.fleet import (
     busy_slots,
     turn_slot,
 )
-from flows.labels import LABEL_WORKFLOW
-from flows.params import Step, WorkflowSettings
+from prefect_coder.flows.labels import LABEL_WORKFLOW
+from prefect_coder.flows.params import Step, WorkflowSettings
+
+from coder_chat.emulator import Emulator
 
 
 async def _settings(
@@ -122,8 +122,8 @@ async def test_two_steps_each_take_and_return_a_slot(
 
 _HOLDER = """
 import asyncio, sys
-from blocks.state import StateStore
-from flows.fleet import turn_slot
+from prefect_coder.blocks.state import StateStore
+from prefect_coder.flows.fleet import turn_slot
 
 async def main():
     store = StateStore(sys.argv[1])
@@ -217,8 +217,8 @@ async def test_a_workflow_past_its_slot_wait_fails_clearly(
 
 _FANOUT_CHILD = """
 import asyncio, json, sys
-from flows.fleet import FanoutItem, agent_fanout
-from flows.params import WorkflowSettings
+from prefect_coder.flows.fleet import FanoutItem, agent_fanout
+from prefect_coder.flows.params import WorkflowSettings
 
 args = json.loads(sys.argv[1])
 items = [FanoutItem.model_validate(i) for i in args["items"]]

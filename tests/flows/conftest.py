@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from flow_helpers import ROOT, TOKEN
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.flows.params import WorkflowSettings
 
-from blocks import ChatStateStore, CoderCredentials, StateStore
 from coder_chat.emulator import Emulator
-from flows.params import WorkflowSettings
 
 
 @dataclass(frozen=True)

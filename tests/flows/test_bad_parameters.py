@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from flow_helpers import say
+from prefect_coder.blocks import CoderCredentials
+from prefect_coder.flows.errors import WorkflowParameterError
+from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.workflow import agent_turn, agent_workflow
 
-from blocks import CoderCredentials
 from coder_chat.emulator import Emulator
-from flows.errors import WorkflowParameterError
-from flows.params import Step, WorkflowSettings
-from flows.workflow import agent_turn, agent_workflow
 
 GOOD = Step(name="s", prompt="hello" + say("hi"))
 

@@ -6,23 +6,23 @@ from __future__ import annotations
 import logging
 
 import pytest
-from pydantic import BaseModel
-
-from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
-from coder_chat.events import HttpRequest, SegmentSettle, WsRedial
-from flows import registry
-from flows.artifacts import artifact_key, render_turn_markdown
-from flows.errors import WorkflowParameterError
-from flows.observe import chat_resource, describe
-from flows.params import (
+from prefect_coder.flows import registry
+from prefect_coder.flows.artifacts import artifact_key, render_turn_markdown
+from prefect_coder.flows.errors import WorkflowParameterError
+from prefect_coder.flows.observe import chat_resource, describe
+from prefect_coder.flows.params import (
     Step,
     step_marker,
     validate_base_url,
     validate_steps,
     validate_workflow_id,
 )
-from flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from flows.retry import is_retryable_failure
+from prefect_coder.flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
+from prefect_coder.flows.retry import is_retryable_failure
+from pydantic import BaseModel
+
+from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.events import HttpRequest, SegmentSettle, WsRedial
 
 TOOLS = {"lookup_build"}
 MODELS = {"fix_plan"}
@@ -96,7 +96,7 @@ def test_marker_and_result_key_are_stable_and_safe() -> None:
 
 
 def test_registry_rejects_a_different_tool_under_a_taken_name() -> None:
-    import flows.demo_tools  # noqa: F401  (registers)
+    import prefect_coder.flows.demo_tools  # noqa: F401  (registers)
 
     assert {"lookup_build", "record_note"} <= registry.tool_names()
     assert "fix_plan" in registry.output_model_names()
@@ -111,7 +111,7 @@ def test_registry_rejects_a_different_tool_under_a_taken_name() -> None:
 
 def test_missing_tool_module_is_a_parameter_error() -> None:
     with pytest.raises(WorkflowParameterError, match=r"^settings.tool_modules\[1\]: "):
-        registry.load_tool_modules(["flows.demo_tools", "no_such_module_xyz"])
+        registry.load_tool_modules(["prefect_coder.flows.demo_tools", "no_such_module_xyz"])
 
 
 def test_describe_redial_and_settles() -> None:

@@ -7,15 +7,15 @@ import asyncio
 
 import pytest
 from flow_helpers import emu_directive, run_child, say, user_messages
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.resources import load_resources
+from prefect_coder.flows.results import TurnResult
+from prefect_coder.flows.turn import execute_turn
+from prefect_coder.flows.workflow import agent_turn, agent_workflow
 
-from blocks import StateStore
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderChatError, CoderStreamError
-from flows.params import Step, WorkflowSettings, step_marker
-from flows.resources import load_resources
-from flows.results import TurnResult
-from flows.turn import execute_turn
-from flows.workflow import agent_turn, agent_workflow
 
 
 def _chat_of(emu: Emulator, marker: str) -> str:
@@ -120,8 +120,8 @@ async def test_next_step_resumes_in_a_new_process_from_the_checkpoint_only(
     second_prompt = "second" + say("second answer")
     code = f"""
 import asyncio
-from flows.params import Step, WorkflowSettings
-from flows.workflow import agent_turn
+from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.workflow import agent_turn
 settings = WorkflowSettings.model_validate_json({settings.model_dump_json()!r})
 step = Step(name="two", prompt={second_prompt!r})
 result = asyncio.run(agent_turn({workflow_id!r}, step, settings))

@@ -5,12 +5,12 @@ at the end (and in the failure handler)."""
 from __future__ import annotations
 
 from flow_helpers import emu_directive, say, user_messages
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.archive import archive_workflow_chat
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.workflow import agent_turn, agent_workflow
 
-from blocks import StateStore
 from coder_chat.emulator import Emulator
-from flows.archive import archive_workflow_chat
-from flows.params import Step, WorkflowSettings, step_marker
-from flows.workflow import agent_turn, agent_workflow
 
 
 def _archive_events(emu: Emulator, chat_id: str) -> list[dict]:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 from model_env import TOKEN
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.approval import ApprovalResult
+from prefect_coder.flows.model_step import ModelStepResult
+from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.results import TurnResult
+from prefect_coder.flows.workflow import agent_workflow
 
-from blocks import ChatStateStore, CoderCredentials
 from coder_chat.emulator import Emulator
 from coder_chat.gateway import GatewayAuthError
-from flows.approval import ApprovalResult
-from flows.model_step import ModelStepResult
-from flows.params import Step, WorkflowSettings
-from flows.results import TurnResult
-from flows.workflow import agent_workflow
 
 
 async def _settings(emu: Emulator, tmp_path: Path, **creds: object) -> WorkflowSettings:

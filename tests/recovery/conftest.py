@@ -23,11 +23,11 @@ if str(HERE) not in sys.path:
 
 from crash_matrix import STEPS, ForkServer, env_for_children, run_workflow  # noqa: E402
 from payments import Payments, running_payments  # noqa: E402
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
+from prefect_coder.flows.params import WorkflowSettings  # noqa: E402
 from recovery_env import FAST_ENV, TOKEN, PrefectEnv  # noqa: E402
 
-from blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
-from flows.params import WorkflowSettings  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -125,7 +125,7 @@ def settings(coder_block: str, sqlite_block: str, payments: Payments) -> Workflo
         settle_wait_s=5,
         redial_backoff_ms=20,
         artifacts=False,
-        tool_modules=["flows.demo_tools", "payment_tools"],
+        tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
     )
 
 

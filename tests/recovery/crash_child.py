@@ -29,9 +29,10 @@ from typing import Any
 
 
 def run_once(crash_at: str, spec: dict[str, Any]) -> int:
+    from prefect_coder.flows.params import Step, WorkflowSettings
+    from prefect_coder.flows.workflow import agent_workflow
+
     from coder_chat.crash_safe import add_crash_hook
-    from flows.params import Step, WorkflowSettings
-    from flows.workflow import agent_workflow
 
     name, _, nth = crash_at.partition(":")
     # "<point>:<n>+<seconds>": SIGKILL that long AFTER the point (e.g. with a request
@@ -66,9 +67,9 @@ def run_once(crash_at: str, spec: dict[str, Any]) -> int:
 def serve() -> int:
     # Import everything a run needs BEFORE forking; start no thread or loop here.
     import payment_tools  # noqa: F401
+    import prefect_coder.flows.workflow  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
-    import flows.workflow  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     running: dict[int, Any] = {}

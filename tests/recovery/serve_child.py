@@ -10,9 +10,8 @@ import yaml
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.events import DeploymentEventTrigger
-
-from flows.recovery import recover_turn
-from flows.workflow import agent_turn, agent_workflow
+from prefect_coder.flows.recovery import recover_turn
+from prefect_coder.flows.workflow import agent_turn, agent_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 

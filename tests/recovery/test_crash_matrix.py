@@ -27,11 +27,11 @@ from crash_matrix import (
     user_texts,
 )
 from payments import Payments
+from prefect_coder.flows.params import WorkflowSettings, step_marker
+from prefect_coder.flows.recovery import recover_turn
 from recovery_env import PrefectEnv
 
 from coder_chat.emulator import Emulator
-from flows.params import WorkflowSettings, step_marker
-from flows.recovery import recover_turn
 
 LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
 

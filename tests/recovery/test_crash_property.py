@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from payments import Payments
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.recovery import recover_turn
 from test_crash_matrix import check
 
 from coder_chat.emulator import Emulator
-from flows.params import WorkflowSettings
-from flows.recovery import recover_turn
 
 FIRST = [
     "turn.before_create:1",

@@ -25,13 +25,13 @@ from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.toolset import Toolset
+from prefect_coder.flows.workflow import agent_turn
 from recovery_env import HERE, ROOT, PrefectEnv
 from test_crash_matrix import LIVE, check
 
 from coder_chat.emulator import Emulator
-from flows.params import WorkflowSettings
-from flows.toolset import Toolset
-from flows.workflow import agent_turn
 
 DEPLOYMENTS = ["agent-workflow", "agent-turn", "recover-turn"]
 

@@ -8,10 +8,10 @@ from typing import Any
 from crash_matrix import STEPS, ForkServer, child_spec
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect_coder.flows.params import WorkflowSettings, step_marker
+from prefect_coder.flows.recovery import recover_turn
 
 from coder_chat.emulator import Emulator
-from flows.params import WorkflowSettings, step_marker
-from flows.recovery import recover_turn
 
 
 async def test_nothing_to_recover(settings: WorkflowSettings, workflow_id: str) -> None:

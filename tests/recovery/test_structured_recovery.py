@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
-from flows.params import Step, WorkflowSettings, step_marker
 
 PLAN = {"summary": "Pin the date parser.", "files": ["dates.py"], "risk": "low"}
 STEPS = [

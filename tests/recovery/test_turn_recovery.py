@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from payment_tools import charge_card
 from payments import Payments
+from prefect_coder.blocks import JournalEntry, StateStore
 from pydantic import BaseModel
 
-from blocks import JournalEntry, StateStore
 from coder_chat.crash_safe import pure
 from coder_chat.emulator import Emulator
 from coder_chat.models import (

@@ -24,7 +24,7 @@ from typing import Any
 def _import_store_without_prefect() -> None:
     # The store does not need Prefect; importing the `blocks` package would (≈ 0.7 s of
     # CPU per process for the block classes). Register a bare package object so that
-    # only `blocks.state` is imported: the same code the blocks use, minus the blocks.
+    # only `prefect_coder.blocks.state` is imported: the same code the blocks use, minus the blocks.
     import types
     from pathlib import Path
 
@@ -36,7 +36,7 @@ def _import_store_without_prefect() -> None:
 
 _import_store_without_prefect()
 
-from blocks.state import StateStore, default_holder  # noqa: E402
+from prefect_coder.blocks.state import StateStore, default_holder  # noqa: E402
 
 
 async def _line() -> str:

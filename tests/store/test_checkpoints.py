@@ -6,9 +6,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prefect_coder.blocks import StateStore
 from pydantic import ValidationError
-
-from blocks import StateStore
 
 
 async def test_get_missing_is_none(store: StateStore) -> None:
@@ -82,7 +81,7 @@ async def test_concurrent_sets_leave_one_whole_checkpoint(store: StateStore) -> 
 
 
 async def test_transaction_commits_together_or_not_at_all(store: StateStore) -> None:
-    from blocks import JournalEntry
+    from prefect_coder.blocks import JournalEntry
 
     async with store.transaction() as tx:
         await tx.checkpoints.set("wf", "chat", 3)

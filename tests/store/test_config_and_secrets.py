@@ -8,12 +8,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from prefect_coder.blocks import JournalEntry, StateStore, StateStoreConfigError
+from prefect_coder.blocks.state import default_sqlite_path
+from prefect_coder.blocks.state.schema import ALL_TABLES
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import create_async_engine
-
-from blocks import JournalEntry, StateStore, StateStoreConfigError
-from blocks.state import default_sqlite_path
-from blocks.state.schema import ALL_TABLES
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,8 @@ import threading
 from pathlib import Path
 
 import asyncpg
-
-from blocks import StateStore
-from blocks.state import engines
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import engines
 
 
 def test_sync_use_from_several_threads_with_own_loops(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from prefect_coder.blocks import JournalEntry, StateStore
 from pydantic import ValidationError
-
-from blocks import JournalEntry, StateStore
 
 
 async def test_journal_get_set_supersede_clear(store: StateStore) -> None:

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from blocks import StateStore
+from prefect_coder.blocks import StateStore
 
 WORKER = str(Path(__file__).with_name("lease_worker.py"))
 N_CONTENDERS = 3

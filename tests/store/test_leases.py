@@ -6,8 +6,7 @@ import asyncio
 import time
 
 import pytest
-
-from blocks import LeaseUnavailableError, StateStore, chat_key, workflow_key
+from prefect_coder.blocks import LeaseUnavailableError, StateStore, chat_key, workflow_key
 
 
 async def test_acquire_renew_release(store: StateStore) -> None:
@@ -124,7 +123,7 @@ async def test_background_renewal_keeps_lease_past_ttl(store: StateStore) -> Non
 
 
 async def test_lost_lease_flag_set_by_renewal(store: StateStore) -> None:
-    from blocks import LeaseLostError
+    from prefect_coder.blocks import LeaseLostError
 
     async with store.lease("k2", holder="A", ttl=0.15, renew_interval=0.25) as held:
         await asyncio.sleep(0.17)  # renewal too slow: the lease lapses...

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from blocks import StateStore
+from prefect_coder.blocks import StateStore
 
 
 async def test_begin_is_write_ahead_and_never_overwrites(store: StateStore) -> None:

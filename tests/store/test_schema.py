@@ -10,11 +10,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from prefect_coder.blocks import SchemaVersionError, StateStore
+from prefect_coder.blocks.state import SCHEMA_VERSION
+from prefect_coder.blocks.state.schema import ALL_TABLES
 from sqlalchemy.ext.asyncio import create_async_engine
-
-from blocks import SchemaVersionError, StateStore
-from blocks.state import SCHEMA_VERSION
-from blocks.state.schema import ALL_TABLES
 
 
 @pytest.fixture
@@ -80,7 +79,7 @@ async def test_created_on_first_use_and_reopened(fresh_url: str, backend: str) -
         await engine.dispose()
 
     # Re-open from a new process-level view: forget that this process ensured it.
-    from blocks.state import store as store_mod
+    from prefect_coder.blocks.state import store as store_mod
 
     store_mod._schema_ready.clear()
     again = StateStore(fresh_url)
@@ -92,7 +91,7 @@ async def test_created_on_first_use_and_reopened(fresh_url: str, backend: str) -
 
 
 async def test_newer_schema_is_refused(fresh_url: str) -> None:
-    from blocks.state import store as store_mod
+    from prefect_coder.blocks.state import store as store_mod
 
     store = StateStore(fresh_url)
     await store.ensure_schema()
@@ -109,7 +108,7 @@ async def test_newer_schema_is_refused(fresh_url: str) -> None:
 async def test_concurrent_first_use_creates_schema_once(fresh_url: str) -> None:
     import asyncio
 
-    from blocks.state import store as store_mod
+    from prefect_coder.blocks.state import store as store_mod
 
     store_mod._schema_ready.clear()
     stores = [StateStore(fresh_url, tenant=f"t{i}") for i in range(6)]

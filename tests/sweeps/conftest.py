@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prefect_coder.blocks import ChatStateStore, StateStore
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.sweeps import SweepOptions
 
-from blocks import ChatStateStore, StateStore
 from coder_chat.rest import ChatClient
-from flows.params import WorkflowSettings
-from flows.sweeps import SweepOptions
 
 _FLOWS_TESTS = Path(__file__).resolve().parents[1] / "flows"
 if str(_FLOWS_TESTS) not in sys.path:

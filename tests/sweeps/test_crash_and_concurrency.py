@@ -11,18 +11,18 @@ import threading
 from pathlib import Path
 
 from flow_helpers import user_messages
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
+from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.registry import register_tool
+from prefect_coder.flows.sweeps import SweepOptions, SweepReport, sweep_orphans, sweep_stuck_turns
+from prefect_coder.flows.workflow import agent_workflow
 from pydantic import BaseModel
 from sweep_helpers import directive, wait_status
 
-from blocks import StateStore
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
 from coder_chat.tools import ToolContext, client_tool
-from flows.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
-from flows.params import Step, WorkflowSettings, step_marker
-from flows.registry import register_tool
-from flows.sweeps import SweepOptions, SweepReport, sweep_orphans, sweep_stuck_turns
-from flows.workflow import agent_workflow
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,8 +6,7 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from flows.labels import (
+from prefect_coder.flows.labels import (
     COLLECTION,
     LABEL_COLLECTION,
     LABEL_FLOW_RUN,

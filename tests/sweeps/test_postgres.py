@@ -4,12 +4,12 @@ decisions, leases and forgetting as on SQLite."""
 from __future__ import annotations
 
 import pytest
+from prefect_coder.blocks import ChatStateStore, StateStore, workflow_key
+from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.sweeps import SweepOptions, sweep_orphans, sweep_stuck_turns
 from sweep_helpers import new_chat, ours, wait_status
 
-from blocks import ChatStateStore, StateStore, workflow_key
 from coder_chat.rest import ChatClient
-from flows.params import WorkflowSettings
-from flows.sweeps import SweepOptions, sweep_orphans, sweep_stuck_turns
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
+from prefect_coder.flows.params import WorkflowSettings, step_marker
+from prefect_coder.flows.sweeps import SweepOptions, sweep_stuck_turns
 from sweep_helpers import new_chat, ours, snapshot, wait_status
 
-from blocks import JournalEntry, StateStore, workflow_key
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
-from flows.params import WorkflowSettings, step_marker
-from flows.sweeps import SweepOptions, sweep_stuck_turns
 
 SLEEPY = {"sleep": 30, "text": "never gets here"}
 NOTE = {
