@@ -29,6 +29,7 @@ from coder_chat.history import (
 )
 from coder_chat.rest import ChatClient
 from coder_chat.settings import CoderSettings
+from coder_chat.stop import StopResult, stop_chat
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import (
     ClientTool,
@@ -57,6 +58,7 @@ __all__ = [
     "InterruptResult",
     "RecoveredTurn",
     "StepResult",
+    "StopResult",
     "StreamOptions",
     "StructuredOutput",
     "StructuredResult",
@@ -72,5 +74,6 @@ __all__ = [
     "marker_attempts",
     "recover_turn",
     "rehydrate",
+    "stop_chat",
     "structured_output",
 ]
