@@ -11,28 +11,28 @@ Quick use::
 """
 
 from .script import (
-    ClientToolCall,
     Failure,
     Reasoning,
     Script,
+    ScriptedToolCall,
+    ScriptStep,
     ServerToolCall,
     Sleep,
-    Step,
     Text,
     parse_directive,
 )
 from .server import Emulator, Faults
 
 __all__ = [
-    "ClientToolCall",
     "Emulator",
     "Failure",
     "Faults",
     "Reasoning",
     "Script",
+    "ScriptStep",
+    "ScriptedToolCall",
     "ServerToolCall",
     "Sleep",
-    "Step",
     "Text",
     "parse_directive",
 ]

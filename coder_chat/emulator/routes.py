@@ -1,28 +1,30 @@
-"""The chatd REST routes and WebSocket sessions (thin shell over ``core``)."""
+"""The chatd REST routes: dispatch, auth, validation order, handlers (thin shell over ``core``).
+
+WebSocket upgrades are answered here and handed to ``sessions.py``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from typing import Any
 
 from . import aibridge
 from . import statemachine as sm
-from .core import DEFAULT_MODEL_CONFIG_ID, Core, FileRec, WatchSub
+from .config import DEFAULT_MODEL_CONFIG_ID
+from .core import Core
 from .httpserver import (
     DROP,
     DropResponse,
     Request,
     Response,
     Upgrade,
-    WebSocket,
     error_response,
     json_response,
 )
+from .sessions import StreamSession, WatchSession
 from .statemachine import Refused
-from .store import ChatRec, User, new_uuid
-from .stream import StreamCursor, frames
+from .store import ChatRec, FileRec, User, new_uuid
+from .stream import StreamCursor
 from .validation import (
     REASONING_EFFORTS,
     is_uuid,
@@ -33,6 +35,7 @@ from .validation import (
     validate_dynamic_tools,
     validate_labels,
 )
+from .views import public_queued
 
 PREFIXES = ("/api/experimental/chats", "/api/v2/chats")
 JSON_BODY_CAP = 256 * 1024
@@ -425,9 +428,7 @@ class Api:
         has_more = len(page) > limit
         body: dict[str, Any] = {
             "messages": page[:limit],
-            "queued_messages": [
-                {k: v for k, v in q.items() if not k.startswith("_")} for q in chat.queue
-            ]
+            "queued_messages": [public_queued(q) for q in chat.queue]
             if before is None and after is None
             else [],
             "has_more": has_more,
@@ -560,152 +561,6 @@ class Api:
                 s.drop(code)
                 n += 1
         return n
-
-
-class StreamSession:
-    """One open ``/stream`` WebSocket."""
-
-    def __init__(self, api: Api, chat: ChatRec, user: User, cursor: StreamCursor) -> None:
-        self.api = api
-        self.core = api.core
-        self.chat = chat
-        self.user = user
-        self.cursor = cursor
-        self._wake = asyncio.Event()
-        self.ws: WebSocket | None = None
-        self.frames_left: int | None = None
-        self.drop_code: int | None = None
-        self.frames_sent = 0
-        self.events_sent = 0
-
-    def wake(self) -> None:
-        """Pubsub hint: the chat changed."""
-        self._wake.set()
-
-    def arm_drop(self, frames: int, code: int | None) -> None:
-        """Drop after ``frames`` more frames (0 = now)."""
-        self.frames_left = frames
-        self.drop_code = code
-        if frames <= 0:
-            self.drop(code)
-
-    def drop(self, code: int | None) -> None:
-        """Drop the connection now (abort TCP, or close with ``code``)."""
-        ws = self.ws
-        if ws is None:
-            return
-        self.core.log("fault", self.chat.id, fault="drop_stream", code=code)
-        if code is None:
-            ws.abort()
-        else:
-            asyncio.get_running_loop().create_task(ws.close(code, ""))
-        self._wake.set()
-
-    async def _unstalled(self) -> None:
-        while True:
-            until = self.core.faults.stalled_until(self.chat.id)
-            if until is False:
-                return
-            if self.ws is None or self.ws.closed.is_set():
-                return
-            await asyncio.sleep(0.02)
-
-    async def run(self, ws: WebSocket) -> None:
-        """Send snapshot + live events until the socket closes."""
-        self.ws = ws
-        chat, core = self.chat, self.core
-        chat.subscribers.add(self)
-        self.api.sessions.add(self)
-        core.log("ws_connect", chat.id, after_id=self.cursor.after_id, user=self.user.username)
-        if chat.owner.id == self.user.id:
-            chat.has_unread = False
-        rule = core.faults.take_drop(chat.id)
-        if rule is not None:
-            self.arm_drop(rule.frames, rule.code)
-        pinger = asyncio.get_running_loop().create_task(self._ping_loop())
-        closed_waiter = asyncio.get_running_loop().create_task(self._watch_closed())
-        try:
-            while not ws.closed.is_set():
-                self._wake.clear()
-                if core.faults.stalled_until(chat.id) is not False:
-                    await self._unstalled()
-                    continue
-                events = self.cursor.sync(chat)
-                for frame in frames(events):
-                    if ws.closed.is_set():
-                        break
-                    await ws.send_text(json.dumps(frame, separators=(",", ":")).encode() + b"\n")
-                    self.frames_sent += 1
-                    self.events_sent += len(frame)
-                    if self.frames_left is not None:
-                        self.frames_left -= 1
-                        if self.frames_left <= 0:
-                            self.frames_left = None
-                            self.drop(self.drop_code)
-                            break
-                if ws.closed.is_set():
-                    break
-                await self._wake.wait()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            pinger.cancel()
-            closed_waiter.cancel()
-            chat.subscribers.discard(self)
-            self.api.sessions.discard(self)
-            if chat.owner.id == self.user.id:
-                chat.has_unread = False
-            core.log("ws_disconnect", chat.id, frames=self.frames_sent)
-
-    async def _watch_closed(self) -> None:
-        assert self.ws is not None
-        await self.ws.closed.wait()
-        self._wake.set()
-
-    async def _ping_loop(self) -> None:
-        ws = self.ws
-        assert ws is not None
-        interval = self.core.cfg.ping_interval
-        while not ws.closed.is_set():
-            await asyncio.sleep(interval)
-            if self.core.faults.stalled_until(self.chat.id) is not False:
-                continue
-            if not await ws.ping(self.core.cfg.ping_timeout):
-                if not ws.closed.is_set():
-                    await ws.close(1001, "liveness probe failed")
-                return
-
-
-class WatchSession:
-    """One open ``/chats/watch`` WebSocket: one JSON object per frame."""
-
-    def __init__(self, api: Api, user: User) -> None:
-        self.api = api
-        self.user = user
-
-    async def run(self, ws: WebSocket) -> None:
-        """Forward watch events until the socket closes."""
-        core = self.api.core
-        sub = WatchSub(self.user)
-        core.watchers.add(sub)
-        core.log("watch_connect", None, user=self.user.username)
-        closed = asyncio.get_running_loop().create_task(ws.closed.wait())
-        try:
-            while not ws.closed.is_set():
-                getter = asyncio.get_running_loop().create_task(sub.queue.get())
-                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    break
-                ev = getter.result()
-                await ws.send_text(json.dumps(ev).encode() + b"\n")
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            closed.cancel()
-            core.watchers.discard(sub)
-            with contextlib.suppress(Exception):
-                core.log("watch_disconnect", None, user=self.user.username)
 
 
 def _q1(req: Request, name: str) -> str | None:

@@ -1,6 +1,6 @@
 """The scripted model: deterministic turns described as data.
 
-A :class:`Script` is a list of :class:`Step`; each step is one LLM call that ends in one
+A :class:`Script` is a list of :class:`ScriptStep`; each step is one LLM call that ends in one
 committed assistant message. A step streams its parts (reasoning, text, server-side tool
 calls, client tool calls) as deltas, may fail a few retryable attempts first, may fail
 fatally, and may sleep before streaming or before committing.
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "ClientToolCall",
     "Failure",
     "Reasoning",
     "Script",
+    "ScriptStep",
+    "ScriptedToolCall",
     "ServerToolCall",
     "Sleep",
-    "Step",
     "Text",
     "parse_directive",
 ]
@@ -64,7 +64,7 @@ class ServerToolCall:
 
 
 @dataclass(frozen=True)
-class ClientToolCall:
+class ScriptedToolCall:
     """A dynamic (client) tool call: the chat pauses in ``requires_action`` after the step.
 
     ``name`` must be one of the chat's ``unsafe_dynamic_tools``; otherwise the call is
@@ -83,7 +83,7 @@ class Sleep:
     seconds: float
 
 
-Part = Text | Reasoning | ServerToolCall | ClientToolCall | Sleep
+Part = Text | Reasoning | ServerToolCall | ScriptedToolCall | Sleep
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Step:
+class ScriptStep:
     """One LLM call → one assistant message (+ tool result rows)."""
 
     parts: tuple[Part, ...] = ()
@@ -112,34 +112,34 @@ class Step:
     commit_delay: float = 0.0
     usage: Mapping[str, int] | None = None
 
-    def client_calls(self) -> list[ClientToolCall]:
+    def client_calls(self) -> list[ScriptedToolCall]:
         """The step's client tool calls."""
-        return [p for p in self.parts if isinstance(p, ClientToolCall)]
+        return [p for p in self.parts if isinstance(p, ScriptedToolCall)]
 
 
 @dataclass(frozen=True)
 class Script:
     """A deterministic model turn. Build with the class helpers or from JSON."""
 
-    steps: tuple[Step, ...]
+    steps: tuple[ScriptStep, ...]
 
     # ----------------------------------------------------------------- builders
     @classmethod
     def text(cls, text: str, *, deltas: int | None = None, delay: float | None = None) -> Script:
         """Reply ``text`` in ``deltas`` chunks."""
-        return cls((Step((Text(text, deltas, delay),)),))
+        return cls((ScriptStep((Text(text, deltas, delay),)),))
 
     @classmethod
-    def of(cls, *steps: Step | Part | Sequence[Part]) -> Script:
-        """Multi-step script: each argument is a Step, one part, or a list of parts."""
-        out: list[Step] = []
+    def of(cls, *steps: ScriptStep | Part | Sequence[Part]) -> Script:
+        """Multi-step script: each argument is a ScriptStep, one part, or a list of parts."""
+        out: list[ScriptStep] = []
         for s in steps:
-            if isinstance(s, Step):
+            if isinstance(s, ScriptStep):
                 out.append(s)
             elif isinstance(s, Part):
-                out.append(Step((s,)))
+                out.append(ScriptStep((s,)))
             else:
-                out.append(Step(tuple(s)))
+                out.append(ScriptStep(tuple(s)))
         return cls(tuple(out))
 
     @classmethod
@@ -150,15 +150,15 @@ class Script:
         *,
         id: str | None = None,
         text: str | None = None,
-        then: Step | Sequence[Step] | None = None,
+        then: ScriptStep | Sequence[ScriptStep] | None = None,
     ) -> Script:
         """Call one client tool (pause in requires_action); optional follow-up step(s)."""
         parts: list[Part] = []
         if text:
             parts.append(Text(text))
-        parts.append(ClientToolCall(name, {} if args is None else args, id))
-        steps = [Step(tuple(parts))]
-        if isinstance(then, Step):
+        parts.append(ScriptedToolCall(name, {} if args is None else args, id))
+        steps = [ScriptStep(tuple(parts))]
+        if isinstance(then, ScriptStep):
             steps.append(then)
         elif then:
             steps.extend(then)
@@ -167,20 +167,20 @@ class Script:
     @classmethod
     def client_tools(cls, calls: Sequence[tuple[str, Any]]) -> Script:
         """Several client tool calls in one step (all must be answered in one request)."""
-        return cls((Step(tuple(ClientToolCall(n, a) for n, a in calls)),))
+        return cls((ScriptStep(tuple(ScriptedToolCall(n, a) for n, a in calls)),))
 
     @classmethod
     def structured_output(cls, args: Any, *, name: str = "structured_output") -> Script:
         """The model answers by calling the ``structured_output`` client tool with ``args``;
         after the result it says ``Done.``."""
-        return cls((Step((ClientToolCall(name, args),)), Step((Text("Done."),))))
+        return cls((ScriptStep((ScriptedToolCall(name, args),)), ScriptStep((Text("Done."),))))
 
     @classmethod
     def server_tool(
         cls, name: str, args: Any, result: Any, *, text: str = "Tool finished."
     ) -> Script:
         """A provider-executed tool call + result, then a text step."""
-        return cls((Step((ServerToolCall(name, args, result),)), Step((Text(text),))))
+        return cls((ScriptStep((ServerToolCall(name, args, result),)), ScriptStep((Text(text),))))
 
     @classmethod
     def retry_then_success(
@@ -188,7 +188,7 @@ class Script:
     ) -> Script:
         """``failures`` retryable attempts (``retry`` events) then a successful reply."""
         fails = tuple(Failure(delay_ms=delay_ms) for _ in range(failures))
-        return cls((Step((Text(text),), failures=fails),))
+        return cls((ScriptStep((Text(text),), failures=fails),))
 
     @classmethod
     def fatal(
@@ -200,17 +200,17 @@ class Script:
     ) -> Script:
         """A non-retryable failure: the chat ends in ``error`` with an ``error`` event."""
         f = Failure(message=message, kind=kind, retryable=False, status_code=status_code)
-        return cls((Step((Text("partial"),), failures=(f,)),))
+        return cls((ScriptStep((Text("partial"),), failures=(f,)),))
 
     @classmethod
     def long_running(cls, seconds: float, text: str = "Finally done.", chunks: int = 10) -> Script:
         """A turn that streams ``chunks`` deltas spread over ``seconds`` (interruptible)."""
-        return cls((Step((Text(text, deltas=chunks, delay=seconds / max(chunks, 1)),)),))
+        return cls((ScriptStep((Text(text, deltas=chunks, delay=seconds / max(chunks, 1)),)),))
 
     @classmethod
     def slow_commit(cls, seconds: float, text: str = "Committed slowly.") -> Script:
         """Stream normally, then wait ``seconds`` before committing the message."""
-        return cls((Step((Text(text),), commit_delay=seconds),))
+        return cls((ScriptStep((Text(text),), commit_delay=seconds),))
 
     # --------------------------------------------------------------------- JSON
     @classmethod
@@ -249,7 +249,7 @@ def _part_from_json(p: Mapping[str, Any]) -> Part:
             bool(p.get("is_error", False)),
         )
     if t == "client_tool":
-        return ClientToolCall(str(p["name"]), p.get("args", {}), p.get("id"))
+        return ScriptedToolCall(str(p["name"]), p.get("args", {}), p.get("id"))
     if t == "sleep":
         return Sleep(float(p["seconds"]))
     raise ValueError(f"unknown script part type {t!r}")
@@ -268,7 +268,7 @@ def _failure_from_json(f: Mapping[str, Any]) -> Failure:
     )
 
 
-def _step_from_json(s: Any) -> Step:
+def _step_from_json(s: Any) -> ScriptStep:
     if not isinstance(s, Mapping):
         raise ValueError("each step must be an object")
     parts: list[Part] = []
@@ -288,7 +288,7 @@ def _step_from_json(s: Any) -> Step:
         for t in s.get("tool_calls", []):
             parts.append(_part_from_json({"type": "client_tool", **t}))
         if "structured_output" in s:
-            parts.append(ClientToolCall("structured_output", s["structured_output"]))
+            parts.append(ScriptedToolCall("structured_output", s["structured_output"]))
     failures = [_failure_from_json(f) for f in s.get("failures", [])]
     if "retries" in s:
         failures += [Failure() for _ in range(int(s["retries"]))]
@@ -297,7 +297,7 @@ def _step_from_json(s: Any) -> Step:
         failures.append(
             _failure_from_json({"kind": "config", "status_code": 400, **fat, "retryable": False})
         )
-    return Step(
+    return ScriptStep(
         tuple(parts),
         tuple(failures),
         float(s.get("commit_delay", 0.0)),
@@ -319,12 +319,12 @@ def _part_to_json(p: Part) -> dict[str, Any]:
             "id": p.id,
             "is_error": p.is_error,
         }
-    if isinstance(p, ClientToolCall):
+    if isinstance(p, ScriptedToolCall):
         return {"type": "client_tool", "name": p.name, "args": p.args, "id": p.id}
     return {"type": "sleep", "seconds": p.seconds}
 
 
-def _step_to_json(s: Step) -> dict[str, Any]:
+def _step_to_json(s: ScriptStep) -> dict[str, Any]:
     return {
         "parts": [_part_to_json(p) for p in s.parts],
         "failures": [f.__dict__ for f in s.failures],
@@ -354,3 +354,10 @@ def parse_directive(text: str) -> tuple[Script | None, str | None]:
         return Script.from_json(json.loads(m.group("json"))), None
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"malformed #emu directive: {exc}"
+
+
+# Old names, kept so existing test code keeps importing them from this module; they clash
+# with the client's own ``ClientToolCall`` / workflow ``Step``, so new code uses the
+# ``Script…`` names (and the package no longer exports these).
+ClientToolCall = ScriptedToolCall
+Step = ScriptStep

@@ -21,14 +21,16 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from .config import Config
 from .control import PREFIX, handle_control
-from .core import Config, Core
+from .core import Core
 from .faults import DropRule, RestFault, Stall, UpgradeRefusal
 from .httpserver import DropResponse, HttpServer, Request, Response, Upgrade
 from .routes import Api
 from .script import Script
 from .statemachine import Refused
 from .store import User, new_uuid
+from .views import chat_info, messages_info
 
 T = TypeVar("T")
 
@@ -423,18 +425,16 @@ class Emulator:
     def chats(self) -> list[dict[str, Any]]:
         """Every chat (incl. archived) with execution details."""
         return self._call(
-            lambda: [self._core_checked().chat_info(c) for c in self._core_checked().chats.values()]
+            lambda: [chat_info(c, self._cfg.queue_cap) for c in self._core_checked().chats.values()]
         )
 
     def chat(self, chat_id: str) -> dict[str, Any]:
         """One chat: wire fields plus ``queue``, ``execution_state``, ``history_version`` …"""
-        return self._call(lambda: self._core_checked().chat_info(self._chat_rec(chat_id)))
+        return self._call(lambda: chat_info(self._chat_rec(chat_id), self._cfg.queue_cap))
 
     def messages(self, chat_id: str, include_system: bool = True) -> list[dict[str, Any]]:
         """Stored rows oldest first (with ``visibility`` and ``revision``)."""
-        return self._call(
-            lambda: self._core_checked().messages_info(self._chat_rec(chat_id), include_system)
-        )
+        return self._call(lambda: messages_info(self._chat_rec(chat_id), include_system))
 
     def event_log(self, kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The event log: dicts with ``time``, ``mono``, ``kind``, ``chat_id``, ``details``."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .script import Script, Step
+from .script import Script, ScriptStep
 
 
 def rfc3339(ts: float) -> str:
@@ -55,7 +55,7 @@ class TurnState:
     pending_enter: list[dict[str, Any]] = field(default_factory=list)
     turn_no: int = 0
 
-    def next_step(self) -> Step | None:
+    def next_step(self) -> ScriptStep | None:
         """The next step to run, or None when the turn is complete."""
         if self.step_idx < len(self.script.steps):
             return self.script.steps[self.step_idx]
@@ -167,6 +167,19 @@ class ChatRec:
         if self.last_error is not None:
             out["last_error"] = dict(self.last_error)
         return out
+
+
+@dataclass
+class FileRec:
+    """An uploaded chat file."""
+
+    id: str
+    owner_id: str
+    organization_id: str
+    media_type: str
+    name: str
+    data: bytes
+    created_at: float
 
 
 class Ids:

@@ -12,7 +12,7 @@ from websockets.client import ClientProtocol
 from websockets.frames import Opcode
 from websockets.uri import parse_uri
 
-from coder_chat.emulator import Emulator, Script, Sleep, Step, Text
+from coder_chat.emulator import Emulator, Script, ScriptStep, Sleep, Text
 
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
@@ -90,7 +90,7 @@ async def test_connect_during_retry_gets_retry_event(emu: Emulator) -> None:
     async with client(emu) as c:
         emu.set_default_script(
             Script.of(
-                Step(
+                ScriptStep(
                     (Text("x"),),
                     failures=(
                         __import__("coder_chat.emulator", fromlist=["Failure"]).Failure(
@@ -131,7 +131,7 @@ async def test_reconnect_mid_episode_replays_from_seq_1(emu: Emulator) -> None:
 async def test_frames_are_arrays_of_at_most_256(emu: Emulator) -> None:
     async with client(emu) as c:
         emu.set_default_script(
-            Script.of(Step((Sleep(0.1), Text("x" * 600, deltas=600, delay=0), Sleep(0.6))))
+            Script.of(ScriptStep((Sleep(0.1), Text("x" * 600, deltas=600, delay=0), Sleep(0.6))))
         )
         chat = await create_chat(c, emu, "go")
         emu.faults.stall_stream(chat["id"], seconds=0.4)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from coder_chat.emulator import ClientToolCall, Emulator, Script, Sleep, Step, Text
+from coder_chat.emulator import Emulator, Script, ScriptedToolCall, ScriptStep, Sleep, Text
 
 from .helpers import P, Tap, client, create_chat, send, wait_status
 
@@ -41,8 +41,8 @@ async def test_client_tool_requires_action_then_results(emu: Emulator) -> None:
     async with client(emu) as c:
         emu.set_default_script(
             Script.of(
-                Step((Sleep(0.1), ClientToolCall("structured_output", {"answer": 42}))),
-                Step((Text("Done."),)),
+                ScriptStep((Sleep(0.1), ScriptedToolCall("structured_output", {"answer": 42}))),
+                ScriptStep((Text("Done."),)),
             )
         )
         chat = await create_chat(c, emu, "q", unsafe_dynamic_tools=TOOLS)
@@ -103,9 +103,9 @@ async def test_follow_up_mentions_results(emu: Emulator) -> None:
 async def test_server_tool_and_multistep_and_reasoning(emu: Emulator) -> None:
     async with client(emu) as c:
         script = Script.of(
-            Step((Sleep(0.1), Text("thinking", deltas=2))),
+            ScriptStep((Sleep(0.1), Text("thinking", deltas=2))),
             Script.server_tool("web_search", {"q": "x"}, {"hits": 1}).steps[0],
-            Step((Text("final"),)),
+            ScriptStep((Text("final"),)),
         )
         emu.set_default_script(script)
         chat = await create_chat(c, emu, "go")
