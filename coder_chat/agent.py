@@ -42,9 +42,9 @@ from pydantic import SecretStr
 
 from coder_chat.core.translator import (
     QueuedGate,
+    ServerToolResult,
     Source,
     ToolCall,
-    ToolResult,
     TurnTranslator,
     pending_client_calls,
 )
@@ -149,7 +149,7 @@ class StepResult:
     usage: Usage
     client_tool_calls: list[ClientToolCall]
     server_tool_calls: list[ToolCall]
-    server_tool_results: list[ToolResult]
+    server_tool_results: list[ServerToolResult]
     sources: list[Source]
     message_ids: list[int]
 
@@ -185,7 +185,7 @@ class GenerateResult:
     message_ids: list[int]
     client_tool_calls: list[ClientToolCall]
     server_tool_calls: list[ToolCall]
-    server_tool_results: list[ToolResult]
+    server_tool_results: list[ServerToolResult]
 
     @property
     def reasoning(self) -> str:

@@ -7,20 +7,20 @@ event whether the segment is over. It implements agent-semantics §3.3-§3.7:
 * the **attribution window** (messages at or below the effective cursor are
   history or replays and are ignored; a fresh chat anchors on its first user
   snapshot);
-* the **queued gate** for a prompt that was queued behind a running
-  predecessor (exact ``queued_message_id`` match, content heuristic otherwise,
-  dead ends);
 * the **promotion-boundary settle** (a newer user message mid-run means chatd
   promoted the next prompt and our run is over, with no terminal status);
-* the **content reconciliation ledger** (deltas are emitted at once and
-  claimed by the next assistant snapshot, which emits only its missing tail,
-  so a reconnect never loses or duplicates text);
 * usage per assistant message keyed by id, server-side tool calls/results and
   sources deduplicated by id, client tool calls from ``action_required``;
 * the segment's finish reason.
 
+Two rules it delegates, each its own small pure module with its own tests:
+the **queued gate** (:mod:`coder_chat.core.queued_gate`: when a prompt queued
+behind a running predecessor becomes ours) and the **text ledger**
+(:mod:`coder_chat.core.text_ledger`: deltas vs snapshots, so a reconnect never
+loses or duplicates text).
+
 Events may be plain dicts (decoded JSON) or attribute-style models; both are
-read through :func:`field`.
+read through :func:`coder_chat.core.fields.field`.
 """
 
 from __future__ import annotations
@@ -29,134 +29,47 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from dataclasses import field as dc_field
 from typing import Any, Literal
 
+from coder_chat.core.fields import canonical_json, field, plain
+from coder_chat.core.fields import int_or_none as _int
+from coder_chat.core.parts import (
+    ErrorPart,
+    Part,
+    ReasoningDelta,
+    ServerToolResult,
+    Source,
+    TextDelta,
+    ToolCall,
+)
+from coder_chat.core.queued_gate import Anchored, QueuedGate, QueuedPromptGate
+from coder_chat.core.text_ledger import Episode, TextLedger
 from coder_chat.core.usage import Usage, usage_of_messages
+from coder_chat.models import TERMINAL_STATUSES
 
-#: Statuses that end a segment's wait (the SDK's TERMINAL set).
-TERMINAL_STATUSES: frozenset[str] = frozenset({"waiting", "completed", "error", "requires_action"})
+__all__ = [
+    "REQUIRES_ACTION_SAFETY_VALVE",
+    "ErrorPart",
+    "FinishReason",
+    "Part",
+    "QueuedGate",
+    "ReasoningDelta",
+    "ServerToolResult",
+    "Source",
+    "TextDelta",
+    "ToolCall",
+    "TurnFailure",
+    "TurnTranslator",
+    "canonical_json",
+    "field",
+    "pending_client_calls",
+    "plain",
+]
 
 #: Events tolerated after ``requires_action`` without a client call before giving up.
 REQUIRES_ACTION_SAFETY_VALVE = 200
 
 FinishReason = Literal["stop", "tool-calls", "error"]
-
-
-_IS_MAPPING: dict[type, bool] = {dict: True}
-
-
-def field(obj: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a dict or an attribute-style model; ``None`` → ``default``."""
-    if obj is None:
-        return default
-    # Hot path (every stream event): the Mapping ABC check is memoised per type.
-    cls = type(obj)
-    is_mapping = _IS_MAPPING.get(cls)
-    if is_mapping is None:
-        is_mapping = _IS_MAPPING[cls] = issubclass(cls, Mapping)
-    value = obj.get(key) if is_mapping else getattr(obj, key, None)
-    return default if value is None else value
-
-
-def plain(obj: Any) -> Any:
-    """A JSON-shaped copy of ``obj`` with ``None`` values dropped (models are dumped)."""
-    dump = getattr(obj, "model_dump", None)
-    if callable(dump) and not isinstance(obj, type):
-        obj = dump(mode="json", exclude_none=True, by_alias=True)
-    if isinstance(obj, Mapping):
-        return {str(k): plain(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list | tuple):
-        return [plain(v) for v in obj]
-    return obj
-
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON (keys sorted recursively, ``None`` dropped) used for content equality."""
-    return json.dumps(plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-# --------------------------------------------------------------------------- parts
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """Assistant text, emitted as soon as it is known (delta or snapshot tail)."""
-
-    text: str
-    message_id: int | None = None
-    type: Literal["text"] = "text"
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    """Assistant reasoning text."""
-
-    text: str
-    message_id: int | None = None
-    type: Literal["reasoning"] = "reasoning"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """A tool call. Client calls carry ``input`` as the raw JSON *string* from ``action_required``."""
-
-    tool_call_id: str
-    tool_name: str
-    input: Any
-    provider_executed: bool
-    type: Literal["tool-call"] = "tool-call"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """A server-side (provider-executed) tool result."""
-
-    tool_call_id: str
-    tool_name: str
-    result: Any
-    is_error: bool
-    provider_executed: bool = True
-    type: Literal["tool-result"] = "tool-result"
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """A cited source (deduplicated by ``source_id`` or url)."""
-
-    source_id: str
-    url: str
-    title: str | None = None
-    type: Literal["source"] = "source"
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorPart:
-    """A server ``error`` event; the agent raises it as a ``CoderChatError``."""
-
-    payload: dict[str, Any]
-    type: Literal["error"] = "error"
-
-
-Part = TextDelta | ReasoningDelta | ToolCall | ToolResult | Source | ErrorPart
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedGate:
-    """The queue entry a queued submission is waiting on.
-
-    ``queued_id`` is the entry id from the POST response (``None`` if the server
-    sent none); ``content`` is the entry's content, compared canonically.
-    """
-
-    queued_id: int | None
-    content: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,64 +78,6 @@ class TurnFailure:
 
     kind: str
     message: str
-
-
-@dataclass(slots=True)
-class _Block:
-    text: str
-    message_id: int | None  # None = pending (not yet claimed by a snapshot)
-    episode: tuple[Any, Any] | None = None
-
-
-@dataclass(slots=True)
-class _Ledger:
-    text: str = ""
-    reasoning: str = ""
-
-
-@dataclass(slots=True)
-class _KindState:
-    blocks: list[_Block] = dc_field(default_factory=list)
-    episode: tuple[Any, Any] | None = None  # episode of the pending deltas
-
-    def pending(self) -> str:
-        out: list[str] = []
-        for block in reversed(self.blocks):
-            if block.message_id is not None:
-                break
-            out.append(block.text)
-        return "".join(reversed(out))
-
-    def first_pending_episode(self) -> tuple[Any, Any] | None:
-        first = None
-        for block in reversed(self.blocks):
-            if block.message_id is not None:
-                break
-            first = block.episode
-        return first
-
-    def drop_pending(self) -> None:
-        while self.blocks and self.blocks[-1].message_id is None:
-            self.blocks.pop()
-
-    def append_committed(self, block: _Block) -> None:
-        """Add a committed block before any pending (unclaimed) deltas."""
-        i = len(self.blocks)
-        while i > 0 and self.blocks[i - 1].message_id is None:
-            i -= 1
-        self.blocks.insert(i, block)
-
-    def has_pending(self) -> bool:
-        return bool(self.blocks) and self.blocks[-1].message_id is None
-
-    def text(self) -> str:
-        return "".join(b.text for b in self.blocks)
-
-
-def _joined(content: Any, kind: str) -> str:
-    return "".join(
-        field(part, "text", "") for part in (content or ()) if field(part, "type") == kind
-    )
 
 
 # --------------------------------------------------------------------------- translator
@@ -256,10 +111,7 @@ class TurnTranslator:
         self.client_tool_names = frozenset(client_tool_names)
         self.cursor = max(0, cursor)
         self._submitted = submitted_tool_call_ids
-        self._gate = queued
-        self._queued_content = canonical_json(queued.content) if queued is not None else ""
-        self._candidate: int | None = None
-        self._buffer: list[Any] = []
+        self._gate = QueuedPromptGate(queued, self.cursor) if queued is not None else None
         self._await_first_user = queued is None and self.cursor == 0
         self._safety_valve = safety_valve
 
@@ -273,21 +125,16 @@ class TurnTranslator:
         self.events_fed = 0
         self._events_since_requires_action = 0
 
-        self._text = _KindState()
-        self._reasoning = _KindState()
-        self._ledger: dict[int, _Ledger] = {}
-        # Shared by the segments of one turn (a resume segment reads the same stream).
-        self._closed_episodes: set[tuple[Any, Any]] = (
-            closed_episodes if closed_episodes is not None else set()
-        )
-        self._deferred: dict[int, tuple[str, str]] = {}
+        # Closed episodes are shared by the segments of one turn (a resume segment
+        # reads the same stream).
+        self._ledger = TextLedger(closed_episodes)
         self._usage: dict[int, dict[str, Any]] = {}
         self.message_ids: list[int] = []
         self.client_calls: list[ToolCall] = []
         self._client_call_ids: set[str] = set()
         self.server_calls: list[ToolCall] = []
         self._server_call_ids: set[str] = set()
-        self.server_results: list[ToolResult] = []
+        self.server_results: list[ServerToolResult] = []
         self._server_result_ids: set[str] = set()
         self.sources: list[Source] = []
         self._source_ids: set[str] = set()
@@ -312,12 +159,12 @@ class TurnTranslator:
     @property
     def text(self) -> str:
         """The segment's text so far (text blocks in order)."""
-        return self._text.text()
+        return self._ledger.text
 
     @property
     def reasoning(self) -> str:
         """The segment's reasoning text so far."""
-        return self._reasoning.text()
+        return self._ledger.reasoning
 
     @property
     def usage(self) -> Usage:
@@ -394,14 +241,14 @@ class TurnTranslator:
             if mid is not None and mid > self.max_message_id:
                 self.max_message_id = mid
         if self._gate is not None:
-            return self._feed_gated(event, etype)
+            return self._feed_gated(self._gate, event, etype)
         if self.terminal_status == "requires_action" and not self.client_calls:
             self._events_since_requires_action += 1
         return self._ingest(event, etype)
 
     def finish(self) -> list[Part]:
         """Flush deferred revisions at segment end; returns what that emitted."""
-        return self._flush_deferred()
+        return self._ledger.flush()
 
     def ingest_recovered(
         self, messages: Sequence[Any], calls: Sequence[Mapping[str, Any]]
@@ -423,62 +270,17 @@ class TurnTranslator:
 
     # ------------------------------------------------------------------ gate
 
-    def _feed_gated(self, event: Any, etype: Any) -> list[Part]:
-        gate = self._gate
-        assert gate is not None
-        if etype == "message":
-            msg = field(event, "message")
-            mid = _int(field(msg, "id"))
-            if field(msg, "role") == "user" and mid is not None and mid > self.cursor:
-                stamp = _int(field(msg, "queued_message_id"))
-                if gate.queued_id is not None and stamp is not None:
-                    # A stamped server tells us exactly which entry materialised.
-                    if stamp == gate.queued_id:
-                        return self._anchor(mid, replay=[])
-                    return self._buffer_if_candidate(event)
-                if canonical_json(field(msg, "content", [])) == self._queued_content:
-                    if gate.queued_id is None:
-                        return self._anchor(mid, replay=[])
-                    if self._candidate is None:
-                        self._candidate = mid
-                        self._buffer = []
-                        return []
-            return self._buffer_if_candidate(event)
-        if etype == "queue_update":
-            if gate.queued_id is None:
-                return []
-            listed = {_int(field(q, "id")) for q in (field(event, "queued_messages", []) or [])}
-            if gate.queued_id in listed:
-                # Our entry is still waiting: the candidate was someone else's prompt.
-                self._candidate = None
-                self._buffer = []
-                return []
-            if self._candidate is not None:
-                replay, self._buffer = self._buffer, []
-                return self._anchor(self._candidate, replay=replay)
-            self.failure = TurnFailure(
-                "queued_submission_lost",
-                "queued message left the queue without materialising in the chat",
-            )
+    def _feed_gated(self, gate: QueuedPromptGate, event: Any, etype: Any) -> list[Part]:
+        step = gate.feed(event, etype)
+        if step is None:
             return []
-        if etype == "error":
-            # chatd does not auto-promote the queue after an error settle.
-            self.failure = TurnFailure(
-                "queued_submission_lost",
-                "the chat errored while the queued message was waiting: "
-                + str(field(field(event, "error"), "message", "unknown error")),
-            )
-            return []
-        return self._buffer_if_candidate(event)
-
-    def _buffer_if_candidate(self, event: Any) -> list[Part]:
-        if self._candidate is not None:
-            self._buffer.append(event)
+        if isinstance(step, Anchored):
+            return self._anchor(step.message_id, replay=step.replay)
+        self.failure = TurnFailure("queued_submission_lost", step.message)
         return []
 
     def _anchor(self, message_id: int, *, replay: list[Any]) -> list[Part]:
         self._gate = None
-        self._candidate = None
         self.effective_cursor = max(self.effective_cursor, message_id)
         self._await_first_user = False
         out: list[Part] = []
@@ -508,7 +310,7 @@ class TurnTranslator:
                     self.terminal_status = None
             return []
         if etype == "error":
-            out = self._flush_deferred()
+            out = self._ledger.flush()
             payload = plain(field(event, "error", {})) or {}
             self.error = payload if isinstance(payload, dict) else {"message": str(payload)}
             out.append(ErrorPart(self.error))
@@ -533,8 +335,7 @@ class TurnTranslator:
             return out2
         if etype == "retry":
             # The failed attempt's previewed text will never be committed.
-            self._text.drop_pending()
-            self._reasoning.drop_pending()
+            self._ledger.drop_pending()
             return []
         return []
 
@@ -542,27 +343,8 @@ class TurnTranslator:
         part = field(mp, "part")
         ptype = field(part, "type")
         if ptype in ("text", "reasoning"):
-            text = field(part, "text", "")
-            if not text:
-                return []
-            state = self._text if ptype == "text" else self._reasoning
-            episode = (field(mp, "history_version"), field(mp, "generation_attempt"))
-            if episode[0] is not None and episode in self._closed_episodes:
-                # A committed step's episode is over: a late replay of its preview
-                # (e.g. re-sent after a reconnect) must not become new pending text.
-                return []
-            if (
-                state.has_pending()
-                and state.episode is not None
-                and episode[0] is not None
-                and state.episode[0] == episode[0]
-                and state.episode[1] != episode[1]
-            ):
-                # Same history, new generation attempt: the old attempt's preview is void.
-                state.drop_pending()
-            state.episode = episode
-            state.blocks.append(_Block(text, None, episode))
-            return [TextDelta(text) if ptype == "text" else ReasoningDelta(text)]
+            episode: Episode = (field(mp, "history_version"), field(mp, "generation_attempt"))
+            return self._ledger.delta(ptype, field(part, "text", ""), episode)
         if ptype == "tool-call":
             return self._server_call(part, require_args=True)
         if ptype == "tool-result":
@@ -583,7 +365,7 @@ class TurnTranslator:
                 self.effective_cursor = mid
                 return []
             # chatd promoted the next queued prompt with no terminal status for ours.
-            flushed = self._flush_deferred()
+            flushed = self._ledger.flush()
             self.promoted = True
             self.terminal_status = None
             return flushed
@@ -599,7 +381,7 @@ class TurnTranslator:
                 raw = plain(usage)
                 if isinstance(raw, dict):
                     self._usage[mid] = raw
-            out.extend(self._reconcile(mid, content))
+            out.extend(self._ledger.commit(mid, content))
         for part in content:
             ptype = field(part, "type")
             if ptype == "tool-call":
@@ -609,84 +391,6 @@ class TurnTranslator:
             elif ptype == "source" and role == "assistant":
                 out.extend(self._source(part))
         return out
-
-    # ------------------------------------------------------------------ ledger
-
-    def _reconcile(self, mid: int, content: Any) -> list[Part]:
-        full_text = _joined(content, "text")
-        full_reasoning = _joined(content, "reasoning")
-        ledger = self._ledger.get(mid)
-        out: list[Part] = []
-        if ledger is None:
-            out.extend(self._flush_deferred())
-            self._ledger[mid] = _Ledger(full_text, full_reasoning)
-            for state in (self._text, self._reasoning):
-                closed = state.first_pending_episode() if state.has_pending() else None
-                if closed is not None and closed[0] is not None:
-                    self._closed_episodes.add(closed)
-            out.extend(self._claim(self._reasoning, mid, full_reasoning, ReasoningDelta))
-            out.extend(self._claim(self._text, mid, full_text, TextDelta))
-            return out
-        extends = (full_text.startswith(ledger.text) and len(full_text) > len(ledger.text)) or (
-            full_reasoning.startswith(ledger.reasoning)
-            and len(full_reasoning) > len(ledger.reasoning)
-        )
-        if not extends:
-            return []  # identical replay or a rewrite: nothing new to say
-        if self._text.has_pending() or self._reasoning.has_pending():
-            # The next step's deltas are open; emit once ownership settles.
-            self._deferred[mid] = (full_text, full_reasoning)
-            return []
-        return self._extend(mid, full_text, full_reasoning)
-
-    def _extend(self, mid: int, full_text: str, full_reasoning: str) -> list[Part]:
-        ledger = self._ledger[mid]
-        out: list[Part] = []
-        if full_reasoning.startswith(ledger.reasoning) and len(full_reasoning) > len(
-            ledger.reasoning
-        ):
-            tail = full_reasoning[len(ledger.reasoning) :]
-            self._reasoning.append_committed(_Block(tail, mid))
-            ledger.reasoning = full_reasoning
-            out.append(ReasoningDelta(tail, mid))
-        if full_text.startswith(ledger.text) and len(full_text) > len(ledger.text):
-            tail = full_text[len(ledger.text) :]
-            self._text.append_committed(_Block(tail, mid))
-            ledger.text = full_text
-            out.append(TextDelta(tail, mid))
-        return out
-
-    def _flush_deferred(self) -> list[Part]:
-        out: list[Part] = []
-        deferred, self._deferred = self._deferred, {}
-        for mid in sorted(deferred):
-            out.extend(self._extend(mid, *deferred[mid]))
-        return out
-
-    @staticmethod
-    def _claim(state: _KindState, mid: int, full: str, make: Any) -> list[Part]:
-        claimed = state.pending()
-        if full.startswith(claimed):
-            for block in reversed(state.blocks):
-                if block.message_id is not None:
-                    break
-                block.message_id = mid
-            tail = full[len(claimed) :]
-            if tail:
-                state.blocks.append(_Block(tail, mid))
-                return [make(tail, mid)]
-            return []
-        state.drop_pending()
-        if claimed.startswith(full):
-            # Deltas of the next message already arrived: keep that remainder pending.
-            if full:
-                state.blocks.append(_Block(full, mid))
-            state.blocks.append(_Block(claimed[len(full) :], None))
-            return []
-        # A rewrite: the committed text is the truth; nothing more to emit.
-        if full:
-            state.blocks.append(_Block(full, mid))
-        return []
 
     # ------------------------------------------------------------------ tools/sources
 
@@ -716,7 +420,9 @@ class TurnTranslator:
         name = field(part, "tool_name")
         if not isinstance(name, str):
             name = next((c.tool_name for c in self.server_calls if c.tool_call_id == call_id), "")
-        tr = ToolResult(call_id, name, plain(field(part, "result")), bool(field(part, "is_error")))
+        tr = ServerToolResult(
+            call_id, name, plain(field(part, "result")), bool(field(part, "is_error"))
+        )
         self._server_result_ids.add(call_id)
         self.server_results.append(tr)
         return [tr]

@@ -12,10 +12,10 @@ from typing import Any
 from coder_chat.core.translator import (
     QueuedGate,
     ReasoningDelta,
+    ServerToolResult,
     Source,
     TextDelta,
     ToolCall,
-    ToolResult,
     TurnTranslator,
     canonical_json,
     pending_client_calls,
@@ -243,7 +243,7 @@ def test_reasoning_and_sources_and_server_tools() -> None:
     assert [p.text for p in out if isinstance(p, ReasoningDelta)] == ["think", "ing"]
     calls = [p for p in out if isinstance(p, ToolCall)]
     assert [(c.tool_call_id, c.provider_executed) for c in calls] == [("s1", True)]
-    assert [p.tool_call_id for p in out if isinstance(p, ToolResult)] == ["s1"]
+    assert [p.tool_call_id for p in out if isinstance(p, ServerToolResult)] == ["s1"]
     assert len([p for p in out if isinstance(p, Source)]) == 1
     assert tr.reasoning == "thinking"
     assert tr.client_calls == []  # client parts in snapshots never become calls
