@@ -12,6 +12,7 @@ from coder_chat.agent import (
     GenerateResult,
     InterruptResult,
     StepResult,
+    StructuredResult,
 )
 from coder_chat.core.usage import Usage
 from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
@@ -34,7 +35,6 @@ from coder_chat.stream import StreamOptions
 from coder_chat.tools import (
     ClientTool,
     StructuredOutput,
-    StructuredResult,
     ToolContext,
     ToolOutcome,
     client_tool,

@@ -36,9 +36,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, Generic, Literal, Self, TypeVar
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from coder_chat.core.translator import (
     QueuedGate,
@@ -67,7 +67,13 @@ from coder_chat.models import ToolResult as WireToolResult
 from coder_chat.rest import ChatClient
 from coder_chat.settings import CoderSettings
 from coder_chat.stream import ChatStreamReader, StreamOptions
-from coder_chat.tools import ClientTool, ToolContext, ToolOutcome, tool_definitions
+from coder_chat.tools import (
+    ClientTool,
+    StructuredOutput,
+    ToolContext,
+    ToolOutcome,
+    tool_definitions,
+)
 
 __all__ = [
     "AgentTimings",
@@ -77,7 +83,10 @@ __all__ = [
     "GenerateResult",
     "InterruptResult",
     "StepResult",
+    "StructuredResult",
 ]
+
+M = TypeVar("M", bound=BaseModel)
 
 _log = logging.getLogger(__name__)
 
@@ -206,6 +215,20 @@ class GenerateResult:
         costs = [s.usage.total_cost_micros for s in self.steps]
         known = [c for c in costs if c is not None]
         return sum(known) if known else None
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredResult(Generic[M]):
+    """Outcome of :meth:`CoderAgent.generate_structured`.
+
+    ``value`` is the last validating answer (``None`` if none validated even
+    after the nudge); ``result`` the turn that produced it; ``nudged`` whether a
+    second turn was needed.
+    """
+
+    value: M | None
+    result: GenerateResult
+    nudged: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,6 +462,25 @@ class CoderAgent:
         finally:
             self._in_flight = False
             self._turn_deadline = None
+
+    async def generate_structured(
+        self, answer: StructuredOutput[M], prompt: str, *, timeout: float | None = None
+    ) -> StructuredResult[M]:
+        """Run a turn and return ``answer``'s value; re-prompt once if none validated.
+
+        ``answer`` must be one of this agent's tools. The nudge is sent only when
+        the turn finished ``stop`` (an idle chat): a chat that is still busy or
+        paused is never re-prompted. ``timeout`` bounds each of the (at most two)
+        turns.
+        """
+        if answer.name not in self._tools:
+            raise CoderAgentError(f"{answer.name!r} is not one of this agent's tools")
+        result = await self.generate(prompt, timeout=timeout)
+        value = answer.pick(result)
+        if value is not None or result.finish_reason != "stop":
+            return StructuredResult(value, result, False)
+        second = await self.generate(answer.nudge, timeout=timeout)
+        return StructuredResult(answer.pick(second), second, True)
 
     async def _turn(self, prompt: str) -> GenerateResult:
         steps: list[StepResult] = []

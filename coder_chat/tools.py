@@ -1,5 +1,3 @@
-# The per-call `timeout=` parameter is part of the module contract (docs/architecture.md).
-# ruff: noqa: ASYNC109
 """Client tools: functions the model calls that run in *this* process.
 
 A :class:`ClientTool` is a name, a description, a pydantic input model (its
@@ -18,21 +16,20 @@ changing the agent.
 
 ``structured_output(Model)`` registers the ``structured_output`` tool pattern
 (agent-semantics §9): the model files its answer as that tool's input; after
-the turn the last *validating* call wins.
+the turn the last *validating* call wins. Running a turn and nudging once is
+the agent's job (:meth:`coder_chat.agent.CoderAgent.generate_structured`):
+this module is a leaf and imports nothing of the agent.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
-
-if TYPE_CHECKING:
-    from coder_chat.agent import CoderAgent, GenerateResult
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -240,13 +237,20 @@ def pick_structured(model: type[M], inputs: Iterable[Any]) -> M | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class StructuredResult(Generic[M]):
-    """Outcome of :meth:`StructuredOutput.generate`."""
+class CallRecord(Protocol):
+    """A client tool call as a turn result records it (``agent.ClientToolCall`` fits)."""
 
-    value: M | None
-    result: GenerateResult
-    nudged: bool
+    @property
+    def tool_name(self) -> str: ...
+    @property
+    def input(self) -> Any: ...
+
+
+class HasClientCalls(Protocol):
+    """A turn result with its client tool calls (``agent.GenerateResult`` fits)."""
+
+    @property
+    def client_tool_calls(self) -> Sequence[CallRecord]: ...
 
 
 class StructuredOutput(ClientTool[M]):
@@ -254,7 +258,8 @@ class StructuredOutput(ClientTool[M]):
 
     Register it like any tool (``CoderAgent(tools=[answer])``). Execution only
     acknowledges; the answer is read after the turn with :meth:`pick`, or use
-    :meth:`generate` which also nudges once when no valid answer was filed.
+    :meth:`coder_chat.agent.CoderAgent.generate_structured`, which also nudges
+    once when no valid answer was filed.
     """
 
     def __init__(
@@ -279,7 +284,7 @@ class StructuredOutput(ClientTool[M]):
         self.model = model
         self.nudge = nudge
 
-    def pick(self, result: GenerateResult) -> M | None:
+    def pick(self, result: HasClientCalls) -> M | None:
         """The last validating ``structured_output`` call across all steps of ``result``."""
         inputs = [c.input for c in result.client_tool_calls if c.tool_name == self.name]
         return pick_structured(self.model, inputs)
@@ -287,21 +292,6 @@ class StructuredOutput(ClientTool[M]):
     def pick_from_inputs(self, inputs: Iterable[Any]) -> M | None:
         """As :meth:`pick`, for inputs recovered from history."""
         return pick_structured(self.model, inputs)
-
-    async def generate(
-        self, agent: CoderAgent, prompt: str, *, timeout: float | None = None
-    ) -> StructuredResult[M]:
-        """Run a turn and return its answer; re-prompt once if none validated.
-
-        The nudge is sent only when the turn finished ``stop`` (an idle chat):
-        never re-prompt a chat that is still busy or paused.
-        """
-        result = await agent.generate(prompt, timeout=timeout)
-        value = self.pick(result)
-        if value is not None or result.finish_reason != "stop":
-            return StructuredResult(value, result, False)
-        second = await agent.generate(self.nudge, timeout=timeout)
-        return StructuredResult(self.pick(second), second, True)
 
 
 def structured_output(

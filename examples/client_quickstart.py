@@ -106,7 +106,9 @@ async def main() -> None:
                     {"parts": [{"type": "text", "text": "Filed."}]},
                 ]
             }
-            got = await verdict.generate(agent, "File your verdict." + scripted(answer_call))
+            got = await agent.generate_structured(
+                verdict, "File your verdict." + scripted(answer_call)
+            )
             print("verdict:", got.value)
 
             # checkpoint these two between durable steps (never the token)

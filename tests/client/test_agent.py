@@ -257,14 +257,14 @@ async def test_structured_output_pick_and_nudge(emu: Emulator) -> None:
 
     answer = structured_output(Answer)
     agent = make(emu, tools=[answer])
-    got = await answer.generate(
-        agent, directive(Script.structured_output({"city": "Oslo", "population": 700000}))
+    got = await agent.generate_structured(
+        answer, directive(Script.structured_output({"city": "Oslo", "population": 700000}))
     )
     assert got.value == Answer(city="Oslo", population=700000) and not got.nudged
     # an invalid filing then a plain reply: one nudge re-prompt
     emu.script_next_turn(agent.chat_id, Script.structured_output({"city": "Oslo"}))  # type: ignore[arg-type]
     emu.set_chat_script(agent.chat_id, None)  # type: ignore[arg-type]
-    got2 = await answer.generate(agent, "again")
+    got2 = await agent.generate_structured(answer, "again")
     assert got2.nudged
     assert got2.value is None  # the default echo script never files an answer
     await agent.aclose()

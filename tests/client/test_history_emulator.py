@@ -99,7 +99,9 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
     transcript = rehydrate(every)
     assert [m.role for m in transcript].count("user") == 3
 
-    got = await answer.generate(agent, directive(Script.structured_output({"value": 7}), "[wf/2]"))
+    got = await agent.generate_structured(
+        answer, directive(Script.structured_output({"value": 7}), "[wf/2]")
+    )
     assert got.value == Answer(value=7)
     turn = await fetch_turn(client, chat_id)
     rec3 = recover_turn(
