@@ -15,7 +15,15 @@ from coder_chat.agent import (
     StructuredResult,
 )
 from coder_chat.core.usage import Usage
-from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.errors import (
+    CoderAgentError,
+    CoderApiError,
+    CoderChatError,
+    CoderError,
+    CoderStreamError,
+    CoderTimeoutError,
+    CoderTransportError,
+)
 from coder_chat.events import TransportEvent
 from coder_chat.history import (
     DynamicToolPart,
@@ -51,8 +59,11 @@ __all__ = [
     "CoderAgentError",
     "CoderApiError",
     "CoderChatError",
+    "CoderError",
     "CoderSettings",
     "CoderStreamError",
+    "CoderTimeoutError",
+    "CoderTransportError",
     "DynamicToolPart",
     "GenerateResult",
     "InterruptResult",

@@ -1,17 +1,34 @@
 """Error types of the chatd client (agent-semantics spec §7).
 
-Hierarchy::
+Every error the client raises derives from :class:`CoderError`, so one
+``except CoderError`` catches them all (the caller's own ``TimeoutError`` /
+``CancelledError`` and programming errors aside)::
 
-    CoderAgentError(Exception)        misuse, bad construction, unparseable frame; base
-    ├─ CoderApiError                  non-2xx REST response / non-transient 4xx WS upgrade
-    └─ CoderChatError                 server ``error`` event, timeout, stream_closed,
-                                      queued_submission_lost
-    CoderStreamError(Exception)       redial budget exhausted / undedupable drop
-                                      (deliberately NOT a CoderAgentError)
+    CoderError(Exception)                   root of everything below
+    ├─ CoderAgentError                      misuse, bad construction, unparseable frame
+    │  ├─ CoderApiError                     non-2xx REST response / non-transient 4xx WS upgrade
+    │  └─ CoderChatError                    server ``error`` event, timeout, stream_closed,
+    │                                       queued_submission_lost
+    ├─ CoderStreamError                     redial budget exhausted / undedupable drop
+    │                                       (deliberately NOT a CoderAgentError, spec §7)
+    └─ CoderTransportError                  the HTTP request failed on the network:
+       │                                    refused, reset, DNS, TLS, protocol error
+       └─ CoderTimeoutError                 httpx connect/read/write/pool timeout
+                                            (also a builtin ``TimeoutError``)
+
+A transport error names the method and URL (never a header, so never the
+token), the httpx failure (``reason``) and whether sending the same request
+again is safe (``retry_safe``): true for idempotent methods and for failures
+before any byte left (connect errors, connect/pool timeouts); false for a POST
+or PATCH whose request may have reached the server. A refused connection or a
+TLS failure says which setting to check.
+
+The per-call ``timeout=`` deadline of :class:`~coder_chat.rest.ChatClient` is
+the caller's budget, not a network failure: it stays a builtin ``TimeoutError``.
 
 No message, ``repr`` or attribute of these errors ever contains the session
-token: they are built only from status codes, request paths (which never carry
-the token), server-provided messages and our own text.
+token: they are built only from status codes, request paths and URLs (which
+never carry the token), server-provided messages and our own text.
 
 All classes pickle round-trip (Prefect may persist a failed task's exception),
 which the default ``Exception`` pickling would break for keyword-only fields.
@@ -25,12 +42,22 @@ __all__ = [
     "CoderAgentError",
     "CoderApiError",
     "CoderChatError",
+    "CoderError",
     "CoderStreamError",
+    "CoderTimeoutError",
+    "CoderTransportError",
 ]
 
+#: HTTP methods whose repetition has no extra effect (RFC 9110 §9.2.2).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
-class CoderAgentError(Exception):
-    """Base error of the client: misuse, bad construction, bad cursor, bad frame."""
+
+class CoderError(Exception):
+    """Root of every error the chatd client raises."""
+
+
+class CoderAgentError(CoderError):
+    """Misuse, bad construction, bad cursor, bad frame; base of API and chat errors."""
 
 
 class CoderApiError(CoderAgentError):
@@ -160,7 +187,7 @@ def _rebuild_chat_error(
     )
 
 
-class CoderStreamError(Exception):
+class CoderStreamError(CoderError):
     """The chat stream could not be kept alive: the redial budget was exhausted
     (5 consecutive endings without forward progress) or a drop happened while
     coordinate-less deltas were outstanding (replay could duplicate content).
@@ -233,3 +260,78 @@ def _rebuild_stream_error(
     is_retryable: bool,
 ) -> CoderStreamError:
     return cls(message, url=url, chat_id=chat_id, cause=cause, is_retryable=is_retryable)
+
+
+class CoderTransportError(CoderError):
+    """An HTTP request to chatd failed on the network (no HTTP response).
+
+    ``method`` and ``url`` name the request (the URL never carries the token);
+    ``reason`` is the httpx failure class (``ConnectError``, ``ReadError``…);
+    ``retry_safe`` says whether sending the same request again cannot apply it
+    twice: true for idempotent methods and for failures before the request was
+    sent; false for a POST/PATCH that may have reached the server (check the
+    chat before re-sending). ``hint`` names the setting to check, if any.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        reason: str,
+        *,
+        retry_safe: bool,
+        detail: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.reason = reason
+        self.retry_safe = retry_safe
+        self.detail = detail
+        self.hint = hint
+        text = f"Coder API {method} {url} failed: {reason}"
+        if detail:
+            text += f" ({detail})"
+        text += "; safe to retry" if retry_safe else "; the request may have reached the server"
+        if hint:
+            text += f". {hint}"
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_transport_error,
+            (
+                type(self),
+                self.method,
+                self.url,
+                self.reason,
+                self.retry_safe,
+                self.detail,
+                self.hint,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(method={self.method!r}, url={self.url!r}, "
+            f"reason={self.reason!r}, retry_safe={self.retry_safe!r}, detail={self.detail!r})"
+        )
+
+
+class CoderTimeoutError(CoderTransportError, TimeoutError):
+    """httpx gave up waiting on the network (connect, read, write or pool timeout).
+
+    Also a builtin ``TimeoutError``, as these were before the error root existed.
+    """
+
+
+def _rebuild_transport_error(
+    cls: type[CoderTransportError],
+    method: str,
+    url: str,
+    reason: str,
+    retry_safe: bool,
+    detail: str | None,
+    hint: str | None,
+) -> CoderTransportError:
+    return cls(method, url, reason, retry_safe=retry_safe, detail=detail, hint=hint)

@@ -18,10 +18,12 @@ chat route the agent, the sweeps and the blocks need. Notes for users:
   Redirects are not followed, so the header never travels to another host.
 * **Errors.** A non-2xx response raises :class:`~coder_chat.errors.CoderApiError`
   with the Coder envelope's ``message``/``detail``. A network failure raises
-  the ``httpx.TransportError`` subclass (re-created without the request
-  object, which would hold the auth header). An expired deadline — the
-  per-call ``timeout=`` (covering the whole call, both prefix tries included)
-  or httpx's own timeout — raises the builtin ``TimeoutError``. A caller's
+  :class:`~coder_chat.errors.CoderTransportError` (method, URL, ``retry_safe``,
+  the setting to check), and httpx's own connect/read/write/pool timeout its
+  subclass :class:`~coder_chat.errors.CoderTimeoutError` (also a builtin
+  ``TimeoutError``); neither keeps the httpx object, whose request holds the
+  auth header. The per-call ``timeout=`` deadline (covering the whole call,
+  both prefix tries included) raises the builtin ``TimeoutError``. A caller's
   own ``asyncio.timeout``/cancellation propagates unchanged.
 * **Transport events.** ``http:request``/``http:response``/``http:error`` with
   a per-client ``id`` counter and the spec's ``op`` names; paths only.
@@ -46,7 +48,13 @@ from urllib.parse import quote, urlencode, urlsplit
 import httpx
 from pydantic import SecretStr
 
-from coder_chat.errors import CoderAgentError, CoderApiError
+from coder_chat.errors import (
+    IDEMPOTENT_METHODS,
+    CoderAgentError,
+    CoderApiError,
+    CoderTimeoutError,
+    CoderTransportError,
+)
 from coder_chat.events import (
     HttpError,
     HttpRequest,
@@ -258,10 +266,8 @@ class ChatClient:
         failure: BaseException | None = None
         try:
             response = await self._http.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            failure = TimeoutError(f"Coder API {method} {path} timed out ({type(exc).__name__})")
         except httpx.TransportError as exc:
-            failure = _scrub_transport_error(exc)
+            failure = _transport_failure(method, url, exc, sent=False)
         except BaseException as exc:  # cancellation: report, then propagate unchanged
             message = type(exc).__name__
             self._emitter.emit(
@@ -306,12 +312,9 @@ class ChatClient:
         body = b""
         try:
             body = await response.aread()
-        except httpx.TimeoutException as exc:
-            body_failure = TimeoutError(
-                f"Coder API {method} {path} timed out ({type(exc).__name__})"
-            )
         except httpx.TransportError as exc:
-            body_failure = _scrub_transport_error(exc)
+            # The server answered, so the request reached it.
+            body_failure = _transport_failure(method, url, exc, sent=True)
         finally:
             await response.aclose()
         if body_failure is not None:
@@ -705,13 +708,36 @@ def _envelope(response: httpx.Response, body: bytes) -> tuple[str, str | None]:
     return reason, None
 
 
-def _scrub_transport_error(exc: httpx.TransportError) -> httpx.TransportError:
-    """Same class and message, but no ``.request`` (its headers hold the token)."""
-    try:
-        clean = type(exc)(str(exc))
-    except Exception:
-        clean = httpx.TransportError(f"{type(exc).__name__}: {exc}")
-    return clean
+#: httpx failures raised before any byte of the request left this process.
+_NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_URL_HINT: Final = "Check CODER_URL (or the credentials block's base_url)"
+_TLS_HINT: Final = (
+    "Check the server's certificate, or CODER_VERIFY_TLS (the credentials block's verify_tls)"
+)
+
+
+def _transport_failure(
+    method: str, url: str, exc: httpx.TransportError, *, sent: bool
+) -> CoderTransportError:
+    """A :class:`CoderTransportError` for an httpx failure, without the httpx object.
+
+    The httpx exception keeps its ``.request`` (whose headers hold the token), so
+    only its class name and message are copied. ``sent=False`` means the failure
+    came from ``send`` (the class tells whether bytes left); ``True`` means a
+    response had started.
+    """
+    reason = type(exc).__name__
+    detail = str(exc) or None
+    not_sent = not sent and isinstance(exc, _NOT_SENT)
+    retry_safe = not_sent or method.upper() in IDEMPOTENT_METHODS
+    hint: str | None = None
+    if isinstance(exc, httpx.ConnectError):
+        text = (detail or "").upper()
+        hint = _TLS_HINT if "CERTIFICATE" in text or "SSL" in text else _URL_HINT
+    elif isinstance(exc, httpx.ConnectTimeout):
+        hint = _URL_HINT
+    cls = CoderTimeoutError if isinstance(exc, httpx.TimeoutException) else CoderTransportError
+    return cls(method, url, reason, retry_safe=retry_safe, detail=detail, hint=hint)
 
 
 @contextlib.asynccontextmanager

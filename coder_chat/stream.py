@@ -76,13 +76,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar
 
-import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from coder_chat.core.backoff import BackoffPolicy, RedialBudget
 from coder_chat.core.dedup import ReplayFilter
-from coder_chat.errors import CoderAgentError, CoderApiError, CoderStreamError
+from coder_chat.errors import (
+    CoderAgentError,
+    CoderApiError,
+    CoderStreamError,
+    CoderTransportError,
+)
 from coder_chat.events import (
     TransportEmitter,
     WsClose,
@@ -419,7 +423,7 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
         if not self._client.prefix_locked:
             try:
                 await self._client.ensure_prefix(op="streamEvents")
-            except (httpx.TransportError, TimeoutError, OSError) as exc:
+            except (CoderTransportError, TimeoutError, OSError) as exc:
                 preflight_error = exc
         url = self._client.stream_url(self.chat_id, self.after_id)
         path = self._client.stream_path(self.chat_id)
@@ -559,7 +563,7 @@ class ChatWatcher(_PumpedReader[ChatWatchEvent]):
                     message, detail = _upgrade_envelope(exc.response.body, status)
                     path = f"{self._client.prefix}/watch"
                     raise CoderApiError(status, "GET", path, message, detail) from None
-            except (OSError, TimeoutError, WebSocketException, httpx.TransportError):
+            except (OSError, TimeoutError, WebSocketException, CoderTransportError):
                 pass
             else:
                 try:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pickle
 
-from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.errors import (
+    CoderAgentError,
+    CoderApiError,
+    CoderChatError,
+    CoderError,
+    CoderStreamError,
+    CoderTimeoutError,
+    CoderTransportError,
+)
 from coder_chat.models import ChatError
 
 
@@ -12,6 +20,45 @@ def test_hierarchy() -> None:
     assert issubclass(CoderApiError, CoderAgentError)
     assert issubclass(CoderChatError, CoderAgentError)
     assert not issubclass(CoderStreamError, CoderAgentError)
+    for cls in (
+        CoderAgentError,
+        CoderApiError,
+        CoderChatError,
+        CoderStreamError,
+        CoderTransportError,
+        CoderTimeoutError,
+    ):
+        assert issubclass(cls, CoderError)
+    assert not issubclass(CoderTransportError, CoderAgentError)
+    assert issubclass(CoderTimeoutError, CoderTransportError)
+    assert issubclass(CoderTimeoutError, TimeoutError)  # as before the root existed
+
+
+def test_transport_error_fields_and_pickling() -> None:
+    err = CoderTimeoutError(
+        "POST",
+        "http://h/api/v2/chats/c/messages",
+        "ReadTimeout",
+        retry_safe=False,
+        detail="timed out",
+    )
+    assert str(err) == (
+        "Coder API POST http://h/api/v2/chats/c/messages failed: ReadTimeout (timed out); "
+        "the request may have reached the server"
+    )
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is CoderTimeoutError and str(again) == str(err)
+    assert (again.method, again.url, again.reason, again.retry_safe) == (
+        "POST",
+        "http://h/api/v2/chats/c/messages",
+        "ReadTimeout",
+        False,
+    )
+    refused = CoderTransportError(
+        "GET", "http://h/api/v2/chats", "ConnectError", retry_safe=True, hint="Check CODER_URL"
+    )
+    assert str(refused).endswith("; safe to retry. Check CODER_URL")
+    assert pickle.loads(pickle.dumps(refused)).hint == "Check CODER_URL"
 
 
 def test_api_error_message_and_fields() -> None:

@@ -7,10 +7,9 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
 import pytest
 
-from coder_chat.errors import CoderApiError
+from coder_chat.errors import CoderApiError, CoderTimeoutError, CoderTransportError
 from coder_chat.rest import ChatClient
 
 TOKEN = "tok-3f9a1c77-secret-value"
@@ -100,13 +99,13 @@ async def test_network_error_never_locks(mini_http: Any, events: Any) -> None:
 
     async with mini_http(route) as server:
         async with ChatClient(server.base_url, TOKEN, on_transport_event=events) as client:
-            with pytest.raises(httpx.TransportError) as info:
+            with pytest.raises(CoderTransportError) as info:
                 await client.get_chat(CHAT)
             assert not client.prefix_locked
             err = info.value
             assert err.__context__ is None and err.__cause__ is None
-            with pytest.raises(RuntimeError):
-                _ = err.request  # scrubbed: the request (and its headers) is not kept
+            assert not hasattr(err, "request")  # the httpx request (and its headers) is not kept
+            assert err.method == "GET" and err.retry_safe  # a GET may always be re-sent
             assert TOKEN not in repr(err) and TOKEN not in str(err)
             assert (await client.get_chat(CHAT)).id == CHAT
             assert client.prefix == "/api/experimental/chats"
@@ -130,10 +129,11 @@ async def test_per_call_deadline_covers_the_call(mini_http: Any, events: Any) ->
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.1):
                     await client.get_chat(CHAT)
-            # the client's default httpx timeout maps to TimeoutError as well
+            # the client's default httpx timeout is a transport timeout (a TimeoutError too)
         async with ChatClient(server.base_url, TOKEN, timeout=0.1) as quick:
-            with pytest.raises(TimeoutError):
+            with pytest.raises(CoderTimeoutError) as info:
                 await quick.get_chat(CHAT)
+            assert isinstance(info.value, TimeoutError) and info.value.reason == "ReadTimeout"
     assert len(events.of("http:error")) == 2 and not events.of("http:response")
 
 

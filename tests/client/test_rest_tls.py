@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
-from coder_chat.errors import CoderStreamError
+from coder_chat.errors import CoderStreamError, CoderTransportError
 from coder_chat.rest import ChatClient
 from coder_chat.stream import ChatStreamReader, StreamOptions
 
@@ -24,8 +23,10 @@ async def test_rest_verifies_certificates(mini_http: Any, self_signed_tls: Any) 
     async with mini_http(ok, ssl=self_signed_tls) as server:
         assert server.base_url.startswith("https://")
         async with ChatClient(server.base_url, TOKEN) as client:
-            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            with pytest.raises(CoderTransportError, match="CERTIFICATE_VERIFY_FAILED") as info:
                 await client.list_chats()
+            assert info.value.reason == "ConnectError" and info.value.retry_safe
+            assert "CODER_VERIFY_TLS" in str(info.value)
             assert not client.prefix_locked
         async with ChatClient(server.base_url, TOKEN, verify=False) as insecure:
             assert await insecure.list_chats() == []
