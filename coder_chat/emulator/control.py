@@ -140,7 +140,7 @@ async def _route(emu: Emulator, req: Request) -> Response:
                 status=int(b.get("status", 503)),
                 method=b.get("method"),
                 path=b.get("path"),
-                message=b.get("message", "Service Unavailable (emulator fault)."),
+                message=b.get("message"),
             )
             return json_response(200, {"ok": True})
         if name == "drop-response":

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
+
+
+def status_message(status: int) -> str:
+    """The default message of a fault answering ``status``: its HTTP reason phrase, so a
+    scripted 401 reads "Unauthorized" in the client's error, not some other status's text."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
 
 
 @dataclass
@@ -20,8 +30,12 @@ class RestFault:
     method: str | None = None
     path: str | None = None  # substring of the request path
     status: int = 503
-    message: str = "Service Unavailable (emulator fault)."
+    message: str | None = None  # None: the status's reason phrase
     seconds: float = 0.0
+
+    def error_message(self) -> str:
+        """The ``message`` of the error envelope this fault answers with."""
+        return self.message if self.message is not None else status_message(self.status)
 
     def matches(self, method: str, path: str) -> bool:
         """True when the rule applies to this request."""

@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from websockets.exceptions import InvalidState
 from websockets.frames import Opcode
+from websockets.protocol import State
 from websockets.server import ServerProtocol
+
+from .faults import status_message
 
 # websockets' protocol logs every handshake header at DEBUG, the session token
 # included. The emulator must keep secrets out of logs like the real server, so its
@@ -27,6 +31,11 @@ from websockets.server import ServerProtocol
 # lines are per-connection noise).
 _WS_LOGGER = logging.getLogger("coder_chat.emulator.websocket")
 _WS_LOGGER.setLevel(logging.WARNING)
+_LOG = logging.getLogger("coder_chat.emulator.http")
+
+# A peer that goes away mid-request or mid-stream is normal (clients drop, faults drop
+# them): these end the connection quietly. Anything else is an emulator bug and is logged.
+_PEER_GONE = (ConnectionError, OSError, asyncio.IncompleteReadError, InvalidState)
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 11 * 1024 * 1024
@@ -132,8 +141,16 @@ class WebSocket:
         """Start reading client frames (pongs, close)."""
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
+    @property
+    def is_open(self) -> bool:
+        """True while frames may be sent (no close started by either side)."""
+        return not self.closed.is_set() and self.proto.state is State.OPEN
+
     def _flush(self) -> None:
+        gone = self.writer.transport is None or self.writer.transport.is_closing()
         for data in self.proto.data_to_send():
+            if gone:
+                continue  # the peer is gone: writing would only log socket.send() warnings
             if data:
                 self.writer.write(data)
             else:
@@ -155,8 +172,8 @@ class WebSocket:
                 self._flush()
                 if self.proto.close_code is not None or self.proto.state.name == "CLOSED":
                     break
-        except (ConnectionError, OSError, asyncio.IncompleteReadError):
-            pass
+        except _PEER_GONE as exc:
+            _LOG.debug("websocket read ended: %r", exc)
         finally:
             self.closed.set()
             with contextlib.suppress(Exception):
@@ -164,18 +181,26 @@ class WebSocket:
 
     async def send_text(self, data: bytes) -> None:
         """Send one text frame (bytes are UTF-8 JSON)."""
-        if self.closed.is_set():
+        # A close started by either side (client close frame, a drop fault's close code)
+        # makes the protocol refuse data frames; to the session that is a closed socket.
+        if not self.is_open:
             raise ConnectionError("websocket closed")
-        self.proto.send_text(data)
+        try:
+            self.proto.send_text(data)
+        except InvalidState as exc:
+            raise ConnectionError("websocket closed") from exc
         self._flush()
         await self.writer.drain()
 
     async def ping(self, wait: float) -> bool:
         """Send a ping; True when a pong arrived within ``wait`` seconds."""
-        if self.closed.is_set():
+        if not self.is_open:
             return False
         self._pong.clear()
-        self.proto.send_ping(os.urandom(4))
+        try:
+            self.proto.send_ping(os.urandom(4))
+        except InvalidState:
+            return False
         self._flush()
         try:
             await asyncio.wait_for(self._pong.wait(), wait)
@@ -258,10 +283,13 @@ class HttpServer:
         self._conns.add(writer)
         try:
             await self._serve(reader, writer)
-        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
+        except (*_PEER_GONE, asyncio.LimitOverrunError) as exc:
+            _LOG.debug("connection ended: %r", exc)
         except asyncio.CancelledError:
             pass
+        except Exception:
+            # A bug in a handler: log it once here, and still close the connection.
+            _LOG.exception("unhandled error serving a connection")
         finally:
             self._conns.discard(writer)
             self._tasks.discard(task)
@@ -390,7 +418,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes | None:
 
 
 def _serialize(resp: Response, keep_alive: bool) -> bytes:
-    reason = REASONS.get(resp.status, "Status")
+    reason = REASONS.get(resp.status) or status_message(resp.status)
     lines = [f"HTTP/1.1 {resp.status} {reason}"]
     if resp.content_type and resp.status != 204:
         lines.append(f"Content-Type: {resp.content_type}")

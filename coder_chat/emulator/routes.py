@@ -12,6 +12,7 @@ from . import aibridge
 from . import statemachine as sm
 from .config import DEFAULT_MODEL_CONFIG_ID
 from .core import Core
+from .faults import status_message
 from .httpserver import (
     DROP,
     DropResponse,
@@ -77,13 +78,13 @@ class Api:
             status = core.faults.take_upgrade_refusal(_chat_id_of(req.path), req.path)
             if status is not None:
                 core.log("fault", None, fault="refuse_upgrade", status=status, path=req.path)
-                return error_response(status, f"Upgrade refused (emulator fault, {status}).")
+                return error_response(status, status_message(status))
         else:
             fault = core.faults.take_rest(req.method, req.path)
             if fault is not None:
                 core.log("fault", None, fault=fault.action, method=req.method, path=req.path)
                 if fault.action == "fail":
-                    return error_response(fault.status, fault.message)
+                    return error_response(fault.status, fault.error_message())
                 if fault.action == "delay_commit":
                     await asyncio.sleep(fault.seconds)
                 elif fault.action == "drop_response":

@@ -113,10 +113,11 @@ class Faults:
         status: int = 503,
         method: str | None = None,
         path: str | None = None,
-        message: str = "Service Unavailable (emulator fault).",
+        message: str | None = None,
     ) -> None:
         """Fail the next ``count`` matching REST calls with ``status`` (nothing committed).
-        ``path`` is a substring match on the request path."""
+        ``path`` is a substring match on the request path. The error envelope's
+        ``message`` defaults to the status's reason phrase (503 → "Service Unavailable")."""
         self._emu._call(
             lambda: self._faults().rest.append(
                 RestFault("fail", count, method, path, status, message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from .core import WatchSub
@@ -18,6 +19,8 @@ from .stream import StreamCursor, frames
 
 if TYPE_CHECKING:
     from .routes import Api
+
+_LOG = logging.getLogger("coder_chat.emulator.sessions")
 
 
 class StreamSession:
@@ -35,6 +38,7 @@ class StreamSession:
         self.drop_code: int | None = None
         self.frames_sent = 0
         self.events_sent = 0
+        self._closer: asyncio.Task[None] | None = None
 
     def wake(self) -> None:
         """Pubsub hint: the chat changed."""
@@ -56,7 +60,7 @@ class StreamSession:
         if code is None:
             ws.abort()
         else:
-            asyncio.get_running_loop().create_task(ws.close(code, ""))
+            self._closer = asyncio.get_running_loop().create_task(ws.close(code, ""))
         self._wake.set()
 
     async def _unstalled(self) -> None:
@@ -104,8 +108,9 @@ class StreamSession:
                 if ws.closed.is_set():
                     break
                 await self._wake.wait()
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError) as exc:
+            # The reader went away (or a drop fault closed it) mid-send: a normal end.
+            _LOG.debug("stream of chat %s ended: %r", chat.id, exc)
         finally:
             pinger.cancel()
             closed_waiter.cancel()
@@ -124,14 +129,15 @@ class StreamSession:
         ws = self.ws
         assert ws is not None
         interval = self.core.cfg.ping_interval
-        while not ws.closed.is_set():
-            await asyncio.sleep(interval)
-            if self.core.faults.stalled_until(self.chat.id) is not False:
-                continue
-            if not await ws.ping(self.core.cfg.ping_timeout):
-                if not ws.closed.is_set():
-                    await ws.close(1001, "liveness probe failed")
-                return
+        with contextlib.suppress(ConnectionError, OSError):
+            while not ws.closed.is_set():
+                await asyncio.sleep(interval)
+                if self.core.faults.stalled_until(self.chat.id) is not False:
+                    continue
+                if not await ws.ping(self.core.cfg.ping_timeout):
+                    if not ws.closed.is_set():
+                        await ws.close(1001, "liveness probe failed")
+                    return
 
 
 class WatchSession:
@@ -157,8 +163,8 @@ class WatchSession:
                     break
                 ev = getter.result()
                 await ws.send_text(json.dumps(ev).encode() + b"\n")
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError) as exc:
+            _LOG.debug("watch ended: %r", exc)
         finally:
             closed.cancel()
             core.watchers.discard(sub)

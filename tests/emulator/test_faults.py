@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -99,6 +100,35 @@ async def test_fail_next_rest_calls(emu: Emulator) -> None:
         assert emu.chats() == []  # nothing committed
         chat = await create_chat(c, emu, "ok")
         assert (await c.get(f"{P}/{chat['id']}")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(401, "Unauthorized"), (429, "Too Many Requests"), (502, "Bad Gateway"), (599, "HTTP 599")],
+)
+async def test_fault_messages_default_to_the_status_phrase(
+    emu: Emulator, status: int, message: str
+) -> None:
+    async with client(emu) as c:
+        emu.faults.fail_rest(1, status=status, method="GET")
+        r = await c.get(P)
+        assert r.status_code == status and r.json() == {"message": message}
+        emu.faults.fail_rest(1, status=status, message="custom")
+        assert (await c.get(P)).json() == {"message": "custom"}
+        chat = await create_chat(c, emu, "go")
+        emu.faults.refuse_upgrades(status, count=1)
+        with pytest.raises(websockets.InvalidStatus) as ei:
+            async with Tap(emu, chat["id"]):
+                pass
+        assert ei.value.response.status_code == status
+        assert json.loads(ei.value.response.body) == {"message": message}
+    # Over the control API too.
+    async with httpx.AsyncClient(base_url=emu.base_url) as raw:
+        admin = {"X-Emulator-Admin-Token": emu.admin_token}
+        r = await raw.post("/__emulator__/faults/fail-rest", headers=admin, json={"status": status})
+        assert r.status_code == 200
+        r = await raw.get(P, headers={"Coder-Session-Token": emu.token})
+        assert r.status_code == status and r.json() == {"message": message}
 
 
 async def test_drop_response_commits(emu: Emulator) -> None:
