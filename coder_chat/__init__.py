@@ -1,7 +1,12 @@
 """coder_chat: an asyncio client for Coder's chatd API (no Prefect imports).
 
 Start with :class:`CoderAgent` (one chat session, one turn per ``generate``);
-see ``docs/client.md``.
+see ``docs/client.md``. :func:`stop_chat` brings any chat to rest.
+
+This module exports the client. Recovery building blocks stay in their modules
+(``coder_chat.history``: ``fetch_turn``, ``fetch_until``, ``marker_attempts``,
+``recover_turn_result``; ``coder_chat.recovery``; ``coder_chat.core.*``), and
+submodules import from submodules, never from this package (no import cycle).
 """
 
 from coder_chat.agent import (
@@ -25,17 +30,7 @@ from coder_chat.errors import (
     CoderTransportError,
 )
 from coder_chat.events import TransportEvent
-from coder_chat.history import (
-    DynamicToolPart,
-    RecoveredTurn,
-    TranscriptMessage,
-    count_marker_attempts,
-    fetch_turn,
-    fetch_until,
-    marker_attempts,
-    recover_turn,
-    rehydrate,
-)
+from coder_chat.history import DynamicToolPart, TranscriptMessage, rehydrate
 from coder_chat.rest import ChatClient
 from coder_chat.settings import CoderSettings
 from coder_chat.stop import StopResult, stop_chat
@@ -67,7 +62,6 @@ __all__ = [
     "DynamicToolPart",
     "GenerateResult",
     "InterruptResult",
-    "RecoveredTurn",
     "StepResult",
     "StopResult",
     "StreamOptions",
@@ -79,11 +73,6 @@ __all__ = [
     "TransportEvent",
     "Usage",
     "client_tool",
-    "count_marker_attempts",
-    "fetch_turn",
-    "fetch_until",
-    "marker_attempts",
-    "recover_turn",
     "rehydrate",
     "stop_chat",
     "structured_output",

@@ -2,7 +2,7 @@
 # ruff: noqa: ASYNC109
 """Chat history: rehydration to a transcript, paging, and crash-recovery reads.
 
-Pure functions (``rehydrate``, ``count_marker_attempts``, ``recover_turn`` …)
+Pure functions (``rehydrate``, ``count_marker_attempts``, ``recover_turn_result`` …)
 take messages in any page order — plain dicts or ``models.ChatMessage`` — and
 the async helpers (``fetch_until``, ``marker_attempts``, ``fetch_turn``) page
 ``GET /{id}/messages`` newest-first, 200 at a time via ``before_id``
@@ -45,7 +45,7 @@ __all__ = [
     "final_text",
     "marker_attempts",
     "pending_client_calls",
-    "recover_turn",
+    "recover_turn_result",
     "rehydrate",
     "structured_inputs",
 ]
@@ -353,7 +353,7 @@ class RecoveredTurn:
     structured: Any = None
 
 
-def recover_turn(
+def recover_turn_result(
     messages: Iterable[Any],
     *,
     client_tool_names: AbstractSet[str],

@@ -6,7 +6,8 @@ Tolerance rules (a newer server must not break an older client):
   ``model_dump()`` returns them, so nothing the server sent is lost;
 * enum-like fields (chat ``status``, part ``type``, event ``type``, message
   ``role``, error ``kind``) are plain ``str``; the known values are listed in
-  :class:`ChatStatus`, :data:`TERMINAL_STATUSES`, :data:`EVENT_TYPES` and
+  :class:`ChatStatus`, :data:`TERMINAL_STATUSES`, :data:`AT_REST_STATUSES`,
+  :data:`EVENT_TYPES` and
   :data:`PART_TYPES` for comparison only. Legacy statuses (``pending``,
   ``paused``, ``completed``) parse; the client never sends a status;
 * raw-JSON fields (``tool-call.args``, ``tool-result.result``) are ``Any``. To
@@ -25,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "AT_REST_STATUSES",
     "EVENT_TYPES",
     "PART_TYPES",
     "TERMINAL_STATUSES",
@@ -82,6 +84,10 @@ class ChatStatus(StrEnum):
 
 #: Statuses that end a segment (agent-semantics §1; ``completed`` is legacy).
 TERMINAL_STATUSES: frozenset[str] = frozenset({"waiting", "completed", "error", "requires_action"})
+
+#: Terminal statuses with no run left at all: no pending tool calls either (a
+#: ``requires_action`` pause keeps its run alive). A stop or a settle-wait ends here.
+AT_REST_STATUSES: frozenset[str] = TERMINAL_STATUSES - {"requires_action"}
 
 #: The nine stream event types of chatd-wire §3.3.
 EVENT_TYPES: frozenset[str] = frozenset(

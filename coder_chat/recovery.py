@@ -35,9 +35,9 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from coder_chat.core.recovery import (
-    Decision,
     JournalView,
     LedgerAction,
+    RecoveryDecision,
     SettleAction,
     batch_verdict,
     classify_attempt,
@@ -58,7 +58,7 @@ from coder_chat.history import (
     count_marker_attempts,
     fetch_turn,
     fetch_until,
-    recover_turn,
+    recover_turn_result,
 )
 from coder_chat.models import ToolResult
 from coder_chat.rest import ChatClient
@@ -150,7 +150,7 @@ class RecoveryOutcome:
     attempts: int
     recovered: RecoveredTurn | None
     reason: str
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[RecoveryDecision] = field(default_factory=list)
     #: Time spent sleeping out a journaled send's commit window (deliberate).
     horizon_slept_s: float = 0.0
 
@@ -200,12 +200,12 @@ class TurnRecovery:
         self.structured_tool_name = structured_tool_name
         self.clock = clock
         self.log = logger or _log
-        self.decisions: list[Decision] = []
+        self.decisions: list[RecoveryDecision] = []
 
     # ------------------------------------------------------------------ helpers
 
     def _decide(self, stage: str, seen: str, decided: str, why: str) -> None:
-        d = Decision(stage, seen, decided, why)
+        d = RecoveryDecision(stage, seen, decided, why)
         self.decisions.append(d)
         self.log.info("recovery [%s] %s: saw %s → %s (%s)", self.chat_id, stage, seen, decided, why)
 
@@ -462,7 +462,7 @@ class TurnRecovery:
         # until the turn's user message is on hand. "Never submitted" must never be
         # concluded from a truncated read.
         messages = await fetch_turn(self.client, self.chat_id, timeout=self.timings.settle_budget)
-        recovered = recover_turn(
+        recovered = recover_turn_result(
             messages,
             client_tool_names=frozenset(self.tools),
             marker=self.marker,

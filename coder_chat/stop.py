@@ -30,13 +30,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from coder_chat.errors import CoderApiError
-from coder_chat.models import Chat
+from coder_chat.models import AT_REST_STATUSES, Chat
 from coder_chat.rest import ChatClient
 
 __all__ = ["AT_REST_STATUSES", "INTERRUPTIBLE_STATUSES", "StopResult", "stop_chat"]
-
-#: Statuses with no run and no pending calls: nothing left to stop.
-AT_REST_STATUSES: frozenset[str] = frozenset({"waiting", "error", "completed"})
 
 #: Statuses an interrupt acts on (``pending``/``paused`` are legacy, where an
 #: interrupt sets ``waiting`` directly).

@@ -16,7 +16,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from coder_chat import CoderAgent, fetch_turn, marker_attempts, recover_turn
+from coder_chat import CoderAgent
+from coder_chat.history import fetch_turn, marker_attempts, recover_turn_result
 
 CHECKPOINTS: dict[str, dict[str, Any]] = {}  # stand-in for a durable store
 
@@ -61,7 +62,7 @@ async def recover_step(creds: dict[str, str], workflow_id: str, step: str) -> st
         marker = f"[{workflow_id}/{step}]"
         attempts = await marker_attempts(agent.client, chat_id, marker)
         turn = await fetch_turn(agent.client, chat_id)
-        rec = recover_turn(turn, client_tool_names=agent.client_tool_names, marker=marker)
+        rec = recover_turn_result(turn, client_tool_names=agent.client_tool_names, marker=marker)
         print(f"  {marker}: {attempts} attempt(s) in history, submitted={rec and rec.submitted}")
         return rec.text if rec and rec.submitted else None
     finally:

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
+from coder_chat.models import AT_REST_STATUSES
+
 __all__ = [
     "POLL_DONE_STATUSES",
     "Classification",
-    "Decision",
     "JournalView",
     "LedgerAction",
     "PollVerdict",
+    "RecoveryDecision",
     "SettleAction",
     "batch_verdict",
     "classify_attempt",
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 #: Statuses that end the settle poll (the run is over; a new message starts afresh).
-POLL_DONE_STATUSES = frozenset({"waiting", "completed", "error"})
+POLL_DONE_STATUSES = AT_REST_STATUSES
 
 
 class JournalView(Protocol):
@@ -62,7 +64,7 @@ class JournalView(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class RecoveryDecision:
     """One recovery decision, for logs and the table artifact."""
 
     stage: str

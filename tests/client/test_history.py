@@ -15,7 +15,7 @@ from coder_chat.history import (
     TextPart,
     count_marker_attempts,
     final_text,
-    recover_turn,
+    recover_turn_result,
     rehydrate,
 )
 from coder_chat.models import ChatMessage
@@ -114,14 +114,15 @@ def test_rehydrate_accepts_models() -> None:
 
 
 def test_final_text_cuts_at_last_client_tool() -> None:
-    rec = recover_turn(HISTORY, client_tool_names={"add"}, marker="[wf/1]")
+    rec = recover_turn_result(HISTORY, client_tool_names={"add"}, marker="[wf/1]")
     assert rec is not None
     assert rec.user_message_id == 1 and rec.submitted
     # the server-side "web" call does not cut; narration around it survives
     assert rec.text == "Done: 2 (checked)"
     assert final_text(rec.parts, set()) == "Let me look. Found it. Done: 2 (checked)"
-    assert recover_turn(HISTORY, client_tool_names={"add"}, marker="[wf/2]").submitted is False  # type: ignore[union-attr]
-    assert recover_turn([m(3, "assistant", t("x"))], client_tool_names=set()) is None
+    other = recover_turn_result(HISTORY, client_tool_names={"add"}, marker="[wf/2]")
+    assert other is not None and other.submitted is False
+    assert recover_turn_result([m(3, "assistant", t("x"))], client_tool_names=set()) is None
 
 
 class Answer(BaseModel):
@@ -142,7 +143,7 @@ def test_recover_structured_last_validating() -> None:
         m(5, "tool", result("b", "ok"), result("c", "bad", True)),
         m(6, "assistant", t("filed")),
     ]
-    rec = recover_turn(hist, client_tool_names={"structured_output"}, output_model=Answer)
+    rec = recover_turn_result(hist, client_tool_names={"structured_output"}, output_model=Answer)
     assert rec is not None and rec.structured == Answer(n=2) and rec.text == "filed"
 
 
@@ -153,8 +154,8 @@ def test_recover_turn_by_user_message_id() -> None:
         m(3, "user", t("b")),
         m(4, "assistant", t("B")),
     ]
-    assert recover_turn(hist, client_tool_names=set(), user_message_id=1).text == "A"  # type: ignore[union-attr]
-    assert recover_turn(hist, client_tool_names=set()).text == "B"  # type: ignore[union-attr]
+    assert recover_turn_result(hist, client_tool_names=set(), user_message_id=1).text == "A"  # type: ignore[union-attr]
+    assert recover_turn_result(hist, client_tool_names=set()).text == "B"  # type: ignore[union-attr]
 
 
 def test_count_marker_attempts_contiguous_tail() -> None:

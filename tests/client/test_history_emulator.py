@@ -13,15 +13,12 @@ from coder_chat import (
     CoderAgent,
     ToolContext,
     client_tool,
-    fetch_turn,
-    fetch_until,
-    marker_attempts,
-    recover_turn,
     rehydrate,
     structured_output,
 )
 from coder_chat.emulator.script import Script, ServerToolCall, Step, Text
 from coder_chat.emulator.server import Emulator
+from coder_chat.history import fetch_turn, fetch_until, marker_attempts, recover_turn_result
 
 # The emulator runs on its own loop in another thread (the chatd_emulator fixture),
 # like a real server: the client loop never shares work with it.
@@ -78,7 +75,7 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
 
     # paging newest-first with a tiny page still finds the turn's user message
     turn = await fetch_turn(client, chat_id, page_size=2)
-    rec = recover_turn(turn, client_tool_names=agent.client_tool_names, marker="[wf/1]")
+    rec = recover_turn_result(turn, client_tool_names=agent.client_tool_names, marker="[wf/1]")
     assert rec is not None and rec.submitted
     assert rec.user_message_id == r2.user_message_id
     assert rec.text == r2.text
@@ -87,7 +84,7 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
     assert sorted(m.id for m in every) == [
         m["id"] for m in emu.messages(chat_id, include_system=False)
     ]
-    rec1 = recover_turn(
+    rec1 = recover_turn_result(
         every, client_tool_names=agent.client_tool_names, user_message_id=r1.user_message_id
     )
     assert rec1 is not None and rec1.text == r1.text
@@ -104,7 +101,7 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
     )
     assert got.value == Answer(value=7)
     turn = await fetch_turn(client, chat_id)
-    rec3 = recover_turn(
+    rec3 = recover_turn_result(
         turn, client_tool_names=agent.client_tool_names, output_model=Answer, marker="[wf/2]"
     )
     assert rec3 is not None and rec3.structured == Answer(value=7) and rec3.text == got.result.text
