@@ -8,7 +8,9 @@ stream until the run settles. If it settled in ``requires_action`` with client
 tool calls, the agent runs the tools locally, posts the results and reads on
 — on the SAME retained stream — until a segment ends without client calls.
 
-Rules the agent enforces (each closes a failure window):
+Rules the agent enforces (each closes a failure window; how a segment ends —
+interrupt, withdraw, keep the stream, strand — is decided by the pure
+:func:`coder_chat.core.segment.teardown`, and this module only carries it out):
 
 * attribution: only events past the turn's cursor count (see
   :mod:`coder_chat.core.translator`), so resumed turns never absorb earlier
@@ -36,10 +38,21 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
+from coder_chat.core.segment import (
+    Ending,
+    ReadEnd,
+    ReadState,
+    SegmentKind,
+    SegmentState,
+    Stop,
+    read_end,
+    teardown,
+)
+from coder_chat.core.text_ledger import Episode
 from coder_chat.core.translator import (
     QueuedGate,
     ServerToolResult,
@@ -256,6 +269,36 @@ class _Segment:
     user_message_id: int | None
 
 
+@dataclass(slots=True)
+class _SegmentRun:
+    """One segment's progress as its I/O shell records it (teardown reads it)."""
+
+    state: SegmentState
+    tr: TurnTranslator | None = None
+    reader: ChatStreamReader | None = None
+    user_message_id: int | None = None
+    stream_failed: bool = False
+    anchor_on_first_user: bool | None = None
+
+
+def _read_state(tr: TurnTranslator) -> ReadState:
+    return ReadState(
+        reached_terminal=tr.reached_terminal,
+        gated=tr.gated,
+        queued_id=tr.queued_id,
+        paused_for_tools=tr.terminal_status == "requires_action"
+        and bool(tr.client_calls)
+        and not tr.promoted,
+    )
+
+
+def _wire_results(outcomes: Sequence[ToolOutcome]) -> list[WireToolResult]:
+    return [
+        WireToolResult(tool_call_id=o.tool_call_id, output=o.output, is_error=o.is_error)
+        for o in outcomes
+    ]
+
+
 class _TornDown(CoderAgentError):
     """The agent was closed while a turn was reading its stream (a teardown)."""
 
@@ -265,8 +308,6 @@ class _SideDone:
 
 
 _SIDE_DONE = _SideDone()
-
-SettleEnding = Literal["clean", "failure", "teardown"]
 
 
 class CoderAgent:
@@ -451,14 +492,17 @@ class CoderAgent:
             raise CoderAgentError("CoderAgent is closed")
         if not isinstance(prompt, str) or not prompt.strip():
             raise CoderAgentError("prompt must be a non-empty string")
+        return await self._bounded_turn(SegmentKind.PROMPT, prompt, timeout)
+
+    async def _bounded_turn(
+        self, first: SegmentKind, prompt: str | None, timeout: float | None
+    ) -> GenerateResult:
         self._in_flight = True
         loop = asyncio.get_running_loop()
         self._turn_deadline = None if timeout is None else loop.time() + max(0.0, timeout)
         try:
-            if timeout is None:
-                return await self._turn(prompt)
-            async with asyncio.timeout(max(0.0, timeout)):
-                return await self._turn(prompt)
+            async with asyncio.timeout_at(self._turn_deadline):
+                return await self._turn(first, prompt)
         finally:
             self._in_flight = False
             self._turn_deadline = None
@@ -482,24 +526,27 @@ class CoderAgent:
         second = await self.generate(answer.nudge, timeout=timeout)
         return StructuredResult(answer.pick(second), second, True)
 
-    async def _turn(self, prompt: str) -> GenerateResult:
+    async def _turn(self, first: SegmentKind, prompt: str | None) -> GenerateResult:
         steps: list[StepResult] = []
         client_calls: list[ClientToolCall] = []
         outcomes: list[ToolOutcome] = []
         user_message_id: int | None = None
         chat_id: str | None = None
         created_here = self._chat_id is None
-        closed: set[tuple[Any, Any]] = set()
+        closed: set[Episode] = set()
         for step_no in range(1, self._max_steps + 1):
             try:
                 if step_no == 1:
                     seg = await self._segment(
-                        prompt=prompt, created_turn=created_here, closed_episodes=closed
+                        first, prompt=prompt, created_turn=created_here, closed_episodes=closed
                     )
                     user_message_id = seg.user_message_id
                 else:
                     seg = await self._segment(
-                        results=outcomes, created_turn=created_here, closed_episodes=closed
+                        SegmentKind.RESULTS,
+                        results=outcomes,
+                        created_turn=created_here,
+                        closed_episodes=closed,
                     )
             except BaseException:
                 self._close_reader_nowait()
@@ -595,14 +642,7 @@ class CoderAgent:
         try:
             if fresh:
                 await self._client.submit_tool_results(
-                    chat_id,
-                    [
-                        WireToolResult(
-                            tool_call_id=o.tool_call_id, output=o.output, is_error=o.is_error
-                        )
-                        for o in fresh
-                    ],
-                    timeout=self._timings.wind_down,
+                    chat_id, _wire_results(fresh), timeout=self._timings.wind_down
                 )
                 self._submitted.update(o.tool_call_id for o in fresh)
                 return
@@ -615,192 +655,45 @@ class CoderAgent:
 
     async def _segment(
         self,
+        kind: SegmentKind,
         *,
         prompt: str | None = None,
-        results: Sequence[ToolOutcome] | None = None,
+        results: Sequence[ToolOutcome] = (),
         created_turn: bool,
-        closed_episodes: set[tuple[Any, Any]],
+        closed_episodes: set[Episode],
     ) -> _Segment:
         self._segment_no += 1
         seg_no = self._segment_no
         started = time.perf_counter()
         start_chat = self._chat_id
         self._emitter.emit(lambda: SegmentStart(segment=seg_no, chat_id=start_chat))
-
-        turn_chat_id: str | None = self._chat_id
-        tr: TurnTranslator | None = None
-        reader: ChatStreamReader | None = None
-        created_chat = False
-        submitted = False  # our submission (chat, message or results) landed server-side
-        submit_ambiguous = False  # a submit was in flight when the segment died
-        keep_stream = False
-        discard = False
-        user_message_id: int | None = None
-        ending: SettleEnding = "teardown"
+        run = _SegmentRun(SegmentState(chat_id=self._chat_id))
+        ending: Ending = "teardown"
         error_info: dict[str, str] | None = None
-        deadline = (
-            asyncio.timeout(self._request_timeout) if self._request_timeout is not None else None
-        )
         try:
-            try:
-                async with deadline if deadline is not None else contextlib.nullcontext():
-                    # ---------------- REST phase
-                    if self._chat_id is not None and self._cursor == 0:
-                        page = await self._client.get_messages(self._chat_id, limit=1)
-                        self._cursor = page.messages[0].id if page.messages else 0
-                    gate: QueuedGate | None = None
-                    after_id = self._cursor
-                    if prompt is not None:
-                        content = [ChatInputPart.text_part(prompt)]
-                        if self._chat_id is None:
-                            submit_ambiguous = True
-                            chat = await self._client.create_chat(self._create_request(content))
-                            submit_ambiguous = False
-                            submitted = created_chat = True
-                            self._chat_id = turn_chat_id = chat.id
-                            self._assigned_workspace = chat.workspace_id
-                            self._assigned_mcp = list(chat.mcp_server_ids)
-                        else:
-                            turn_chat_id = self._chat_id
-                            submit_ambiguous = True
-                            resp = await self._client.create_message(
-                                turn_chat_id,
-                                CreateChatMessageRequest(
-                                    content=content, model_config_id=self._model_config_id
-                                ),
-                            )
-                            submit_ambiguous = False
-                            submitted = True
-                            if resp.message is not None:
-                                after_id = resp.message.id
-                            elif resp.queued:
-                                qm = resp.queued_message
-                                gate = QueuedGate(
-                                    qm.id if qm is not None else None,
-                                    qm.content if qm is not None else content,
-                                )
-                    else:
-                        if self._chat_id is None:
-                            raise CoderChatError("cannot submit tool results before a chat exists")
-                        turn_chat_id = self._chat_id
-                        fresh = [
-                            o for o in (results or ()) if o.tool_call_id not in self._submitted
-                        ]
-                        if fresh:
-                            submit_ambiguous = True
-                            await self._client.submit_tool_results(
-                                turn_chat_id,
-                                [
-                                    WireToolResult(
-                                        tool_call_id=o.tool_call_id,
-                                        output=o.output,
-                                        is_error=o.is_error,
-                                    )
-                                    for o in fresh
-                                ],
-                            )
-                            submit_ambiguous = False
-                            self._submitted.update(o.tool_call_id for o in fresh)
-                        submitted = True
-                    assert turn_chat_id is not None
-                    self._last_known_chat_id = turn_chat_id
-                    tr = TurnTranslator(
-                        client_tool_names=self._tools.keys(),
-                        cursor=after_id,
-                        submitted_tool_call_ids=self._submitted,
-                        queued=gate,
-                        closed_episodes=closed_episodes,
-                    )
-                    # ---------------- stream phase
-                    reader = self._acquire_reader(turn_chat_id, after_id, resume=prompt is None)
-                    await self._read_until_settled(reader, tr, turn_chat_id)
-                    if tr.failure is not None:
-                        raise CoderChatError(tr.failure.message, kind=tr.failure.kind)
-                    if tr.error is not None:
-                        raise CoderChatError.from_payload(tr.error)
-                    if not tr.settled and reader.closed:
-                        raise _TornDown("the turn was torn down: the agent was closed mid-turn")
-                    if not tr.settled:
-                        raise CoderChatError(
-                            "Coder chat stream ended before the turn settled",
-                            kind="stream_closed",
-                            retryable=True,
-                        )
-                    tr.finish()
-                    if tr.gated is False and user_message_id is None and prompt is not None:
-                        user_message_id = tr.effective_cursor or None
-                    keep_stream = (
-                        tr.terminal_status == "requires_action"
-                        and bool(tr.client_calls)
-                        and not tr.promoted
-                    )
-                    ending = "clean"
-                    return _Segment(tr, turn_chat_id, user_message_id)
-            except TimeoutError as exc:
-                if deadline is not None and deadline.expired():
-                    ms = round((self._request_timeout or 0) * 1000)
-                    raise CoderChatError(
-                        f"Coder Agent turn exceeded its {ms}ms requestTimeoutMs budget.",
-                        kind="timeout",
-                        retryable=True,
-                    ) from exc
-                raise
-            except CoderStreamError as exc:
-                retryable, reason = self._stream_retry_verdict(created_chat)
-                if created_turn and turn_chat_id is not None:
-                    self._stranded[turn_chat_id] = None
-                    discard = True
-                raise exc.with_retry(retryable, reason) from exc.cause
-            except CoderApiError:
-                # A rejected submission (non-2xx) landed nothing: no interrupt for it.
-                # A failure after the submission landed still interrupts (`submitted`).
-                submit_ambiguous = False
-                raise
-            except CoderAgentError as exc:
-                if isinstance(exc, CoderChatError | _TornDown) or reader is None:
-                    raise
-                # An unparseable frame: the stream failed mid-turn.
-                raise CoderChatError(
-                    "Coder chat stream failed mid-turn", kind="stream_closed", retryable=True
-                ) from exc
+            await self._run_segment(run, kind, prompt, results, closed_episodes)
+            assert run.tr is not None and run.state.chat_id is not None
+            ending = "clean"
+            return _Segment(run.tr, run.state.chat_id, run.user_message_id)
         except asyncio.CancelledError:
+            ending = "failure"
             if self._turn_deadline_passed():
-                ending, error_info = "failure", {"name": "TimeoutError", "message": "turn timeout"}
+                error_info = {"name": "TimeoutError", "message": "turn timeout"}
             else:
-                ending = "failure"
                 error_info = {"name": "CancelledError", "message": "the turn was cancelled"}
             raise
         except _TornDown:
-            ending = "teardown"
             raise
         except BaseException as exc:
             ending = "failure"
             error_info = {"name": type(exc).__name__, "message": str(exc)}
             raise
         finally:
-            self._active_reader = None
-            if tr is not None:
-                self._cursor = max(self._cursor, tr.max_message_id)
-            if keep_stream and reader is not None:
-                reader.pause()
-                self._reader = reader
-            else:
-                if reader is not None:
-                    reader.close_nowait()
-                if self._reader is not None and self._reader is not reader:
-                    self._reader.close_nowait()
-                self._reader = None
-            if turn_chat_id is not None and (tr is None or not tr.reached_terminal):
-                if tr is not None and tr.gated:
-                    if tr.queued_id is not None:
-                        self._fire_withdraw(turn_chat_id, tr.queued_id)
-                elif submitted or submit_ambiguous:
-                    self._fire_interrupt(turn_chat_id)
-            if discard:
-                self._discard_session(turn_chat_id)
-            settle_chat = turn_chat_id
+            self._end_segment(run, ending, created_turn)
+            tr, reader = run.tr, run.reader
+            settle_chat = run.state.chat_id
             settle_reader = reader.reader_id if reader is not None else None
-            status = tr.raw_status if tr is not None else None
+            status = tr.raw_status if tr is not None and ending != "teardown" else None
             finish = tr.finish_reason if tr is not None and ending == "clean" else None
             self._emitter.emit(
                 lambda: SegmentSettle(
@@ -809,11 +702,172 @@ class CoderAgent:
                     reader=settle_reader,
                     duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
                     ending=ending,
-                    status=status if ending != "teardown" else None,
+                    status=status,
                     finish_reason=finish,
                     error=error_info,
                 )
             )
+
+    async def _run_segment(
+        self,
+        run: _SegmentRun,
+        kind: SegmentKind,
+        prompt: str | None,
+        results: Sequence[ToolOutcome],
+        closed_episodes: set[Episode],
+    ) -> None:
+        """Submit, then read until the run settles; errors mapped to the agent's types."""
+        deadline = asyncio.timeout(self._request_timeout)  # None: unbounded
+        try:
+            async with deadline:
+                after_id, gate = await self._submit(run, kind, prompt, results)
+                chat_id = run.state.chat_id
+                assert chat_id is not None
+                self._last_known_chat_id = chat_id
+                tr = run.tr = TurnTranslator(
+                    client_tool_names=self._tools.keys(),
+                    cursor=after_id,
+                    submitted_tool_call_ids=self._submitted,
+                    queued=gate,
+                    closed_episodes=closed_episodes,
+                    anchor_on_first_user=run.anchor_on_first_user,
+                )
+                reader = run.reader = self._acquire_reader(
+                    chat_id, after_id, resume=kind is SegmentKind.RESULTS
+                )
+                await self._read_until_settled(reader, tr, chat_id)
+                end = read_end(
+                    settled=tr.settled,
+                    dead_end=tr.failure is not None,
+                    server_error=tr.error is not None,
+                    reader_closed=reader.closed,
+                )
+                if end is ReadEnd.DEAD_END:
+                    assert tr.failure is not None
+                    raise CoderChatError(tr.failure.message, kind=tr.failure.kind)
+                if end is ReadEnd.SERVER_ERROR:
+                    assert tr.error is not None
+                    raise CoderChatError.from_payload(tr.error)
+                if end is ReadEnd.TORN_DOWN:
+                    raise _TornDown("the turn was torn down: the agent was closed mid-turn")
+                if end is ReadEnd.STREAM_CLOSED:
+                    raise CoderChatError(
+                        "Coder chat stream ended before the turn settled",
+                        kind="stream_closed",
+                        retryable=True,
+                    )
+                tr.finish()
+                if kind is not SegmentKind.RESULTS and not tr.gated:
+                    run.user_message_id = run.user_message_id or tr.effective_cursor or None
+        except TimeoutError as exc:
+            if deadline.expired():
+                ms = round((self._request_timeout or 0) * 1000)
+                raise CoderChatError(
+                    f"Coder Agent turn exceeded its {ms}ms requestTimeoutMs budget.",
+                    kind="timeout",
+                    retryable=True,
+                ) from exc
+            raise
+        except CoderStreamError as exc:
+            run.stream_failed = True
+            retryable, reason = self._stream_retry_verdict(run.state.created_chat)
+            raise exc.with_retry(retryable, reason) from exc.cause
+        except CoderApiError:
+            run.state = run.state.rejected()
+            raise
+        except CoderAgentError as exc:
+            if isinstance(exc, CoderChatError | _TornDown) or run.reader is None:
+                raise
+            # An unparseable frame: the stream failed mid-turn.
+            raise CoderChatError(
+                "Coder chat stream failed mid-turn", kind="stream_closed", retryable=True
+            ) from exc
+
+    async def _submit(
+        self,
+        run: _SegmentRun,
+        kind: SegmentKind,
+        prompt: str | None,
+        results: Sequence[ToolOutcome],
+    ) -> tuple[int, QueuedGate | None]:
+        """The REST phase: returns the stream cursor and the queue gate (if queued)."""
+        if self._chat_id is not None and self._cursor == 0:
+            page = await self._client.get_messages(self._chat_id, limit=1)
+            self._cursor = page.messages[0].id if page.messages else 0
+        after_id = self._cursor
+        if kind is SegmentKind.FOLLOW:
+            assert self._chat_id is not None
+            run.state = run.state.adopted(self._chat_id)
+            return after_id, None
+        if kind is SegmentKind.RESULTS:
+            if self._chat_id is None:
+                raise CoderChatError("cannot submit tool results before a chat exists")
+            chat_id = self._chat_id
+            fresh = [o for o in results if o.tool_call_id not in self._submitted]
+            if fresh:
+                run.state = run.state.sending()
+                await self._client.submit_tool_results(chat_id, _wire_results(fresh))
+                self._submitted.update(o.tool_call_id for o in fresh)
+            run.state = run.state.landed(chat_id)
+            return after_id, None
+        assert prompt is not None
+        content = [ChatInputPart.text_part(prompt)]
+        run.state = run.state.sending()
+        if self._chat_id is None:
+            chat = await self._client.create_chat(self._create_request(content))
+            self._chat_id = chat.id
+            self._assigned_workspace = chat.workspace_id
+            self._assigned_mcp = list(chat.mcp_server_ids)
+            run.state = run.state.landed(chat.id, created=True)
+            return after_id, None
+        chat_id = self._chat_id
+        resp = await self._client.create_message(
+            chat_id,
+            CreateChatMessageRequest(content=content, model_config_id=self._model_config_id),
+        )
+        run.state = run.state.landed(chat_id)
+        if resp.message is not None:
+            return resp.message.id, None
+        if resp.queued:
+            qm = resp.queued_message
+            return after_id, QueuedGate(
+                qm.id if qm is not None else None, qm.content if qm is not None else content
+            )
+        return after_id, None
+
+    def _end_segment(self, run: _SegmentRun, ending: Ending, created_turn: bool) -> None:
+        """Apply :func:`coder_chat.core.segment.teardown` to the stream and the chat."""
+        tr, reader = run.tr, run.reader
+        self._active_reader = None
+        if tr is not None:
+            self._cursor = max(self._cursor, tr.max_message_id)
+        decision = teardown(
+            run.state,
+            _read_state(tr) if tr is not None else None,
+            ending=ending,
+            stream_failed=run.stream_failed,
+            created_turn=created_turn,
+        )
+        if decision.keep_stream and reader is not None:
+            reader.pause()
+            self._reader = reader
+        else:
+            if reader is not None:
+                reader.close_nowait()
+            if self._reader is not None and self._reader is not reader:
+                self._reader.close_nowait()
+            self._reader = None
+        chat_id = run.state.chat_id
+        if chat_id is None:
+            return
+        if decision.strand:
+            self._stranded[chat_id] = None
+        if decision.stop is Stop.INTERRUPT:
+            self._fire_interrupt(chat_id)
+        elif decision.stop is Stop.WITHDRAW and decision.withdraw_id is not None:
+            self._fire_withdraw(chat_id, decision.withdraw_id)
+        if decision.strand:
+            self._discard_session(chat_id)
 
     def _turn_deadline_passed(self) -> bool:
         deadline = self._turn_deadline

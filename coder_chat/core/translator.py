@@ -96,6 +96,10 @@ class TurnTranslator:
         safety_valve: events tolerated after ``requires_action`` without a client call.
         closed_episodes: episodes whose step already committed (a live set shared
             by the segments of one turn); late replays of their deltas are ignored.
+        anchor_on_first_user: the first user message past ``cursor`` is the
+            turn's own prompt (its id becomes the effective cursor), not a
+            promotion boundary. Default: only for a fresh chat (``cursor`` 0, not
+            queued); a follower re-attaching from a pre-turn cursor sets it.
     """
 
     def __init__(
@@ -106,13 +110,16 @@ class TurnTranslator:
         submitted_tool_call_ids: AbstractSet[str] = frozenset(),
         queued: QueuedGate | None = None,
         safety_valve: int = REQUIRES_ACTION_SAFETY_VALVE,
-        closed_episodes: set[tuple[Any, Any]] | None = None,
+        closed_episodes: set[Episode] | None = None,
+        anchor_on_first_user: bool | None = None,
     ) -> None:
         self.client_tool_names = frozenset(client_tool_names)
         self.cursor = max(0, cursor)
         self._submitted = submitted_tool_call_ids
         self._gate = QueuedPromptGate(queued, self.cursor) if queued is not None else None
-        self._await_first_user = queued is None and self.cursor == 0
+        if anchor_on_first_user is None:
+            anchor_on_first_user = queued is None and self.cursor == 0
+        self._await_first_user = anchor_on_first_user
         self._safety_valve = safety_valve
 
         self.effective_cursor = self.cursor
