@@ -14,8 +14,16 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationError, field_valida
 from .credentials_env import ENV_NAMES, read_coder_env
 
 if TYPE_CHECKING:
+    from prefect.client.schemas.objects import BlockDocument
+
     from coder_chat.agent import CoderAgent
     from coder_chat.rest import ChatClient
+
+
+class InvalidCoderCredentialsError(ValueError):
+    """A saved ``CoderCredentials`` block holds values the block rejects (e.g. a
+    ``base_url`` saved through the REST API or an older UI form with an ``ftp://``
+    scheme). The message names each field and its fix, never the rejected value."""
 
 
 class CoderCredentials(Block):
@@ -178,6 +186,29 @@ class CoderCredentials(Block):
             )
         return value
 
+    # --- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def _load_from_block_document(
+        cls, block_document: BlockDocument, validate: bool = True
+    ) -> CoderCredentials:
+        # Every load path (load, aload, load_from_ref, a nested block) ends here. Prefect
+        # turns a failed validation into "Unable to load ... try validate=False", which
+        # names neither the field nor the fix: the run would fail far from the cause.
+        try:
+            return super()._load_from_block_document(block_document, validate=validate)
+        except RuntimeError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            problems = "; ".join(_describe(e) for e in cause.errors())
+            name = block_document.name or "(anonymous)"
+            raise InvalidCoderCredentialsError(
+                f"CoderCredentials block {name!r} is invalid: {problems}. Fix it in the "
+                f"Prefect UI (Blocks → {name} → Edit) or save it again with "
+                f"CoderCredentials(...).save({name!r}, overwrite=True)."
+            ) from cause
+
     # --- factories ---------------------------------------------------------------------------
 
     @classmethod
@@ -246,3 +277,10 @@ class CoderCredentials(Block):
             finally:
                 if owned:
                     await agent.client.aclose()
+
+
+def _describe(error: Any) -> str:
+    """``field: what to do`` for one pydantic error (never the rejected input)."""
+    field = ".".join(str(p) for p in error.get("loc", ())) or "value"
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return msg if msg.startswith(f"{field}:") else f"{field}: {msg}"

@@ -1,4 +1,5 @@
-"""Shared test fixtures: a private, throwaway PostgreSQL cluster for the whole session.
+"""Shared test fixtures: a private, throwaway PostgreSQL cluster for the whole session,
+and the session's one Prefect test server, on a database in that cluster.
 
 Sub-directories keep their own fixtures in their own conftest.py files.
 
@@ -8,7 +9,11 @@ that dir, and yields a SQLAlchemy asyncpg URL to its ``postgres`` database. It i
 independent of any PostgreSQL service on the machine. Binaries come from
 ``$PREFECT_CODER_TEST_PG_BIN`` or ``/usr/lib/postgresql/*/bin`` (``scripts/test``
 installs them). When the tests run as root, initdb/pg_ctl run as the ``postgres``
-OS user (PostgreSQL refuses to run as root).
+OS user (PostgreSQL refuses to run as root). The cluster runs without fsync: it is
+thrown away at the end.
+
+``prefect_harness`` / ``prefect_server`` run a Prefect API server in a subprocess on
+the database ``prefect_server`` of that cluster (not SQLite: see ``prefect_harness``).
 """
 
 from __future__ import annotations
@@ -101,7 +106,12 @@ def postgres_url() -> Iterator[str]:
             "host all postgres 127.0.0.1/32 trust\n"
             "host all all 127.0.0.1/32 scram-sha-256\n"
         )
-        opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        # A throwaway cluster: no durability work (the Prefect server migrates ~200
+        # revisions at start; fsync per DDL statement made that several times slower).
+        opts = (
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200 "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
         subprocess.run(
             _as_pg_user(
                 [
@@ -146,13 +156,83 @@ class PrefectHarness:
 
     api_url: str
     results_dir: Path
+    database_url: str
+
+
+def _create_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` in the cluster of ``admin_url``; its URL (same dialect)."""
+    import asyncio
+
+    import asyncpg  # type: ignore[import-untyped]
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+
+    async def create() -> None:
+        conn = await asyncpg.connect(
+            host=url.host, port=url.port, user=url.username, database=url.database
+        )
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+@contextlib.contextmanager
+def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[str]:
+    """A Prefect API server in a subprocess on ``database_url``; yields its API URL.
+
+    ``prefect_test_harness`` always runs its server on a fresh SQLite file, and a
+    SQLite-backed server answers 503 ("database is locked") to concurrent writers on
+    a busy machine (``POST /flow_runs/`` during the crash matrix). This is the same
+    arrangement on the session's PostgreSQL: the database URL goes to the server
+    process through the settings, the server is registered as the process's default
+    ephemeral server (so nothing starts a second one), and ``PREFECT_API_URL`` points
+    at it in this process and in every settings context copied from now on.
+    """
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.server.database.dependencies import temporary_database_interface
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporary_database_interface())
+        stack.enter_context(
+            temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url})
+        )
+        server = SubprocessASGIServer(port=_free_port())
+        previous = SubprocessASGIServer._instances.get(None)
+        SubprocessASGIServer._instances[None] = server
+        try:
+            server.start(timeout=startup_timeout)
+            stack.callback(server.stop)
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url}))
+            stack.enter_context(_temporary_global_settings_context(get_settings_context()))
+            yield server.api_url
+        finally:
+            stack.close()
+            if previous is not None:
+                SubprocessASGIServer._instances[None] = previous
+            else:
+                SubprocessASGIServer._instances.pop(None, None)
 
 
 @pytest.fixture(scope="session")
-def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectHarness]:
-    """One real Prefect test server for the whole session (≈ 9 s to start), shared by
-    every directory that runs flows.
+def prefect_harness(
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str
+) -> Iterator[PrefectHarness]:
+    """One real Prefect test server for the whole session, on its own database in the
+    session's PostgreSQL cluster, shared by every directory that runs flows.
 
+    PostgreSQL, not SQLite: under concurrent load (flow runs in subprocesses, fan-outs,
+    a busy 2-core machine) a SQLite-backed server answers 503 "database is locked".
     Flow heartbeats are off (with them on, every flow run waits ≈ 1 s for a heartbeat
     thread). Result storage is a fresh temp dir: step results are keyed by
     (workflow, step) across runs, so a stale result from an earlier session must
@@ -163,24 +243,27 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefec
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import (
-        PREFECT_API_URL,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOGGING_LEVEL,
         PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
         temporary_settings,
     )
-    from prefect.testing.utilities import prefect_test_harness
 
     results = tmp_path_factory.mktemp("prefect-results")
+    database = _create_database(postgres_url, "prefect_server")
     with temporary_settings(
         updates={
             PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
             PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
             PREFECT_LOGGING_LEVEL: "WARNING",
+            # Offline test machines: the telemetry service only logs DNS errors.
+            PREFECT_SERVER_ANALYTICS_ENABLED: False,
         }
     ):
-        with prefect_test_harness(server_startup_timeout=60):
-            yield PrefectHarness(str(PREFECT_API_URL.value()), results)
+        # Generous: the server migrates a fresh schema at start, slow on a loaded machine.
+        with _prefect_test_server(database, startup_timeout=120) as api_url:
+            yield PrefectHarness(api_url, results, database)
             EventsWorker.drain_all(timeout=10)
             APILogWorker.drain_all(timeout=10)
 
