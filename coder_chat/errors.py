@@ -189,7 +189,7 @@ def _rebuild_chat_error(
 
 class CoderStreamError(CoderError):
     """The chat stream could not be kept alive: the redial budget was exhausted
-    (5 consecutive endings without forward progress) or a drop happened while
+    (5 consecutive connection endings; progress restarts the count) or a drop happened while
     coordinate-less deltas were outstanding (replay could duplicate content).
 
     Deliberately not a ``CoderAgentError`` (the TypeScript SDK raises an AI SDK

@@ -40,8 +40,9 @@ Design:
   again (or returns ``None`` after a close). Errors:
 
   - :class:`~coder_chat.errors.CoderStreamError` — 5 consecutive connection
-    endings without forward progress, or a drop while coordinate-less deltas
-    were outstanding (a replay could not be deduped);
+    endings (the drop that starts an outage counts; forward progress restarts
+    the count, ≈ 15 s of backoff), or a drop while coordinate-less deltas were
+    outstanding (a replay could not be deduped);
   - :class:`~coder_chat.errors.CoderApiError` ``(status, "GET", path)`` — the
     upgrade was refused with a 4xx other than 408/425/429;
   - :class:`~coder_chat.errors.CoderAgentError` — an unparseable frame (a
@@ -376,7 +377,7 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
                 raise CoderStreamError(
                     f"Coder chat stream {self._client.stream_path(self.chat_id)} could not be "
                     f"(re-)established after {decision.consecutive_failures} consecutive "
-                    "connection failures without progress",
+                    "connection failures",
                     url=url,
                     chat_id=self.chat_id,
                     cause=last_failure,

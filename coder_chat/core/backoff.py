@@ -2,10 +2,13 @@
 
 Schedule: the wait starts at ``initial_ms`` and doubles after every wait up to
 ``cap_ms``, with no jitter; forward progress resets it to ``initial_ms`` and
-clears the failure count. Every ended connection that made no forward
-progress counts as one consecutive failure (the drop that starts an outage
-included); reaching ``max_consecutive_failures`` gives up. With the defaults a
-dead network costs waits of 1, 2, 4, 8 s and fails on the 5th ending (≈15 s).
+clears the failure count. **Every** ended connection counts as one
+consecutive failure, as in the reference SDK: progress clears the count while
+the connection lives, and its ending then counts 1. So the drop that starts an
+outage is failure #1 even though that connection made progress, and reaching
+``max_consecutive_failures`` gives up. With the defaults an outage costs waits
+of 1, 2, 4, 8 s and fails on the 5th ending (≈ 15 s), not ≈ 31 s as it would if
+the first drop were free.
 
 Progress is counted per *connection*, not per event, because chatd replays a
 ``status`` and the in-progress episode on every reconnect: counting mere
@@ -70,11 +73,17 @@ class RedialBudget:
         self._backoff_ms = self.policy.initial_ms
 
     def connection_ended(self, *, progressed: bool) -> RedialDecision:
-        """Account for an ended connection (drop, refused upgrade, network error)."""
-        if not progressed:
-            self._failures += 1
-            if self._failures >= self.policy.max_consecutive_failures:
-                return RedialDecision(True, self._failures, self._backoff_ms)
+        """Account for an ended connection (drop, refused upgrade, network error).
+
+        ``progressed``: the connection made forward progress (same as having
+        called :meth:`progress` during it): the count restarts, then this ending
+        counts as the first failure.
+        """
+        if progressed:
+            self.progress()
+        self._failures += 1
+        if self._failures >= self.policy.max_consecutive_failures:
+            return RedialDecision(True, self._failures, self._backoff_ms)
         wait = self._backoff_ms
         self._backoff_ms = min(self._backoff_ms * self.policy.factor, self.policy.cap_ms)
         return RedialDecision(False, self._failures, wait)

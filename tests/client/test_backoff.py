@@ -1,4 +1,4 @@
-"""Redial budget: 1 s doubling to a 30 s cap, no jitter, 5 progress-less endings."""
+"""Redial budget: 1 s doubling to a 30 s cap, no jitter, 5 consecutive endings."""
 
 from __future__ import annotations
 
@@ -27,13 +27,28 @@ def test_cap_and_reset_on_progress() -> None:
     assert waits == [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
     budget.progress()
     assert budget.consecutive_failures == 0 and budget.next_backoff_ms == 1000
-    # a connection that progressed and then dropped waits the initial backoff, no count
+    # a connection that progressed and then dropped waits the initial backoff and
+    # counts as the outage's first failure
     decision = budget.connection_ended(progressed=True)
     assert (decision.give_up, decision.consecutive_failures, decision.backoff_ms) == (
         False,
-        0,
+        1,
         1000,
     )
+
+
+def test_outage_after_progress_fails_on_fifth_ending_after_15_s() -> None:
+    """As the reference SDK: the drop that starts an outage is ending #1, so a dead
+    network after a healthy stream costs 1 + 2 + 4 + 8 = 15 s, not 31 s."""
+    budget = RedialBudget()
+    budget.progress()  # events flowed on the connection that now drops
+    waits = []
+    decision = budget.connection_ended(progressed=True)
+    while not decision.give_up:
+        waits.append(decision.backoff_ms)
+        decision = budget.connection_ended(progressed=False)
+    assert waits == [1000, 2000, 4000, 8000] and sum(waits) == 15_000
+    assert decision.consecutive_failures == 5
 
 
 def test_invalid_policies_rejected() -> None:
@@ -44,7 +59,7 @@ def test_invalid_policies_rejected() -> None:
 
 
 @given(st.lists(st.booleans(), max_size=60))
-def test_gives_up_exactly_after_max_progressless_run(outcomes: list[bool]) -> None:
+def test_gives_up_on_the_fifth_ending_since_progress(outcomes: list[bool]) -> None:
     policy = BackoffPolicy(initial_ms=1, cap_ms=16, max_consecutive_failures=5)
     budget = RedialBudget(policy)
     run = 0
@@ -52,8 +67,7 @@ def test_gives_up_exactly_after_max_progressless_run(outcomes: list[bool]) -> No
         if progressed:
             budget.progress()
             run = 0
-        else:
-            run += 1
+        run += 1  # every ending counts, the progressing one included
         decision = budget.connection_ended(progressed=progressed)
         assert decision.give_up == (run >= 5)
         if decision.give_up:

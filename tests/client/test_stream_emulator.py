@@ -181,7 +181,7 @@ async def test_message_committed_during_outage_arrives_after_redial(
     assistant = [e.message for e in got if e.type == "message" and e.message.role == "assistant"]  # type: ignore[union-attr]
     assert len(assistant) == 1 and assistant[0].content[0].text == LONG_TEXT
     redials = events.of("ws:redial")
-    assert [r.consecutive_failures for r in redials] == [0, 1, 2]
+    assert [r.consecutive_failures for r in redials] == [1, 2, 3]  # the drop counts
     assert [r.backoff_ms for r in redials] == [60, 120, 200]
     assert len(events.of("ws:error")) >= 2
 
