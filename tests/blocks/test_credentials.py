@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import uuid
 
 import pytest
@@ -11,7 +12,7 @@ from prefect_coder.blocks import CoderCredentials
 from pydantic import SecretStr, ValidationError
 
 from coder_chat.emulator import Emulator
-from coder_chat.errors import CoderApiError
+from coder_chat.errors import CoderApiError, CoderTransportError
 
 ORG = "0a1b2c3d-0000-4000-8000-123456789abc"
 TOKEN = "tok-SUPER-SECRET-0123456789"
@@ -145,6 +146,22 @@ async def test_wrong_token_is_rejected_and_not_echoed(chatd_emulator_session: Em
             await client.list_chats(limit=1)
     assert info.value.status == 401
     assert TOKEN not in f"{info.value!r} {info.value}"
+
+
+async def test_unreachable_base_url_names_the_url_and_the_setting() -> None:
+    # A port nobody listens on: connect is refused before any byte is sent.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    creds = make(base_url=f"http://127.0.0.1:{port}/coder", http_timeout=5)
+    async with creds.get_client() as client:
+        with pytest.raises(CoderTransportError) as info:
+            await client.list_chats(limit=1)
+    text = str(info.value)
+    assert f"http://127.0.0.1:{port}/coder" in text
+    assert "base_url" in text and "CODER_URL" in text
+    assert info.value.retry_safe
+    assert TOKEN not in f"{info.value!r} {text}"
 
 
 async def test_open_agent_runs_a_turn(chatd_emulator_session: Emulator) -> None:
