@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
@@ -73,12 +75,26 @@ from coder_chat.models import (
 )
 from coder_chat.settings import CoderSettings
 
-__all__ = ["EXPERIMENTAL_PREFIX", "TOKEN_HEADER", "V2_PREFIX", "ChatClient"]
+__all__ = ["EXPERIMENTAL_PREFIX", "TOKEN_HEADER", "V2_PREFIX", "ChatClient", "shared_ssl_context"]
 
 V2_PREFIX: Final = "/api/v2/chats"
 EXPERIMENTAL_PREFIX: Final = "/api/experimental/chats"
 TOKEN_HEADER: Final = "Coder-Session-Token"
 _USER_AGENT: Final = "prefect-coder/coder_chat"
+
+
+@functools.cache
+def shared_ssl_context(verify: bool) -> ssl.SSLContext:
+    """The process-wide TLS context for ``verify`` (REST and WebSocket alike).
+
+    Building one loads the CA bundle (≈ 30-40 ms); doing it per client made every
+    ``ChatClient`` (and every ``wss`` dial) pay that. One context per setting is
+    shared instead; ``SSLContext`` is safe to share across connections, threads
+    and event loops. It is httpx's own default context (certifi, or
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR``), so REST and the stream trust the same
+    CAs. Do not mutate it: every client in the process uses it.
+    """
+    return httpx.create_ssl_context(verify=verify)
 
 
 def _seg(value: str | int) -> str:
@@ -124,7 +140,7 @@ class ChatClient:
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(
             timeout=timeout,
-            verify=verify,
+            verify=shared_ssl_context(verify),
             follow_redirects=False,
             headers={"User-Agent": _USER_AGENT},
         )
@@ -172,6 +188,12 @@ class ChatClient:
     @property
     def verify(self) -> bool:
         return self._verify
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of this client's REST pool and stream dials (shared per
+        ``verify`` setting across the process; see :func:`shared_ssl_context`)."""
+        return shared_ssl_context(self._verify)
 
     @property
     def emitter(self) -> TransportEmitter:

@@ -71,7 +71,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -596,19 +595,12 @@ async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConn
         ping_timeout=opts.ping_timeout,
         close_timeout=opts.close_timeout,
         max_size=opts.max_frame_bytes,
-        ssl=_ssl_context(url, client.verify),
+        # wss only (websockets rejects an ssl argument for ws://); the shared
+        # context spares every dial a CA-bundle load and trusts what REST trusts.
+        ssl=client.ssl_context if url.startswith("wss://") else None,
         logger=_WS_LOGGER,
         compression=None,
     )
-
-
-def _ssl_context(url: str, verify: bool) -> ssl.SSLContext | None:
-    if not url.startswith("wss://") or verify:
-        return None  # websockets builds a verifying default context for wss
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 def _upgrade_envelope(body: bytes | bytearray | None, status: int) -> tuple[str, str | None]:
