@@ -11,6 +11,8 @@ Every error the client raises derives from :class:`CoderError`, so one
     │                                       queued_submission_lost
     ├─ CoderStreamError                     redial budget exhausted / undedupable drop
     │                                       (deliberately NOT a CoderAgentError, spec §7)
+    ├─ CoderRecoveryError                   crash recovery cannot finish (no re-drive path,
+    │                                       the chat keeps pausing); also a RuntimeError
     └─ CoderTransportError                  the HTTP request failed on the network:
        │                                    refused, reset, DNS, TLS, protocol error
        └─ CoderTimeoutError                 httpx connect/read/write/pool timeout
@@ -43,6 +45,7 @@ __all__ = [
     "CoderApiError",
     "CoderChatError",
     "CoderError",
+    "CoderRecoveryError",
     "CoderStreamError",
     "CoderTimeoutError",
     "CoderTransportError",
@@ -260,6 +263,12 @@ def _rebuild_stream_error(
     is_retryable: bool,
 ) -> CoderStreamError:
     return cls(message, url=url, chat_id=chat_id, cause=cause, is_retryable=is_retryable)
+
+
+class CoderRecoveryError(CoderError, RuntimeError):
+    """Crash recovery (``coder_chat.recovery``) cannot bring the step to an answer:
+    a committing tool has no re-drive path, or the chat keeps pausing on client
+    tools round after round. Also a ``RuntimeError``, as it was before the root."""
 
 
 class CoderTransportError(CoderError):

@@ -51,7 +51,7 @@ from coder_chat.core.recovery import (
 )
 from coder_chat.core.translator import pending_client_calls
 from coder_chat.crash_safe import CrashSafeTool, PureTool, ToolLedgerStore, crash_point
-from coder_chat.errors import CoderApiError
+from coder_chat.errors import CoderApiError, CoderRecoveryError
 from coder_chat.history import (
     PAGE_SIZE,
     RecoveredTurn,
@@ -322,7 +322,7 @@ class TurnRecovery:
                 results.append(ToolResult(tool_call_id=ctx.tool_call_id, output=entry.output))
             elif action is LedgerAction.REDRIVE:
                 if not isinstance(tool, CrashSafeTool):
-                    raise RuntimeError(f"no re-drive path for tool {tool.name!r}")
+                    raise CoderRecoveryError(f"no re-drive path for tool {tool.name!r}")
                 output = await tool.redrive(call["args"], ctx)
                 results.append(ToolResult(tool_call_id=ctx.tool_call_id, output=output))
             elif action is LedgerAction.REPLAY:
@@ -508,7 +508,7 @@ class TurnRecovery:
             if outcome is not None:
                 outcome.horizon_slept_s = slept
                 return outcome
-        raise RuntimeError(
+        raise CoderRecoveryError(
             f"chat {self.chat_id} kept pausing on client tools for "
             f"{self.timings.max_rounds} reconcile rounds"
         )

@@ -9,6 +9,7 @@ from coder_chat.errors import (
     CoderApiError,
     CoderChatError,
     CoderError,
+    CoderRecoveryError,
     CoderStreamError,
     CoderTimeoutError,
     CoderTransportError,
@@ -27,11 +28,13 @@ def test_hierarchy() -> None:
         CoderStreamError,
         CoderTransportError,
         CoderTimeoutError,
+        CoderRecoveryError,
     ):
         assert issubclass(cls, CoderError)
     assert not issubclass(CoderTransportError, CoderAgentError)
     assert issubclass(CoderTimeoutError, CoderTransportError)
     assert issubclass(CoderTimeoutError, TimeoutError)  # as before the root existed
+    assert issubclass(CoderRecoveryError, RuntimeError)  # likewise
 
 
 def test_transport_error_fields_and_pickling() -> None:

@@ -9,7 +9,13 @@ import pytest
 
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderApiError
-from coder_chat.models import Chat, ChatInputPart, CreateChatRequest, DynamicToolDefinition
+from coder_chat.models import (
+    Chat,
+    ChatInputPart,
+    CreateChatMessageRequest,
+    CreateChatRequest,
+    DynamicToolDefinition,
+)
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 
@@ -115,6 +121,26 @@ async def test_requires_action_chat_needs_two_interrupts(chatd_emulator: Emulato
     ]
     assert len(results) == 1 and results[0]["is_error"] is True
     assert "interrupted by user" in str(results[0]["result"])
+
+
+async def test_promoted_queued_message_is_stopped_too(chatd_emulator: Emulator) -> None:
+    emu = chatd_emulator
+    journal = Journal()
+    async with client_for(emu) as client:
+        chat = await create(client, emu, f"first {LONG_RUN}")
+        queued = await client.create_message(
+            chat.id, CreateChatMessageRequest(content=[ChatInputPart.text_part(f"next {LONG_RUN}")])
+        )
+        assert queued.queued
+        result = await stop_chat(
+            client, chat.id, timeout=5, before_interrupt=journal, poll_interval=POLL
+        )
+    # The first interrupt ended the first run; the server then promoted the queued
+    # message and ran it (interrupting → running), so it took a second interrupt.
+    assert result.settled and result.status == "waiting" and result.interrupts == 2
+    assert journal.seen == ["running", "running"]
+    assert ("interrupting", "running") in transitions(emu, chat.id)
+    assert emu.chat(chat.id)["queue"] == []
 
 
 async def test_idle_chat_is_left_alone(chatd_emulator: Emulator) -> None:
