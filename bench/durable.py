@@ -127,30 +127,38 @@ async def raw_turns(emu: object, n: int) -> list[float]:
 
 
 async def durable_turns(
-    coder: str, store_block: str, n: int, tag: str
+    coder: str, store_block: str, n: int, tag: str, poll_timeout: float = 30.0
 ) -> tuple[list[float], list[float]]:
     """(wall time per turn from the flow's view, generate time inside each turn)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect_coder.flows.params import Step, WorkflowSettings
-    from prefect_coder.flows.workflow import agent_workflow
+    from prefect_coder.flows.parts.params import Step, WorkflowSettings
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 
     settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
     steps = [Step(name=f"t{i:02d}", prompt=p) for i, p in enumerate(prompts(n))]
     wf = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
     state = await agent_workflow(wf, steps, settings, return_state=True)
     results = await state.aresult()
+    # The server records task runs from events, asynchronously: on a loaded machine the
+    # flow can finish before all of its turns are recorded. Poll, with a bound.
+    deadline = time.monotonic() + poll_timeout
     async with get_client() as client:
-        runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(
-                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
+        while True:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(
+                    id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
+                )
             )
-        )
-    turns = [r for r in runs if r.name.startswith(wf + "/")]
-    ends = sorted(r.end_time for r in turns if r.end_time is not None)
+            turns = [r for r in runs if r.name.startswith(wf + "/")]
+            ends = sorted(r.end_time for r in turns if r.end_time is not None)
+            if len(ends) >= n or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.1)
     if len(ends) != n:
         raise RuntimeError(
-            f"expected {n} finished turn task runs, found {len(ends)} of {len(runs)}"
+            f"expected {n} finished turn task runs, found {len(ends)} of {len(runs)} "
+            f"after waiting {poll_timeout:.0f}s for the server to record them"
         )
     start = min(r.start_time for r in turns if r.start_time)
     walls = []

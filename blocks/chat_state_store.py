@@ -95,7 +95,7 @@ class ChatStateStore(Block):
         return self
 
     def get_store(self) -> StateStore:
-        """A ``StateStore`` for this configuration (cheap; engines are cached per event loop)."""
+        """A ``StateStore`` for this configuration (cheap: connections are pooled per process)."""
         return StateStore(
             self.url,
             password=self.password,

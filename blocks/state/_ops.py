@@ -8,13 +8,30 @@ transaction. The store gives each call its own transaction; a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .urls import Backend
+
+T = TypeVar("T")
+
+
+class StoreConnection(Protocol):
+    """The part of a connection the repositories use, inside an open transaction.
+
+    PostgreSQL hands them SQLAlchemy's ``AsyncConnection``; SQLite a connection run
+    on a worker thread (``sqlite_pool.ThreadConnection``). Results come back buffered.
+    """
+
+    @property
+    def dialect(self) -> sa.Dialect: ...
+
+    async def execute(self, statement: sa.Executable) -> sa.Result[Any]: ...
+
+    async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T: ...
 
 
 class Ops(Protocol):
@@ -28,6 +45,6 @@ class Ops(Protocol):
 
     def now(self) -> sa.ColumnElement[float]: ...
 
-    def read(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+    def read(self) -> AbstractAsyncContextManager[StoreConnection]: ...
 
-    def write(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+    def write(self) -> AbstractAsyncContextManager[StoreConnection]: ...

@@ -1,16 +1,15 @@
-"""Engines per (process, event loop, URL), and the dialect-specific SQL bits.
+"""Connections per process (SQLite) or per (process, event loop) (PostgreSQL), and SQL bits.
 
-Why per event loop: asyncpg connections and aiosqlite worker threads belong to
-the loop that opened them; Prefect runs tasks in worker threads with their own
-loops, so a shared engine would hand one loop's connection to another.
+PostgreSQL: asyncpg connections belong to the loop that opened them, and Prefect
+runs tasks in worker threads with their own loops, so each loop gets its own
+pooled async engine.
 
-Why SQLite uses no pool: each operation opens its own aiosqlite connection and
-closes it. Nothing outlives the loop that made it (aiosqlite threads are not
-daemons: a pooled connection left behind by a closed loop would hang process
-exit), and opening a local file costs well under a millisecond. One plain,
-thread-less ``sqlite3`` connection per process and file stays open as an
-*anchor*: without it every call would close the file's last connection, and
-SQLite then checkpoints and deletes the WAL each time (≈ 3-5x slower writes).
+SQLite: one pool of daemon worker threads per process and file, each owning one
+``sqlite3`` connection that any loop may use (``sqlite_pool.py`` says why that
+beats aiosqlite here). One plain ``sqlite3`` connection per process and file stays
+open as an *anchor*: it switches the file to WAL, and while it is open no other
+connection closing is ever the file's last, so SQLite never checkpoints and
+deletes the WAL on a close (≈ 3-5x slower writes when it did).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from .sqlite_pool import SqlitePool
 from .urls import Backend
 
 _WRITE_OPTION = "prefect_coder_write"
 
 _lock = threading.Lock()
 _anchors: dict[tuple[int, str], sqlite3.Connection] = {}
+_sqlite_pools: dict[tuple[int, str], SqlitePool] = {}
 _engines: dict[
     tuple[int, str], weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine]
 ] = {}
@@ -51,8 +52,8 @@ def cache_key(url: URL, password: str | None) -> str:
     return f"{url.render_as_string(hide_password=True)}#{digest}"
 
 
-def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def _install_sqlite_hooks(engine: sa.Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" hook (below) emit BEGIN itself, so writers can
         # take the write lock up front.
@@ -63,7 +64,7 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         cur.execute("PRAGMA synchronous = FULL")
         cur.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         # BEGIN IMMEDIATE takes the write lock at the start: a read-then-write
         # transaction can then never fail on lock upgrade (SQLITE_BUSY without
@@ -72,6 +73,16 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             conn.exec_driver_sql("BEGIN")
+
+
+def sqlite_begin(write: bool) -> Callable[[sa.Connection], None]:
+    """Start a (write: ``BEGIN IMMEDIATE``) transaction on a worker's connection."""
+
+    def begin(conn: sa.Connection) -> None:
+        conn.execution_options(**{_WRITE_OPTION: write})
+        conn.begin()
+
+    return begin
 
 
 def _open_anchor(path: str, timeout: float) -> None:
@@ -98,18 +109,40 @@ def _open_anchor(path: str, timeout: float) -> None:
     _anchors[key] = anchor
 
 
-def _create(
-    url: URL, backend: Backend, password: str | None, connect_timeout: float, pool_size: int
-) -> AsyncEngine:
-    if backend == "sqlite":
-        assert url.database
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        _open_anchor(url.database, connect_timeout)
-        engine = create_async_engine(
-            url, poolclass=NullPool, connect_args={"timeout": connect_timeout}
-        )
-        _install_sqlite_hooks(engine, int(connect_timeout * 1000))
-        return engine
+def get_sqlite_pool(path: str, *, connect_timeout: float, pool_size: int) -> SqlitePool:
+    """This process's worker pool for the SQLite file (created, with the file, on demand)."""
+    key = (os.getpid(), path)
+    with _lock:
+        pool = _sqlite_pools.get(key)
+        if pool is None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _open_anchor(path, connect_timeout)
+            # Plain sqlite3 under SQLAlchemy's sync engine; the pool's threads own the
+            # connections (NullPool: a connection lives exactly as long as its worker).
+            engine = sa.create_engine(
+                URL.create("sqlite", database=path),
+                poolclass=NullPool,
+                connect_args={"timeout": connect_timeout, "check_same_thread": False},
+            )
+            _install_sqlite_hooks(engine, int(connect_timeout * 1000))
+            pool = SqlitePool(engine, size=pool_size, checkout_timeout=connect_timeout)
+            _sqlite_pools[key] = pool
+        return pool
+
+
+def close_sqlite_pool(path: str) -> None:
+    """Stop this process's workers for the file (busy ones when they finish) and its anchor."""
+    key = (os.getpid(), path)
+    with _lock:
+        pool = _sqlite_pools.pop(key, None)
+        anchor = _anchors.pop(key, None)
+    if pool is not None:
+        pool.close()
+    if anchor is not None:
+        anchor.close()
+
+
+def _create(url: URL, password: str | None, connect_timeout: float, pool_size: int) -> AsyncEngine:
     return create_async_engine(
         url.set(password=password) if password is not None else url,
         pool_size=pool_size,
@@ -124,13 +157,12 @@ def _create(
 
 def get_engine(
     url: URL,
-    backend: Backend,
     password: str | None,
     *,
     connect_timeout: float,
     pool_size: int,
 ) -> AsyncEngine:
-    """The engine for this URL in this process on the running event loop (created on demand)."""
+    """The PostgreSQL engine for this URL in this process on the running loop (on demand)."""
     loop = asyncio.get_running_loop()
     key = (os.getpid(), cache_key(url, password))
     with _lock:
@@ -138,7 +170,7 @@ def get_engine(
         per_loop = _engines.setdefault(key, weakref.WeakKeyDictionary())
         engine = per_loop.get(loop)
         if engine is None:
-            engine = _create(url, backend, password, connect_timeout, pool_size)
+            engine = _create(url, password, connect_timeout, pool_size)
             per_loop[loop] = engine
         return engine
 
@@ -158,23 +190,17 @@ def _forget_closed_loops() -> None:
 
 
 def pop_engine(url: URL, password: str | None) -> AsyncEngine | None:
-    """Forget (and return, for disposal) this loop's engine for the URL."""
+    """Forget (and return, for disposal) this loop's PostgreSQL engine for the URL."""
     loop = asyncio.get_running_loop()
     key = (os.getpid(), cache_key(url, password))
     with _lock:
         per_loop = _engines.get(key)
-        engine = per_loop.pop(loop, None) if per_loop is not None else None
-        if not per_loop and url.get_backend_name() == "sqlite" and url.database:
-            # No loop uses this file any more: let it go entirely.
-            anchor = _anchors.pop((os.getpid(), url.database), None)
-            if anchor is not None:
-                anchor.close()
-        return engine
+        return per_loop.pop(loop, None) if per_loop is not None else None
 
 
 @asynccontextmanager
 async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
-    """One connection, one transaction: committed on success, rolled back on error."""
+    """One pooled PostgreSQL connection, one transaction: committed on success, rolled back on error."""
     async with engine.connect() as conn:
         if write:
             await conn.execution_options(**{_WRITE_OPTION: True})

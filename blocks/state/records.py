@@ -98,3 +98,19 @@ class Lease(_Record):
         if v < 1:
             raise ValueError("fence starts at 1")
         return v
+
+
+class TurnStart(_Record):
+    """What ``store.turns.begin`` found (and wrote) before a step's send.
+
+    ``checkpoint`` is None before the workflow's first turn created a chat. ``journal``
+    is the checkpointed chat's entry as it stands now; ``journaled`` is True when
+    ``begin`` itself wrote it (the write-ahead of a first send of this marker), False
+    when an entry for this marker already existed: an earlier attempt of this step
+    sent (or may have sent) and recorded no result, so the caller must recover it
+    before it resends.
+    """
+
+    checkpoint: Checkpoint | None = None
+    journal: JournalEntry | None = None
+    journaled: bool = False

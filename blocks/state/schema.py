@@ -9,8 +9,8 @@ and compare the same on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ._ops import StoreConnection
 from .errors import SchemaVersionError
 
 SCHEMA_VERSION = 1
@@ -101,7 +101,7 @@ ALL_TABLES = (schema_version, checkpoints, journal, tool_ledger, stranded_chats,
 _PG_SCHEMA_LOCK_ID = 0x636F646572  # "coder"
 
 
-async def ensure_schema(conn: AsyncConnection, now: sa.ColumnElement[float]) -> int:
+async def ensure_schema(conn: StoreConnection, now: sa.ColumnElement[float]) -> int:
     """Create the tables if missing and check the version, inside the caller's transaction.
 
     Returns the schema version found (or written). Raises SchemaVersionError if the
@@ -109,7 +109,7 @@ async def ensure_schema(conn: AsyncConnection, now: sa.ColumnElement[float]) -> 
     """
     if conn.dialect.name == "postgresql":
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK_ID)))
-    await conn.run_sync(metadata.create_all, checkfirst=True)
+    await conn.run_sync(lambda sync: metadata.create_all(sync, checkfirst=True))
     found = (
         await conn.execute(
             sa.select(schema_version.c.version).where(schema_version.c.component == COMPONENT)

@@ -22,9 +22,9 @@ from typing import Self
 
 import sqlalchemy as sa
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import engines
+from . import engines, sqlite_pool
+from ._ops import StoreConnection
 from .checkpoints import Checkpoints
 from .errors import StateStoreConfigError
 from .journal import Journal
@@ -32,6 +32,7 @@ from .leases import HeldLease, Leases
 from .ledger import ToolLedger
 from .schema import ensure_schema
 from .stranded import StrandedChats
+from .turns import Turns
 from .urls import Backend, parse_store_url
 
 # (pid, engine cache key) pairs whose schema this process has already ensured.
@@ -41,9 +42,13 @@ _schema_ready: set[tuple[int, str]] = set()
 class _TxOps:
     """Ops bound to one open write transaction (see ``StateStore.transaction``)."""
 
-    def __init__(self, store: StateStore, conn: AsyncConnection) -> None:
+    def __init__(self, store: StateStore, conn: StoreConnection) -> None:
         self._store = store
         self._conn = conn
+
+    @property
+    def connection(self) -> StoreConnection:
+        return self._conn
 
     @property
     def backend(self) -> Backend:
@@ -57,13 +62,13 @@ class _TxOps:
         return self._store.now()
 
     @asynccontextmanager
-    async def _same(self) -> AsyncIterator[AsyncConnection]:
+    async def _same(self) -> AsyncIterator[StoreConnection]:
         yield self._conn
 
-    def read(self) -> AbstractAsyncContextManager[AsyncConnection]:
+    def read(self) -> AbstractAsyncContextManager[StoreConnection]:
         return self._same()
 
-    def write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+    def write(self) -> AbstractAsyncContextManager[StoreConnection]:
         return self._same()
 
 
@@ -71,6 +76,8 @@ class StoreTransaction:
     """Repositories sharing ONE write transaction: all their writes commit together."""
 
     def __init__(self, ops: _TxOps) -> None:
+        #: The transaction's own connection, for SQL of the store's own modules.
+        self.connection = ops.connection
         self.checkpoints = Checkpoints(ops)
         self.journal = Journal(ops)
         self.ledger = ToolLedger(ops)
@@ -78,7 +85,7 @@ class StoreTransaction:
 
 
 class StateStore:
-    """Durable chat state over SQLite (aiosqlite) or PostgreSQL (asyncpg).
+    """Durable chat state over SQLite (sqlite3 on worker threads) or PostgreSQL (asyncpg).
 
     Args:
         url: ``sqlite+aiosqlite:///PATH`` or ``postgresql+asyncpg://USER@HOST:PORT/DB``;
@@ -86,7 +93,8 @@ class StateStore:
         password: PostgreSQL password, kept as a SecretStr and only handed to the driver.
         tenant: scopes every key; two tenants never see each other's rows.
         connect_timeout: seconds to connect (and, on SQLite, to wait for the write lock).
-        pool_size: PostgreSQL connections per event loop (SQLite opens one per call).
+        pool_size: PostgreSQL connections per event loop; SQLite connections (worker
+            threads) per process.
     """
 
     def __init__(
@@ -120,6 +128,7 @@ class StateStore:
         self.ledger = ToolLedger(self)
         self.stranded = StrandedChats(self)
         self.leases = Leases(self)
+        self.turns = Turns(self)
 
     # --- identity ---------------------------------------------------------------------------
 
@@ -154,32 +163,44 @@ class StateStore:
     def _engine(self) -> engines.AsyncEngine:
         return engines.get_engine(
             self._url,
-            self._backend,
             self._secret(),
             connect_timeout=self._connect_timeout,
             pool_size=self._pool_size,
         )
+
+    def _sqlite_pool(self) -> sqlite_pool.SqlitePool:
+        assert self._url.database
+        return engines.get_sqlite_pool(
+            self._url.database, connect_timeout=self._connect_timeout, pool_size=self._pool_size
+        )
+
+    def _transaction(self, write: bool) -> AbstractAsyncContextManager[StoreConnection]:
+        if self._backend == "sqlite":
+            return sqlite_pool.transaction(
+                self._sqlite_pool(), engines.sqlite_begin(write), write=write
+            )
+        return engines.transaction(self._engine(), write=write)
 
     async def ensure_schema(self) -> None:
         """Create tables / check the schema version (done automatically on first use)."""
         marker = (os.getpid(), self._cache_key)
         if marker in _schema_ready:
             return
-        async with engines.transaction(self._engine(), write=True) as conn:
+        async with self._transaction(write=True) as conn:
             await ensure_schema(conn, self.now())
         _schema_ready.add(marker)
 
     @asynccontextmanager
-    async def _tx(self, write: bool) -> AsyncIterator[AsyncConnection]:
+    async def _tx(self, write: bool) -> AsyncIterator[StoreConnection]:
         await self.ensure_schema()
-        async with engines.transaction(self._engine(), write=write) as conn:
+        async with self._transaction(write) as conn:
             yield conn
 
-    def read(self) -> AbstractAsyncContextManager[AsyncConnection]:
-        """A connection in a read transaction (own connection, closed after)."""
+    def read(self) -> AbstractAsyncContextManager[StoreConnection]:
+        """A connection in a read transaction (pooled; checked in after)."""
         return self._tx(False)
 
-    def write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+    def write(self) -> AbstractAsyncContextManager[StoreConnection]:
         """A connection in a write transaction (SQLite: BEGIN IMMEDIATE)."""
         return self._tx(True)
 
@@ -217,7 +238,15 @@ class StateStore:
             await tx.stranded.remove(chat_id)
 
     async def aclose(self) -> None:
-        """Dispose this event loop's engine for this URL (safe to call twice)."""
+        """Release connections (safe to call twice; the next call reconnects).
+
+        PostgreSQL: disposes this event loop's engine. SQLite: stops this process's
+        workers for the file (busy ones once their call is done) and its anchor.
+        """
+        if self._backend == "sqlite":
+            assert self._url.database
+            engines.close_sqlite_pool(self._url.database)
+            return
         engine = engines.pop_engine(self._url, self._secret())
         if engine is not None:
             await engine.dispose()

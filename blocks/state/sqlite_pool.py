@@ -1,0 +1,257 @@
+"""SQLite connections on daemon worker threads, shared by every event loop of a process.
+
+Why not aiosqlite under SQLAlchemy's async engine (the earlier design): it starts
+a thread and opens the file for every connection, and then hops between the loop
+and that thread 8-10 times per call (connect, PRAGMAs, BEGIN, cursor, execute,
+fetch, close, COMMIT, reset). On a loaded 2-core machine every hop waits for the
+scheduler: the profile in docs/performance.md had the store's four calls per turn
+at ≈ 50 ms there. Here a read is ONE hop (BEGIN + SELECT; COMMIT and the
+check-in are queued behind it on the same thread) and a write is two (BEGIN
+IMMEDIATE + statement, then COMMIT, awaited: a caller only ever hears of a
+durable write).
+
+Why per process and not per loop: a worker's ``sqlite3`` connection belongs to
+its thread, not to an event loop; any loop can hand it a job and gets the result
+back through its own ``call_soon_threadsafe``. Prefect's worker-thread loops
+therefore share one set of connections, and a closed loop leaves nothing behind.
+
+Why daemon threads: an idle worker must not hold up interpreter exit (aiosqlite's
+threads are not daemons). A worker killed at exit mid-transaction is a crash,
+which SQLite's journal rolls back; nothing acknowledged is lost, because a write
+is acknowledged only after its COMMIT returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+T = TypeVar("T")
+Job = Callable[[sa.Connection], Any]
+
+_log = logging.getLogger(__name__)
+_names = itertools.count(1)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+class _Worker:
+    """One daemon thread owning one SQLAlchemy (sync) connection; runs jobs in order."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._jobs: queue.SimpleQueue[
+            tuple[Job, asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None] | None
+        ] = queue.SimpleQueue()
+        self._conn: sa.Connection | None = None
+        thread = threading.Thread(
+            target=self._run, name=f"prefect-coder-sqlite-{next(_names)}", daemon=True
+        )
+        thread.start()
+
+    def call(self, job: Job) -> asyncio.Future[Any]:
+        """Queue ``job(conn)``; the future (on the running loop) gets its result."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put((job, loop, fut))
+        return fut
+
+    def post(self, job: Job) -> None:
+        """Queue ``job(conn)`` without waiting for it (it runs after every earlier job)."""
+        self._jobs.put((job, None, None))
+
+    def stop(self) -> None:
+        """Close the connection and end the thread once the queued jobs are done."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                break
+            job, loop, fut = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                if self._conn is None:
+                    self._conn = self._engine.connect()
+                result = job(self._conn)
+            except BaseException as exc:
+                error = exc
+            if loop is not None and fut is not None:
+                # The caller's loop may have closed meanwhile: nobody is left to tell.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_settle, fut, result, error)
+            elif error is not None:
+                _log.debug("background SQLite job failed", exc_info=error)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+
+
+class SqlitePool:
+    """Up to ``size`` workers (connections) for one database file, shared by all loops.
+
+    A transaction holds one worker exclusively from check-out to check-in. Workers
+    start on demand; a caller that finds all of them busy waits (at most
+    ``checkout_timeout`` seconds) for the next check-in, whichever loop it runs on.
+    """
+
+    def __init__(self, engine: sa.Engine, *, size: int, checkout_timeout: float) -> None:
+        self.engine = engine
+        self._size = max(1, size)
+        self._timeout = checkout_timeout
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._started = 0
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[_Worker]]] = deque()
+        self._closed = False
+
+    async def checkout(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            if self._started < self._size:
+                self._started += 1
+                fut = None
+            else:
+                fut = loop.create_future()
+                self._waiters.append((loop, fut))
+        if fut is None:
+            return _Worker(self.engine)
+        try:
+            return await asyncio.wait_for(fut, self._timeout)
+        except BaseException:
+            # Timed out or cancelled just as a worker arrived: pass it on, never leak it.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.checkin(fut.result())
+            raise
+
+    def checkin(self, worker: _Worker) -> None:
+        """Hand the worker to the oldest live waiter, else keep it idle (any thread)."""
+        with self._lock:
+            while self._waiters:
+                loop, fut = self._waiters.popleft()
+                if fut.done():
+                    continue
+                try:
+                    loop.call_soon_threadsafe(self._deliver, fut, worker)
+                    return
+                except RuntimeError:  # that waiter's loop is closed
+                    continue
+            if self._closed:
+                self._started -= 1
+                worker.stop()
+            else:
+                self._idle.append(worker)
+
+    def _deliver(self, fut: asyncio.Future[_Worker], worker: _Worker) -> None:
+        if fut.done():  # it gave up meanwhile: the next waiter gets the worker
+            self.checkin(worker)
+        else:
+            fut.set_result(worker)
+
+    def close(self) -> None:
+        """Stop idle workers now and busy ones at check-in (in-flight calls finish)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._started -= len(idle)
+        for worker in idle:
+            worker.stop()
+
+
+class ThreadConnection:
+    """What the repositories use of ``AsyncConnection``, run on one checked-out worker.
+
+    The transaction's BEGIN travels with its first statement (one hop, not two).
+    """
+
+    def __init__(
+        self, worker: _Worker, dialect: sa.Dialect, begin: Callable[[sa.Connection], None]
+    ):
+        self._worker = worker
+        self._begin: Callable[[sa.Connection], None] | None = begin
+        self.dialect = dialect
+
+    def _job(self, body: Callable[[sa.Connection], T]) -> asyncio.Future[T]:
+        begin, self._begin = self._begin, None
+
+        def job(conn: sa.Connection) -> T:
+            if begin is not None:
+                begin(conn)
+            return body(conn)
+
+        return self._worker.call(job)
+
+    async def execute(self, statement: sa.Executable) -> sa.Result[Any]:
+        """Execute on the worker; rows come back buffered (the cursor stays there)."""
+        return await self._job(functools.partial(_execute_buffered, statement))
+
+    async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T:
+        """Run ``fn(sync_connection)`` on the worker, inside this transaction."""
+        return await self._job(fn)
+
+
+def _execute_buffered(statement: sa.Executable, conn: sa.Connection) -> sa.Result[Any]:
+    result = conn.execute(statement)
+    if result.returns_rows:
+        return result.freeze()()
+    return result
+
+
+def _finish(pool: SqlitePool, worker: _Worker, commit: bool, conn: sa.Connection) -> None:
+    try:
+        if commit and conn.in_transaction():
+            try:
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+        else:
+            conn.rollback()
+    finally:
+        pool.checkin(worker)
+
+
+@asynccontextmanager
+async def transaction(
+    pool: SqlitePool, begin: Callable[[sa.Connection], None], *, write: bool
+) -> AsyncIterator[ThreadConnection]:
+    """One worker, one transaction: committed on success, rolled back on any error.
+
+    A write's COMMIT is awaited; a read's COMMIT and the check-in are queued behind
+    it on the worker (nothing to lose), so a one-statement read costs one hop.
+    Rollback and check-in also run on the worker, after whatever it is still doing
+    for a cancelled caller, so a worker is never handed on mid-transaction.
+    """
+    worker = await pool.checkout()
+    conn = ThreadConnection(worker, pool.engine.dialect, begin)
+    try:
+        yield conn
+    except BaseException:
+        worker.post(functools.partial(_finish, pool, worker, False))
+        raise
+    if write:
+        await worker.call(functools.partial(_finish, pool, worker, True))
+    else:
+        worker.post(functools.partial(_finish, pool, worker, True))

@@ -1,0 +1,76 @@
+"""``store.turns``: a turn's begin (checkpoint + journal + write-ahead) and record, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from prefect_coder.blocks import JournalEntry, StateStore
+
+
+async def test_begin_without_checkpoint_writes_nothing(store: StateStore) -> None:
+    start = await store.turns.begin("wf", "[wf/s1]")
+    assert (start.checkpoint, start.journal, start.journaled) == (None, None, False)
+    assert await store.journal.get("chat") is None
+
+
+async def test_begin_journals_a_new_marker_and_returns_an_existing_one(store: StateStore) -> None:
+    await store.checkpoints.set("wf", "chat", 7)
+    first = await store.turns.begin("wf", "[wf/s1]", at=123.0)
+    assert first.checkpoint is not None
+    assert (first.checkpoint.chat_id, first.checkpoint.last_seen_message_id) == ("chat", 7)
+    assert first.journaled
+    assert first.journal is not None
+    assert (first.journal.state, first.journal.marker, first.journal.attempt) == (
+        "submitting",
+        "[wf/s1]",
+        0,
+    )
+    assert first.journal.at == 123.0
+    stored = await store.journal.get("chat")
+    assert stored is not None and stored.marker == "[wf/s1]" and stored.at == 123.0
+
+    # Same marker again (a resubmission): nothing written, the entry comes back to recover.
+    await store.journal.set(
+        "chat", JournalEntry(state="cut-short", marker="[wf/s1]", attempt=2, at=5.0)
+    )
+    again = await store.turns.begin("wf", "[wf/s1]")
+    assert not again.journaled
+    assert again.journal is not None
+    assert (again.journal.state, again.journal.attempt, again.journal.at) == ("cut-short", 2, 5.0)
+    assert (await store.journal.get("chat")) == again.journal
+
+    # The next step's marker supersedes it (attempt 0).
+    nxt = await store.turns.begin("wf", "[wf/s2]")
+    assert nxt.journaled and nxt.journal is not None and nxt.journal.marker == "[wf/s2]"
+
+
+async def test_begin_is_tenant_scoped(store: StateStore, store_url: str, tenant: str) -> None:
+    other = StateStore(store_url, tenant=tenant + "-other")
+    try:
+        await other.checkpoints.set("wf", "chat", 1)
+        assert (await store.turns.begin("wf", "[wf/s1]")).checkpoint is None
+        assert await store.journal.get("chat") is None
+    finally:
+        await other.aclose()
+
+
+async def test_record_writes_checkpoint_and_journal_together(store: StateStore) -> None:
+    cp = await store.turns.record("wf", "chat", 9)
+    assert (cp.chat_id, cp.last_seen_message_id) == ("chat", 9)
+    assert await store.journal.get("chat") is None
+    entry = JournalEntry(state="submitting", marker="[wf/s1]", attempt=1, at=1.0)
+    await store.turns.record("wf", "chat", None, journal=entry)
+    got = await store.checkpoints.get("wf")
+    assert got is not None and got.last_seen_message_id is None
+    j = await store.journal.get("chat")
+    assert j is not None and (j.marker, j.attempt) == ("[wf/s1]", 1)
+
+
+async def test_record_rolls_back_both_when_one_write_fails(store: StateStore) -> None:
+    await store.turns.record("wf", "chat", 3)
+    bad = JournalEntry.model_construct(state="bogus", marker="m", attempt=0, at=1.0)
+    with pytest.raises(sa.exc.IntegrityError):
+        await store.turns.record("wf", "chat", 4, journal=bad)
+    got = await store.checkpoints.get("wf")
+    assert got is not None and got.last_seen_message_id == 3
+    assert await store.journal.get("chat") is None
