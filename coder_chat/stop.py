@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from coder_chat.errors import CoderApiError
+from coder_chat.errors import CoderApiError, CoderTransportError
 from coder_chat.models import AT_REST_STATUSES, Chat
 from coder_chat.rest import ChatClient
 
@@ -51,9 +51,10 @@ class StopResult:
     ``status`` is the last status observed (``None`` only if the bound expired
     before the first read). ``settled`` is true when the chat reached a status in
     :data:`AT_REST_STATUSES` within the bound. ``interrupts`` counts interrupts
-    the server accepted (HTTP 200). ``archived`` is true when the chat is
-    archived at the end (by this call or before it); ``was_archived`` when it
-    already was before this call.
+    the server was seen to accept (HTTP 200; one whose response was lost is not
+    counted). ``archived`` is true when the chat is archived at the end (by this
+    call or before it); ``was_archived`` when it already was before this call.
+    ``last_error`` is the last network failure that was retried, if any.
     """
 
     chat_id: str
@@ -62,6 +63,7 @@ class StopResult:
     interrupts: int
     archived: bool = False
     was_archived: bool = False
+    last_error: str | None = None
 
 
 async def stop_chat(
@@ -88,11 +90,17 @@ async def stop_chat(
     first; if it raises, no interrupt is sent and the error propagates. It is
     not called for a chat that is already at rest.
 
+    Network failures (:class:`~coder_chat.errors.CoderTransportError`) are
+    retried every ``poll_interval`` within the bound, whatever their
+    ``retry_safe``: every request sent here may be repeated. The chat is
+    re-read first, so an interrupt that landed unseen is not repeated blindly
+    (and if its run resumed, stopping that run is the goal anyway). The last
+    one is in ``StopResult.last_error``.
+
     Never raises because the bound expired: the result says ``settled=False``.
     Raises :class:`~coder_chat.errors.CoderApiError` for HTTP errors other than
-    the 409s above (a 404 means the chat does not exist or is not visible), and
-    transport errors as the client raises them. The caller's own cancellation
-    propagates unchanged.
+    the 409s above (a 404 means the chat does not exist or is not visible). The
+    caller's own cancellation propagates unchanged.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, timeout)
@@ -100,11 +108,11 @@ async def stop_chat(
     try:
         async with asyncio.timeout_at(deadline):
             await _settle(client, chat_id, state, before_interrupt, poll_interval)
-            if archive and state.settled:
+            if archive:
                 await _archive(client, chat_id, state, before_interrupt, poll_interval)
     except TimeoutError:
         if loop.time() < deadline:
-            raise  # not our bound: a per-request timeout from the client
+            raise  # not our bound
     return StopResult(
         chat_id=chat_id,
         status=state.status,
@@ -112,6 +120,7 @@ async def stop_chat(
         interrupts=state.interrupts,
         archived=state.archived,
         was_archived=state.was_archived,
+        last_error=state.last_error,
     )
 
 
@@ -122,6 +131,25 @@ class _Progress:
     interrupts: int = 0
     archived: bool = False
     was_archived: bool = False
+    last_error: str | None = None
+    seen: bool = False
+
+
+async def _read(client: ChatClient, chat_id: str, state: _Progress, poll: float) -> Chat:
+    """GET the chat, retrying network failures every ``poll`` (the bound stops it)."""
+    while True:
+        try:
+            chat = await client.get_chat(chat_id)
+        except CoderTransportError as exc:
+            state.last_error = str(exc)
+            await asyncio.sleep(poll)
+            continue
+        if not state.seen:
+            state.seen = True
+            state.was_archived = chat.archived
+        state.archived = chat.archived
+        state.status = chat.status
+        return chat
 
 
 async def _settle(
@@ -129,21 +157,17 @@ async def _settle(
     chat_id: str,
     state: _Progress,
     before_interrupt: BeforeInterrupt | None,
-    poll_interval: float,
+    poll: float,
 ) -> None:
-    chat = await client.get_chat(chat_id)
-    if state.status is None:
-        state.was_archived = chat.archived
-    state.archived = chat.archived
+    chat = await _read(client, chat_id, state, poll)
     while True:
-        state.status = chat.status
         if chat.status in AT_REST_STATUSES:
             state.settled = True
             return
         if chat.status not in INTERRUPTIBLE_STATUSES or chat.archived:
             # interrupting (winding down) or unknown: wait for the worker.
-            await asyncio.sleep(poll_interval)
-            chat = await client.get_chat(chat_id)
+            await asyncio.sleep(poll)
+            chat = await _read(client, chat_id, state, poll)
             continue
         if before_interrupt is not None:
             await before_interrupt(chat)
@@ -155,8 +179,14 @@ async def _settle(
                 raise
             # Not interruptible any more (it settled, is winding down, or was
             # archived between our read and the interrupt): look again.
-            await asyncio.sleep(poll_interval)
-            chat = await client.get_chat(chat_id)
+            await asyncio.sleep(poll)
+            chat = await _read(client, chat_id, state, poll)
+            continue
+        except CoderTransportError as exc:
+            # It may or may not have landed: look before interrupting again.
+            state.last_error = str(exc)
+            await asyncio.sleep(poll)
+            chat = await _read(client, chat_id, state, poll)
             continue
         state.interrupts += 1
         state.status = chat.status
@@ -165,8 +195,8 @@ async def _settle(
             # (requires_action → running): interrupt that run at once.
             continue
         if chat.status not in AT_REST_STATUSES:
-            await asyncio.sleep(poll_interval)
-            chat = await client.get_chat(chat_id)
+            await asyncio.sleep(poll)
+            chat = await _read(client, chat_id, state, poll)
 
 
 async def _archive(
@@ -174,7 +204,7 @@ async def _archive(
     chat_id: str,
     state: _Progress,
     before_interrupt: BeforeInterrupt | None,
-    poll_interval: float,
+    poll: float,
 ) -> None:
     if state.was_archived:
         return
@@ -188,11 +218,14 @@ async def _archive(
             if exc.status != 409:
                 raise
             # A run is active or still winding down (e.g. a queued message was
-            # promoted after we saw the chat at rest): wait, and stop it again if
-            # it is running, then retry — until the bound.
-            state.settled = False
-            await asyncio.sleep(poll_interval)
-            await _settle(client, chat_id, state, before_interrupt, poll_interval)
-            continue
-        state.archived = True
-        return
+            # promoted after we saw the chat at rest): wait, stop it again if it
+            # is running, then retry — until the bound.
+        except CoderTransportError as exc:
+            # Re-sending {"archived": true} is harmless (400 "already archived").
+            state.last_error = str(exc)
+        else:
+            state.archived = True
+            return
+        state.settled = False
+        await asyncio.sleep(poll)
+        await _settle(client, chat_id, state, before_interrupt, poll)

@@ -224,6 +224,38 @@ async def test_hook_failure_sends_no_interrupt(chatd_emulator: Emulator) -> None
         await stop_chat(client, chat.id, poll_interval=POLL)  # leave nothing running
 
 
+async def test_network_failures_are_retried_within_the_bound(chatd_emulator: Emulator) -> None:
+    emu = chatd_emulator
+    journal = Journal()
+    async with client_for(emu) as client:
+        chat = await create(client, emu, f"work {LONG_RUN}")
+        # The interrupt lands but its response is lost; the next GET fails outright.
+        emu.faults.drop_response(1, method="POST", path="/interrupt")
+        emu.faults.drop_response(1, method="GET", path=chat.id)
+        result = await stop_chat(
+            client, chat.id, timeout=5, archive=True, before_interrupt=journal, poll_interval=POLL
+        )
+    assert result.settled and result.status == "waiting" and result.archived
+    # The lost interrupt had landed: the chat was re-read, not interrupted again.
+    assert journal.seen == ["running"] and result.interrupts == 0
+    assert result.last_error is not None and "RemoteProtocolError" in result.last_error
+    assert emu.token not in result.last_error
+    assert ("running", "interrupting") in transitions(emu, chat.id)
+    assert requests(emu, chat.id, "POST", "/interrupt") == []  # the one sent was the dropped one
+
+
+async def test_unreachable_server_is_reported_not_raised() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with ChatClient(f"http://127.0.0.1:{port}", "tok-secret") as client:
+        result = await stop_chat(client, "c1", timeout=0.2, poll_interval=POLL)
+    assert not result.settled and result.status is None and result.interrupts == 0
+    assert result.last_error is not None and "CODER_URL" in result.last_error
+
+
 async def test_unknown_chat_is_a_404(chatd_emulator: Emulator) -> None:
     async with client_for(chatd_emulator) as client:
         with pytest.raises(CoderApiError) as err:
