@@ -42,6 +42,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
+from coder_chat.core.follow import DoneStep, FollowPlan, history_covers, pick_turn, plan_follow
 from coder_chat.core.segment import (
     Ending,
     ReadEnd,
@@ -69,6 +70,7 @@ from coder_chat.events import (
     TransportEmitter,
     TransportEventHandler,
 )
+from coder_chat.history import fetch_until
 from coder_chat.models import (
     ChatInputPart,
     ChatStreamEvent,
@@ -95,6 +97,7 @@ __all__ = [
     "CoderAgent",
     "GenerateResult",
     "InterruptResult",
+    "NoTurnToFollowError",
     "StepResult",
     "StructuredResult",
 ]
@@ -230,6 +233,32 @@ class GenerateResult:
         return sum(known) if known else None
 
 
+class NoTurnToFollowError(CoderAgentError):
+    """:meth:`CoderAgent.follow` found no user message to follow.
+
+    With no hint, the chat has no user message after ``last_seen_message_id``
+    (nothing was submitted since the checkpoint, or a submitted prompt is still
+    queued behind another run); with a hint, no user message matches it.
+    """
+
+    def __init__(
+        self, chat_id: str, cursor: int | None, user_message_id: int | None, marker: str | None
+    ) -> None:
+        if user_message_id is not None:
+            what = f"user message {user_message_id}"
+        elif marker is not None:
+            what = f"a user message carrying marker {marker!r}"
+        elif cursor is not None:
+            what = f"a user message after message {cursor}"
+        else:
+            what = "a user message"
+        super().__init__(f"no turn to follow in chat {chat_id}: history holds no {what}")
+        self.chat_id = chat_id
+        self.cursor = cursor
+        self.user_message_id = user_message_id
+        self.marker = marker
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredResult(Generic[M]):
     """Outcome of :meth:`CoderAgent.generate_structured`.
@@ -267,6 +296,13 @@ class _Segment:
     translator: TurnTranslator
     chat_id: str
     user_message_id: int | None
+    follow: FollowPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _FollowHint:
+    user_message_id: int | None
+    marker: str | None
 
 
 @dataclass(slots=True)
@@ -279,6 +315,7 @@ class _SegmentRun:
     user_message_id: int | None = None
     stream_failed: bool = False
     anchor_on_first_user: bool | None = None
+    follow: FollowPlan | None = None
 
 
 def _read_state(tr: TurnTranslator) -> ReadState:
@@ -494,15 +531,66 @@ class CoderAgent:
             raise CoderAgentError("prompt must be a non-empty string")
         return await self._bounded_turn(SegmentKind.PROMPT, prompt, timeout)
 
+    async def follow(
+        self,
+        *,
+        timeout: float | None = None,
+        user_message_id: int | None = None,
+        marker: str | None = None,
+    ) -> GenerateResult:
+        """Follow this chat's live turn to its settle without sending anything.
+
+        For a process that re-attaches after a crash: construct the agent with
+        the checkpointed ``chat_id`` (and ``last_seen_message_id``) and the same
+        client tools, then ``follow()``. No user message is posted. The turn to
+        follow is ``user_message_id`` if given, else the newest user message
+        containing ``marker``, else the first user message after the cursor
+        (with no cursor: the chat's last user message).
+
+        The turn's finished tool rounds are rebuilt from history; the rest is
+        read from the stream exactly as :meth:`generate` reads it: pending client
+        calls (a ``requires_action`` pause, e.g. left by the dead process) are
+        answered with this agent's tools, the tool loop runs to the end, and the
+        result is the :class:`GenerateResult` the original ``generate()`` would
+        have returned (``user_message_id`` is the followed prompt). A turn that
+        already settled returns its result at once.
+
+        ``timeout`` bounds the whole follow, ``request_timeout`` each segment, as
+        for :meth:`generate`; a follow that ends unsettled (timeout, stream
+        failure, cancellation) interrupts the run best-effort, as :meth:`generate`
+        would have. Raises :class:`NoTurnToFollowError` when history holds no
+        matching user message, and :class:`CoderAgentError` without a ``chat_id``.
+        """
+        if self._in_flight:
+            raise CoderAgentError("CoderAgent is already running a turn on this instance")
+        if self._closed:
+            raise CoderAgentError("CoderAgent is closed")
+        if self._chat_id is None:
+            raise CoderAgentError("follow() needs a chat_id (construct the agent with chat_id=)")
+        if user_message_id is not None and (
+            isinstance(user_message_id, bool)
+            or not isinstance(user_message_id, int)
+            or user_message_id <= 0
+        ):
+            raise CoderAgentError("user_message_id must be a positive integer")
+        if marker is not None and not marker:
+            raise CoderAgentError("marker must be a non-empty string")
+        hint = _FollowHint(user_message_id, marker)
+        return await self._bounded_turn(SegmentKind.FOLLOW, None, timeout, hint)
+
     async def _bounded_turn(
-        self, first: SegmentKind, prompt: str | None, timeout: float | None
+        self,
+        first: SegmentKind,
+        prompt: str | None,
+        timeout: float | None,
+        follow: _FollowHint | None = None,
     ) -> GenerateResult:
         self._in_flight = True
         loop = asyncio.get_running_loop()
         self._turn_deadline = None if timeout is None else loop.time() + max(0.0, timeout)
         try:
             async with asyncio.timeout_at(self._turn_deadline):
-                return await self._turn(first, prompt)
+                return await self._turn(first, prompt, follow)
         finally:
             self._in_flight = False
             self._turn_deadline = None
@@ -526,7 +614,9 @@ class CoderAgent:
         second = await self.generate(answer.nudge, timeout=timeout)
         return StructuredResult(answer.pick(second), second, True)
 
-    async def _turn(self, first: SegmentKind, prompt: str | None) -> GenerateResult:
+    async def _turn(
+        self, first: SegmentKind, prompt: str | None, follow: _FollowHint | None = None
+    ) -> GenerateResult:
         steps: list[StepResult] = []
         client_calls: list[ClientToolCall] = []
         outcomes: list[ToolOutcome] = []
@@ -534,23 +624,30 @@ class CoderAgent:
         chat_id: str | None = None
         created_here = self._chat_id is None
         closed: set[Episode] = set()
-        for step_no in range(1, self._max_steps + 1):
+        kind = first
+        while True:
             try:
-                if step_no == 1:
-                    seg = await self._segment(
-                        first, prompt=prompt, created_turn=created_here, closed_episodes=closed
-                    )
-                    user_message_id = seg.user_message_id
-                else:
-                    seg = await self._segment(
-                        SegmentKind.RESULTS,
-                        results=outcomes,
-                        created_turn=created_here,
-                        closed_episodes=closed,
-                    )
+                seg = await self._segment(
+                    kind,
+                    prompt=prompt,
+                    results=outcomes,
+                    follow=follow,
+                    created_turn=created_here,
+                    closed_episodes=closed,
+                )
             except BaseException:
                 self._close_reader_nowait()
                 raise
+            if kind is first:
+                user_message_id = seg.user_message_id
+                if seg.follow is not None:
+                    # A follower: the turn's finished tool rounds come from history.
+                    for done in seg.follow.done_steps:
+                        step = self._history_step(len(steps) + 1, done)
+                        steps.append(step)
+                        client_calls.extend(step.client_tool_calls)
+            kind = SegmentKind.RESULTS
+            step_no = len(steps) + 1
             tr = seg.translator
             chat_id = seg.chat_id
             step_calls: list[ClientToolCall] = []
@@ -594,7 +691,7 @@ class CoderAgent:
             )
             if not outcomes:
                 break
-            if step_no == self._max_steps:
+            if step_no >= self._max_steps:
                 await self._wind_down(chat_id, outcomes)
                 break
         assert chat_id is not None
@@ -659,6 +756,7 @@ class CoderAgent:
         *,
         prompt: str | None = None,
         results: Sequence[ToolOutcome] = (),
+        follow: _FollowHint | None = None,
         created_turn: bool,
         closed_episodes: set[Episode],
     ) -> _Segment:
@@ -671,10 +769,10 @@ class CoderAgent:
         ending: Ending = "teardown"
         error_info: dict[str, str] | None = None
         try:
-            await self._run_segment(run, kind, prompt, results, closed_episodes)
+            await self._run_segment(run, kind, prompt, results, follow, closed_episodes)
             assert run.tr is not None and run.state.chat_id is not None
             ending = "clean"
-            return _Segment(run.tr, run.state.chat_id, run.user_message_id)
+            return _Segment(run.tr, run.state.chat_id, run.user_message_id, run.follow)
         except asyncio.CancelledError:
             ending = "failure"
             if self._turn_deadline_passed():
@@ -714,13 +812,14 @@ class CoderAgent:
         kind: SegmentKind,
         prompt: str | None,
         results: Sequence[ToolOutcome],
+        follow: _FollowHint | None,
         closed_episodes: set[Episode],
     ) -> None:
         """Submit, then read until the run settles; errors mapped to the agent's types."""
         deadline = asyncio.timeout(self._request_timeout)  # None: unbounded
         try:
             async with deadline:
-                after_id, gate = await self._submit(run, kind, prompt, results)
+                after_id, gate = await self._submit(run, kind, prompt, results, follow)
                 chat_id = run.state.chat_id
                 assert chat_id is not None
                 self._last_known_chat_id = chat_id
@@ -789,16 +888,23 @@ class CoderAgent:
         kind: SegmentKind,
         prompt: str | None,
         results: Sequence[ToolOutcome],
+        follow: _FollowHint | None = None,
     ) -> tuple[int, QueuedGate | None]:
         """The REST phase: returns the stream cursor and the queue gate (if queued)."""
+        if kind is SegmentKind.FOLLOW:
+            # Nothing is sent: read history once, then follow from the live step.
+            assert self._chat_id is not None and follow is not None
+            plan = await self._plan_follow(self._chat_id, follow)
+            run.follow = plan
+            run.user_message_id = plan.user_message_id
+            run.anchor_on_first_user = False
+            self._submitted.update(plan.answered_call_ids)
+            run.state = run.state.adopted(self._chat_id)
+            return plan.cursor, None
         if self._chat_id is not None and self._cursor == 0:
             page = await self._client.get_messages(self._chat_id, limit=1)
             self._cursor = page.messages[0].id if page.messages else 0
         after_id = self._cursor
-        if kind is SegmentKind.FOLLOW:
-            assert self._chat_id is not None
-            run.state = run.state.adopted(self._chat_id)
-            return after_id, None
         if kind is SegmentKind.RESULTS:
             if self._chat_id is None:
                 raise CoderChatError("cannot submit tool results before a chat exists")
@@ -834,6 +940,54 @@ class CoderAgent:
                 qm.id if qm is not None else None, qm.content if qm is not None else content
             )
         return after_id, None
+
+    async def _plan_follow(self, chat_id: str, hint: _FollowHint) -> FollowPlan:
+        cursor = self._cursor or None
+        messages, _ = await fetch_until(
+            self._client,
+            chat_id,
+            lambda ms: history_covers(
+                ms, after_id=cursor, user_message_id=hint.user_message_id, marker=hint.marker
+            ),
+        )
+        uid = pick_turn(
+            messages, after_id=cursor, user_message_id=hint.user_message_id, marker=hint.marker
+        )
+        if uid is None:
+            raise NoTurnToFollowError(chat_id, cursor, hint.user_message_id, hint.marker)
+        return plan_follow(messages, user_message_id=uid, client_tool_names=self._tools.keys())
+
+    def _history_step(self, step_no: int, done: DoneStep) -> StepResult:
+        """A finished tool round, rebuilt from history the way the live reader would have."""
+        tr = TurnTranslator(
+            client_tool_names=self._tools.keys(), cursor=done.after_id, anchor_on_first_user=False
+        )
+        for message in done.messages:
+            tr.feed({"type": "message", "message": message})
+        tr.finish()
+        calls = [
+            ClientToolCall(
+                c["tool_call_id"],
+                c["tool_name"],
+                _decode_args(c["args"]),
+                *done.outputs[c["tool_call_id"]],
+                step_no,
+            )
+            for c in done.calls
+        ]
+        return StepResult(
+            step=step_no,
+            text=tr.text,
+            reasoning=tr.reasoning,
+            finish_reason="tool-calls",
+            raw_status="requires_action",
+            usage=tr.usage,
+            client_tool_calls=calls,
+            server_tool_calls=list(tr.server_calls),
+            server_tool_results=list(tr.server_results),
+            sources=list(tr.sources),
+            message_ids=list(tr.message_ids),
+        )
 
     def _end_segment(self, run: _SegmentRun, ending: Ending, created_turn: bool) -> None:
         """Apply :func:`coder_chat.core.segment.teardown` to the stream and the chat."""

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["canonical_json", "field", "int_or_none", "plain"]
+__all__ = ["canonical_json", "field", "int_or_none", "plain", "tool_args_json"]
 
 _IS_MAPPING: dict[type, bool] = {dict: True}
 
@@ -51,3 +51,20 @@ def int_or_none(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
+
+
+def tool_args_json(part: Any) -> str:
+    """A committed ``tool-call`` part's arguments as the JSON *string* ``action_required`` carries.
+
+    Absent arguments become ``{}``; an explicit JSON ``null`` is preserved
+    (agent-semantics §3.5).
+    """
+    if isinstance(part, Mapping):
+        args = part["args"] if "args" in part else {}
+    else:
+        args = getattr(part, "args", {})
+        if args is None and "args" not in (getattr(part, "model_fields_set", set()) or set()):
+            args = {}
+    if isinstance(args, str | bytes):
+        return args.decode() if isinstance(args, bytes) else args
+    return json.dumps(plain(args) if args is not None else None)

@@ -31,7 +31,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from coder_chat.core.fields import canonical_json, field, plain
+from coder_chat.core.fields import canonical_json, field, plain, tool_args_json
 from coder_chat.core.fields import int_or_none as _int
 from coder_chat.core.parts import (
     ErrorPart,
@@ -493,15 +493,5 @@ def pending_client_calls(
             continue
         if name not in client_tool_names or cid in answered or cid in submitted_tool_call_ids:
             continue
-        if isinstance(part, Mapping):
-            args = part["args"] if "args" in part else {}
-        else:
-            args = getattr(part, "args", {})
-            if args is None and "args" not in (getattr(part, "model_fields_set", set()) or set()):
-                args = {}
-        if isinstance(args, str | bytes):
-            args_json = args.decode() if isinstance(args, bytes) else args
-        else:
-            args_json = json.dumps(plain(args) if args is not None else None)
-        calls.append({"tool_call_id": cid, "tool_name": name, "args": args_json})
+        calls.append({"tool_call_id": cid, "tool_name": name, "args": tool_args_json(part)})
     return turn, calls
