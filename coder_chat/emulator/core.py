@@ -207,21 +207,25 @@ class Core:
                 rows.append((self._user_wire(chat, content, user), "both"))
             elif k is EffectKind.ENQUEUE:
                 assert content is not None
-                q = {
-                    "id": self.ids.queued(),
+                qid = self.ids.queued()
+                q: dict[str, Any] = {
+                    "id": qid,
                     "chat_id": chat.id,
                     "model_config_id": chat.model_config_id,
                     "content": content,
                     "created_at": rfc3339(self.now()),
-                    "_created_by": user.id if user else chat.owner.id,
                 }
                 chat.queue.append(q)
+                # Who queued it is server-side only (it becomes the promoted row's
+                # created_by); the wire ChatQueuedMessage has no such field.
+                chat.queue_authors[qid] = user.id if user else chat.owner.id
                 info["queued_message"] = q
                 queue_changed = True
             elif k is EffectKind.PROMOTE_HEAD:
                 head = chat.queue.pop(0)
                 promoted_idx.append(len(rows))
-                creator = next((u for u in self.users if u.id == head["_created_by"]), chat.owner)
+                author = chat.queue_authors.pop(head["id"], chat.owner.id)
+                creator = next((u for u in self.users if u.id == author), chat.owner)
                 wire = self._user_wire(chat, head["content"], creator)
                 if self.cfg.stamp_queued_message_id:
                     wire["queued_message_id"] = head["id"]
@@ -234,6 +238,8 @@ class Core:
                 queue_changed = True
             elif k is EffectKind.DELETE_QUEUED:
                 chat.queue = [q for q in chat.queue if q["id"] != queued_id]
+                if queued_id is not None:
+                    chat.queue_authors.pop(queued_id, None)
                 queue_changed = True
             elif k is EffectKind.CLEAR_ERROR:
                 chat.last_error = None
@@ -454,19 +460,26 @@ class Core:
         chat.retry = None
         if chat.queue:
             chat.queue = []
+            chat.queue_authors.clear()
             chat.queue_version += 1
         chat.history_version += 1
         chat.generation_attempt = 0
+        deleted: list[int] = []
         for m in chat.messages:
             if m.id > msg_id and not m.deleted:
                 m.deleted = True
+                if m.visibility == "both":
+                    deleted.append(m.id)
         target.wire = {**target.wire, "content": content}
         target.revision = chat.history_version
         chat.reset_versions.append(chat.history_version)
         chat.updated_at = self.now()
         self.log("message_edited", chat.id, id=msg_id)
         self.apply(chat, outcome)
-        return {"message": target.wire}
+        out: dict[str, Any] = {"message": target.wire}
+        if deleted:
+            out["deleted_message_ids"] = deleted
+        return out
 
     def set_title(self, chat: ChatRec, title: str) -> None:
         """PATCH title."""

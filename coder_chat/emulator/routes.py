@@ -53,6 +53,10 @@ FILE_TYPES = {
     "text/plain",
 }
 NOT_FOUND = "Resource not found or you do not have access to this resource"
+# Collection words mounted before the {chat} wildcard (coderd/chat_routes.go): reserved
+# ones answer 404 on the server; the others are real routes the emulator does not serve.
+RESERVED_SEGMENTS = frozenset({"model-configs", "models", "providers", "user-provider-configs"})
+NOT_EMULATED_SEGMENTS = frozenset({"by-workspace", "config"})
 SIGNED_OUT = "You are signed out or your session has expired. Please sign in again to continue."
 
 Result = Response | DropResponse | Upgrade
@@ -168,13 +172,16 @@ class Api:
             if len(segs) == 2 and m == "GET":
                 return self._download(user, segs[1])
             return error_response(404, "Route not found.")
-        if head == "model-configs":
+        if head in RESERVED_SEGMENTS or head in NOT_EMULATED_SEGMENTS:
+            # The server mounts these words before its {chat} wildcard, so they are
+            # routes (reserved → 404, or real routes the emulator does not serve),
+            # never a malformed chat UUID (400).
             return error_response(404, "Route not found.")
         chat = self._chat(head, user)
         rest = segs[1:]
         if not rest:
             if m == "GET":
-                return json_response(200, self._render(chat))
+                return json_response(200, chat.render(children=[], single_read=True))
             if m == "PATCH":
                 return self._patch(req, user, chat)
             return _method_not_allowed()

@@ -90,7 +90,8 @@ class ChatRec:
     shared_with: set[str] = field(default_factory=set)
     # history and queue
     messages: list[MsgRec] = field(default_factory=list)
-    queue: list[dict[str, Any]] = field(default_factory=list)
+    queue: list[dict[str, Any]] = field(default_factory=list)  # wire ChatQueuedMessage dicts
+    queue_authors: dict[int, str] = field(default_factory=dict)  # queued id → user id
     queue_version: int = 0
     history_version: int = 0
     generation_attempt: int = 0
@@ -133,8 +134,14 @@ class ChatRec:
         """The current (history_version, generation_attempt)."""
         return (self.history_version, self.generation_attempt)
 
-    def render(self, children: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The wire ``Chat`` object."""
+    def render(
+        self, children: list[dict[str, Any]] | None = None, *, single_read: bool = False
+    ) -> dict[str, Any]:
+        """The wire ``Chat`` object.
+
+        ``queued_for_capacity`` is omitempty and only derived on a single-chat read
+        (GET /chats/{chat}); lists, watch events and mutation responses leave it false,
+        i.e. absent, like the server."""
         out: dict[str, Any] = {
             "id": self.id,
             "organization_id": self.organization_id,
@@ -153,7 +160,6 @@ class ChatRec:
             "mcp_server_ids": list(self.mcp_server_ids),
             "labels": dict(self.labels),
             "has_unread": self.has_unread,
-            "queued_for_capacity": self.queued_for_capacity,
             "client_type": self.client_type,
             "children": children if children is not None else [],
         }
@@ -166,6 +172,8 @@ class ChatRec:
             out["plan_mode"] = self.plan_mode
         if self.last_error is not None:
             out["last_error"] = dict(self.last_error)
+        if single_read and self.queued_for_capacity:
+            out["queued_for_capacity"] = True
         return out
 
 

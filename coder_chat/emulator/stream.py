@@ -65,7 +65,7 @@ class StreamCursor:
         if chat.queue_version > self.sent_queue_version:
             ev: dict[str, Any] = {"type": "queue_update", "chat_id": cid}
             if chat.queue:
-                ev["queued_messages"] = list(chat.queue)
+                ev["queued_messages"] = [dict(q) for q in chat.queue]
             out.append(ev)
             self.sent_queue_version = chat.queue_version
         if chat.status != self.sent_status:

@@ -9,8 +9,9 @@ from .store import ChatRec
 
 
 def public_queued(q: dict[str, Any]) -> dict[str, Any]:
-    """A queued message as the wire ``ChatQueuedMessage`` (internal ``_`` keys dropped)."""
-    return {k: v for k, v in q.items() if not k.startswith("_")}
+    """A queued message as the wire ``ChatQueuedMessage`` (a copy: callers may not alias
+    the stored entry)."""
+    return dict(q)
 
 
 def chat_info(chat: ChatRec, queue_cap: int) -> dict[str, Any]:
@@ -18,6 +19,7 @@ def chat_info(chat: ChatRec, queue_cap: int) -> dict[str, Any]:
     view = sm.ExecView(chat.status, len(chat.queue), chat.archived, queue_cap)
     return {
         **chat.render(),
+        "queued_for_capacity": chat.queued_for_capacity,
         "queue": [public_queued(q) for q in chat.queue],
         "execution_state": sm.classify(view),
         "history_version": chat.history_version,

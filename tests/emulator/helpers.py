@@ -13,16 +13,28 @@ import websockets
 
 from coder_chat.emulator import Emulator
 
+from .wire_check import check_frame, check_rest
+
 P = "/api/experimental/chats"
 V2 = "/api/v2/chats"
 
 
+async def _check_wire(response: httpx.Response) -> None:
+    """Every chat-API JSON body a test sees must match the server's wire types."""
+    await response.aread()
+    ctype = response.headers.get("content-type", "")
+    body = response.json() if ctype.startswith("application/json") and response.content else None
+    check_rest(response.request.method, response.request.url.path, response.status_code, body)
+
+
 def client(emu: Emulator, token: str | None = None) -> httpx.AsyncClient:
-    """An httpx client authenticated as ``token`` (default user when None)."""
+    """An httpx client authenticated as ``token`` (default user when None); every
+    response body is validated against the wire types (``wire_check``)."""
     return httpx.AsyncClient(
         base_url=emu.base_url,
         headers={"Coder-Session-Token": token or emu.token},
         timeout=10,
+        event_hooks={"response": [_check_wire]},
     )
 
 
@@ -85,6 +97,7 @@ class Tap:
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self.ws: Any = None
+        self.wire_error: Exception | None = None
 
     async def __aenter__(self) -> Tap:
         self.ws = await websockets.connect(
@@ -105,12 +118,19 @@ class Tap:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+        if self.wire_error is not None:
+            raise AssertionError(f"stream frame does not match the wire types: {self.wire_error}")
 
     async def _read(self) -> None:
         try:
             async for raw in self.ws:
                 self.raw.append(raw)
                 frame = json.loads(raw)
+                try:
+                    check_frame(frame)  # every frame matches the wire types
+                except Exception as exc:
+                    self.wire_error = exc
+                    raise
                 self.frames.append(frame)
                 self.events.extend(frame)
                 self._changed.set()

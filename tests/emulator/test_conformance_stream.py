@@ -15,6 +15,7 @@ from websockets.uri import parse_uri
 from coder_chat.emulator import Emulator, Script, ScriptStep, Sleep, Text
 
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
+from .wire_check import check_watch
 
 
 async def test_handshake_errors_are_plain_http(emu: Emulator) -> None:
@@ -205,13 +206,16 @@ async def test_watch(emu: Emulator) -> None:
                     raw = await ws.recv()
                     obj = json.loads(raw)
                     assert isinstance(obj, dict)  # one object per frame, not an array
+                    check_watch(obj)
                     seen.append(obj)
             assert seen[0]["kind"] == "created" and seen[0]["chat"]["id"] == chat["id"]
             await c.patch(f"{P}/{chat['id']}", json={"archived": True, "title": "New"})
             kinds = []
             async with asyncio.timeout(5):
                 while "deleted" not in kinds:
-                    kinds.append(json.loads(await ws.recv())["kind"])
+                    obj = json.loads(await ws.recv())
+                    check_watch(obj)
+                    kinds.append(obj["kind"])
             assert kinds == ["title_change", "deleted"]
         finally:
             await ws.close()
