@@ -81,6 +81,7 @@ from coder_chat.models import (
 from coder_chat.models import ToolResult as WireToolResult
 from coder_chat.rest import ChatClient
 from coder_chat.settings import CoderSettings
+from coder_chat.stop import stop_chat
 from coder_chat.stream import ChatStreamReader, StreamOptions
 from coder_chat.tools import (
     ClientTool,
@@ -1265,21 +1266,24 @@ class CoderAgent:
         return InterruptResult(True, target)
 
     async def archive(self, *, timeout: float | None = None) -> ArchiveResult:
-        """Archive stranded chats (oldest first) then the session's chat.
+        """Stop and archive stranded chats (oldest first), then the session's chat.
 
-        Retries 409 ("active chat") every ``timings.settle_retry_delay`` within one
-        ``timings.settle_deadline`` window; other errors raise at once. Each
-        success clears that id from ``stranded_chat_ids``/``last_known_chat_id``.
-        An archived chat cannot be resumed.
+        Each target is brought to rest with :func:`coder_chat.stop.stop_chat`: a
+        live run is interrupted, a ``requires_action`` pause twice (the first
+        interrupt only closes its pending calls and revives the run), and the
+        archive is retried on 409 every ``timings.settle_retry_delay``, all
+        within one ``timings.settle_deadline`` window shared by the targets.
+        Each success clears that id from ``stranded_chat_ids`` and
+        ``last_known_chat_id``. A target not archived within the window raises
+        ``CoderChatError(kind="archive_incomplete", retryable=True)``; other
+        REST errors raise at once. An archived chat cannot be resumed.
         """
         primary = self._chat_id or self._last_known_chat_id
         if primary is None and not self._stranded:
             return ArchiveResult(False, None, [])
         self._close_paused_reader()
         targets = list(dict.fromkeys([*self._stranded, *([primary] if primary else [])]))
-        if timeout is None:
-            return await self._archive_targets(primary, targets)
-        async with asyncio.timeout(max(0.0, timeout)):
+        async with asyncio.timeout(None if timeout is None else max(0.0, timeout)):
             return await self._archive_targets(primary, targets)
 
     async def _archive_targets(self, primary: str | None, targets: list[str]) -> ArchiveResult:
@@ -1288,15 +1292,21 @@ class CoderAgent:
         deadline = loop.time() + t.settle_deadline
         archived: list[str] = []
         for target in targets:
-            while True:
-                remaining = max(0.001, deadline - loop.time())
-                try:
-                    await self._client.archive_chat(target, timeout=remaining)
-                    break
-                except CoderApiError as exc:
-                    if exc.status != 409 or loop.time() + t.settle_retry_delay >= deadline:
-                        raise
-                await asyncio.sleep(t.settle_retry_delay)
+            stopped = await stop_chat(
+                self._client,
+                target,
+                timeout=max(0.001, deadline - loop.time()),
+                archive=True,
+                poll_interval=t.settle_retry_delay,
+            )
+            if not stopped.archived:
+                why = f"; last error: {stopped.last_error}" if stopped.last_error else ""
+                raise CoderChatError(
+                    f"chat {target} was not archived within the {t.settle_deadline:g}s window "
+                    f"(last status {stopped.status}){why}",
+                    kind="archive_incomplete",
+                    retryable=True,
+                )
             archived.append(target)
             self._stranded.pop(target, None)
             if self._last_known_chat_id == target:

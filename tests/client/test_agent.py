@@ -355,27 +355,63 @@ async def test_interrupt_archive_reset(emu: Emulator) -> None:
     await other.aclose()
 
 
-async def test_archive_retries_409_until_run_winds_down(emu: Emulator) -> None:
+async def test_archive_stops_a_live_run_then_archives(emu: Emulator) -> None:
     agent = make(emu)
-    task = asyncio.create_task(agent.generate(directive(Script.long_running(0.4))))
-    await started(agent)
-    other = make(emu, chat_id=agent.chat_id)
-    res = await other.archive()  # busy at first: 409s retried 50 ms apart
-    assert res.archived
-    conflicts = [r for r in requests(emu, agent.chat_id, agent.chat_id) if r["method"] == "PATCH"]
-    assert len(conflicts) >= 2 and conflicts[-1]["status"] == 204
-    await task
-    # a window too short to outlast the run: the last 409 surfaces
-    short = make(emu, timings=AgentTimings(settle_deadline=0.1, settle_retry_delay=0.05))
-    t2 = asyncio.create_task(short.generate(directive(Script.long_running(1.0))))
-    await started(short)
-    await emu.await_status(short.chat_id, "running")
-    with pytest.raises(CoderApiError) as conflict:
-        await make(emu, chat_id=short.chat_id, timings=short._timings).archive()
-    assert conflict.value.status == 409
-    await t2
-    for a in (agent, other, short):
+    task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))
+    chat_id = await started(agent)
+    await emu.await_status(chat_id, "running")
+    other = make(emu, chat_id=chat_id)
+    res = await other.archive()  # a live run: interrupted, then archived
+    assert res.archived and res.archived_chat_ids == [chat_id]
+    assert len(requests(emu, chat_id, "/interrupt")) == 1
+    patches = [r for r in requests(emu, chat_id, chat_id) if r["method"] == "PATCH"]
+    assert patches[-1]["status"] == 204
+    partial = await task  # the interrupted run settled with its partial output
+    assert partial.finish_reason == "stop" and partial.text != "Finally done."
+    assert emu.chat(chat_id)["archived"] is True
+    for a in (agent, other):
         await a.aclose()
+
+
+async def test_archive_interrupts_a_paused_chat_twice(emu: Emulator) -> None:
+    started_tool = asyncio.Event()
+
+    @client_tool(name="add", description="never returns")
+    async def hangs(args: Add, ctx: ToolContext) -> int:
+        started_tool.set()
+        await asyncio.Event().wait()
+        return 0
+
+    agent = make(emu, tools=[hangs])
+    task = asyncio.create_task(
+        agent.generate(directive(Script.client_tool("add", {"a": 1, "b": 1})))
+    )
+    await asyncio.wait_for(started_tool.wait(), 5)
+    chat_id = agent.chat_id
+    assert chat_id is not None
+    task.cancel()  # the pause stays: requires_action
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert emu.chat(chat_id)["status"] == "requires_action"
+    # One interrupt would only close the pending call and revive the run.
+    res = await make(emu, chat_id=chat_id).archive()
+    assert res.archived and len(requests(emu, chat_id, "/interrupt")) == 2
+    assert emu.chat(chat_id)["archived"] is True
+    await agent.aclose()
+
+
+@pytest.mark.chatd_emulator(delta_delay=0.0005, interrupt_wind_down=1.0)
+async def test_archive_window_too_short_raises_archive_incomplete(emu: Emulator) -> None:
+    short = make(emu, timings=AgentTimings(settle_deadline=0.2, settle_retry_delay=0.05))
+    task = asyncio.create_task(short.generate(directive(Script.long_running(5))))
+    chat_id = await started(short)
+    await emu.await_status(chat_id, "running")
+    with pytest.raises(CoderChatError) as incomplete:
+        await make(emu, chat_id=chat_id, timings=short._timings).archive()
+    assert incomplete.value.kind == "archive_incomplete" and incomplete.value.retryable
+    assert emu.chat(chat_id)["archived"] is False
+    await task  # the interrupt winds down after the window; the turn settles
+    await short.aclose()
 
 
 async def test_prebuilt_client_events_split(emu: Emulator, events: Any) -> None:
