@@ -1,14 +1,17 @@
 """Error types of the chatd client (agent-semantics spec §7).
 
 Every error the client raises derives from :class:`CoderError`, so one
-``except CoderError`` catches them all (the caller's own ``TimeoutError`` /
-``CancelledError`` and programming errors aside)::
+``except CoderError`` catches them all. Aside: expired budgets stay the builtin
+``TimeoutError`` (the caller's own deadline, a per-call ``timeout=``, a settle
+budget), cancellation stays ``CancelledError``, and argument mistakes stay
+``TypeError``/``ValueError``::
 
     CoderError(Exception)                   root of everything below
     ├─ CoderAgentError                      misuse, bad construction, unparseable frame
     │  ├─ CoderApiError                     non-2xx REST response / non-transient 4xx WS upgrade
-    │  └─ CoderChatError                    server ``error`` event, timeout, stream_closed,
-    │                                       queued_submission_lost
+    │  ├─ CoderChatError                    server ``error`` event, timeout, stream_closed,
+    │  │                                    queued_submission_lost
+    │  └─ GatewayError, GatewayOutputError  AI Gateway calls (``coder_chat.gateway``)
     ├─ CoderStreamError                     redial budget exhausted / undedupable drop
     │                                       (deliberately NOT a CoderAgentError, spec §7)
     ├─ CoderRecoveryError                   crash recovery cannot finish (no re-drive path,
