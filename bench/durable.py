@@ -14,7 +14,14 @@ Overhead of turn i = (completion of durable turn i - completion of turn i-1)
 ``--rounds`` runs per backend are pooled. Reported for the SQLite and the
 PostgreSQL store; targets: median ≤ 30 ms (SQLite) / ≤ 50 ms (PostgreSQL).
 
-Run: ``.venv/bin/python bench/durable.py [--turns 20] [--rounds 3] [--pg-url URL] [--no-pg]``.
+``--peer`` also runs the closest peer, Pydantic AI's durable agents on Prefect
+(``pydantic-ai-slim[prefect]``, the ``PrefectDurability`` capability), in the same
+process and the same rounds: per step one ``agent.run`` with one tool call on
+``TestModel``, plain vs with ``PrefectDurability`` inside a flow (step 0 of each
+flow left out, as ours). Its overhead per step is the durable step minus the plain
+one; the ratio ours / peer is printed per store.
+
+Run: ``.venv/bin/python bench/durable.py [--turns 20] [--rounds 3] [--pg-url URL] [--no-pg] [--peer]``.
 Without ``--pg-url`` a private throwaway PostgreSQL cluster is started when the
 server binaries exist (``/usr/lib/postgresql/*/bin``); Prefect runs against a
 temporary test server with result storage in a temp dir.
@@ -38,6 +45,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -132,8 +140,7 @@ async def durable_turns(
     """(wall time per turn from the flow's view, generate time inside each turn)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings
-    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+    from prefect_coder.flows import Step, WorkflowSettings, agent_workflow
 
     settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
     steps = [Step(name=f"t{i:02d}", prompt=p) for i, p in enumerate(prompts(n))]
@@ -188,11 +195,74 @@ def report(label: str, raw: list[float], walls: list[float], gens: list[float]) 
     return row
 
 
+class Peer:
+    """Pydantic AI's ``PrefectDurability``: one ``agent.run`` with one tool call per step."""
+
+    def __init__(self) -> None:
+        try:
+            from pydantic_ai import Agent
+            from pydantic_ai.durable_exec.prefect import PrefectDurability
+            from pydantic_ai.models.test import TestModel
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise SystemExit(
+                f"--peer needs pydantic-ai-slim[prefect] ({exc}); "
+                "install it with: .venv/bin/pip install 'pydantic-ai-slim[prefect]'"
+            ) from exc
+        from prefect import flow
+
+        def agent(durable: bool) -> Any:
+            caps = [PrefectDurability()] if durable else []
+            a = Agent(
+                TestModel(), name="bench-peer" if durable else "bench-plain", capabilities=caps
+            )
+
+            @a.tool_plain
+            def lookup(build: int) -> str:
+                """Look up a CI build."""
+                return f"build {build}: green"
+
+            return a
+
+        self.plain = agent(durable=False)
+        durable = agent(durable=True)
+
+        @flow(name="bench-peer-steps")
+        async def steps(n: int) -> list[float]:
+            out = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                await durable.run(f"step {i}: look up build {i}")
+                out.append((time.perf_counter() - t0) * 1000)
+            return out
+
+        self.steps = steps
+
+    async def plain_steps(self, n: int) -> list[float]:
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            result = await self.plain.run(f"step {i}: look up build {i}")
+            out.append((time.perf_counter() - t0) * 1000)
+        # TestModel calls every tool once, then answers: one tool call per step.
+        assert any(p.part_kind == "tool-call" for m in result.all_messages() for p in m.parts)
+        return out
+
+    async def durable_steps(self, n: int) -> list[float]:
+        return list(await self.steps(n))
+
+
+def peer_version() -> str:
+    from importlib.metadata import version
+
+    return version("pydantic-ai-slim")
+
+
 async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: str) -> None:
     from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
     from coder_chat.emulator import Emulator
 
+    peer = Peer() if args.peer else None
     with Emulator.running_in_thread(tokens=[TOKEN]) as emu:
         await CoderCredentials(
             base_url=emu.base_url, organization_id=emu.organization_id, token=TOKEN
@@ -208,19 +278,50 @@ async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: 
         await raw_turns(emu, 3)
         for _, block in backends:
             await durable_turns("bench-coder", block, 3, "warm")
-        summary = {}
-        for label, block in backends:
-            raw: list[float] = []
-            walls: list[float] = []
-            gens: list[float] = []
-            # Several rounds, interleaved raw/durable, pooled: one noisy moment on
-            # a shared machine then moves the p95, not the median.
-            for r in range(args.rounds):
+        if peer is not None:
+            await peer.plain_steps(3)
+            await peer.durable_steps(3)
+        pooled: dict[str, tuple[list[float], list[float], list[float]]] = {
+            label: ([], [], []) for label, _ in backends
+        }
+        peer_plain: list[float] = []
+        peer_durable: list[float] = []
+        # Several rounds, interleaved raw/durable and ours/peer, pooled: one noisy
+        # moment on a shared machine then moves the p95, not the median, and both
+        # sides see the same machine.
+        for r in range(args.rounds):
+            for label, block in backends:
+                raw, walls, gens = pooled[label]
                 raw += (await raw_turns(emu, args.turns))[1:]
                 w, g = await durable_turns("bench-coder", block, args.turns, f"{label}-{r}".lower())
                 walls += w[1:]
                 gens += g[1:]
-            summary[label] = report(label, raw, walls, gens)
+            if peer is not None:
+                peer_plain += (await peer.plain_steps(args.turns))[1:]
+                peer_durable += (await peer.durable_steps(args.turns))[1:]
+        summary: dict[str, dict[str, float]] = {}
+        for label, _ in backends:
+            summary[label] = report(label, *pooled[label])
+        if peer is not None:
+            over = [d - p for d, p in zip(peer_durable, peer_plain, strict=True)]
+            row = {
+                "steps": len(over),
+                "plain_median_ms": statistics.median(peer_plain),
+                "durable_median_ms": statistics.median(peer_durable),
+                "overhead_median_ms": statistics.median(over),
+                "overhead_p95_ms": pct(over, 0.95),
+            }
+            summary["peer"] = row
+            print(
+                f"{'peer':10s} plain step {row['plain_median_ms']:5.1f} ms | durable step "
+                f"{row['durable_median_ms']:6.1f} ms | overhead median "
+                f"{row['overhead_median_ms']:5.1f} ms, p95 {row['overhead_p95_ms']:5.1f} ms"
+                f"  (pydantic-ai-slim {peer_version()}, PrefectDurability, TestModel, 1 tool call)"
+            )
+            for label, _ in backends:
+                ratio = summary[label]["overhead_median_ms"] / row["overhead_median_ms"]
+                summary[label]["ratio_to_peer"] = ratio
+                print(f"ratio ours/peer ({label}): {ratio:.2f}x  (goal <= 0.5x)")
         print(json.dumps(summary, indent=2))
 
 
@@ -230,6 +331,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per backend, pooled")
     parser.add_argument("--pg-url", default=None, help="PostgreSQL URL (default: private)")
     parser.add_argument("--no-pg", action="store_true")
+    parser.add_argument(
+        "--peer", action="store_true", help="also run Pydantic AI's PrefectDurability peer"
+    )
     args = parser.parse_args()
 
     from prefect.settings import (
