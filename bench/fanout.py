@@ -36,8 +36,9 @@ from prefect.settings import (  # noqa: E402
 )
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
-from prefect_coder.flows import fleet  # noqa: E402
-from prefect_coder.flows.params import Step, WorkflowSettings  # noqa: E402
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout  # noqa: E402
+from prefect_coder.flows.parts import turn_slot  # noqa: E402
+from prefect_coder.flows.parts.params import Step, WorkflowSettings  # noqa: E402
 
 from coder_chat.emulator import Emulator  # noqa: E402
 
@@ -84,18 +85,18 @@ async def _one_cap(emu: Emulator, tmp: Path, cap: int, n: int, turn_s: float) ->
         artifacts=False,
     )
     items = [
-        fleet.FanoutItem(
+        FanoutItem(
             workflow_id=f"b-{name}-{i}",
             steps=[Step(name="s", prompt=f'go #emu {{"sleep": {turn_s}, "text": "ok"}}')],
         )
         for i in range(n)
     ]
     before = len(emu.event_log(["turn_start"]))
-    fleet.SLOT_TRACE = []
+    turn_slot.SLOT_TRACE = []
     t0 = time.perf_counter()
-    outcomes = await fleet.agent_fanout(items, settings, max_parallel=max(64, 2 * cap))
+    outcomes = await agent_fanout(items, settings, max_parallel=max(64, 2 * cap))
     wall = time.perf_counter() - t0
-    trace, fleet.SLOT_TRACE = fleet.SLOT_TRACE, None
+    trace, turn_slot.SLOT_TRACE = turn_slot.SLOT_TRACE, None
     assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
     starts = emu.event_log(["turn_start"])[before:]
     assert len(starts) == n
@@ -121,13 +122,13 @@ async def _store_handoff(tmp: Path, rounds: int) -> list[float]:
     store = StateStore(f"sqlite+aiosqlite:///{tmp / 'handoff.db'}")
 
     async def holder(at: dict[str, float]) -> None:
-        async with fleet.turn_slot(store, 1, wait=10, ttl=30):
+        async with turn_slot.turn_slot(store, 1, wait=10, ttl=30):
             await asyncio.sleep(0.2)
         at["release"] = time.monotonic()
 
     async def waiter(at: dict[str, float]) -> None:
         await asyncio.sleep(0.05)
-        async with fleet.turn_slot(store, 1, wait=10, ttl=30):
+        async with turn_slot.turn_slot(store, 1, wait=10, ttl=30):
             at["acquire"] = time.monotonic()
 
     out: list[float] = []

@@ -52,8 +52,8 @@ async def main(args: argparse.Namespace) -> None:
     )
     from prefect.testing.utilities import prefect_test_harness
     from prefect_coder.blocks import ChatStateStore, CoderCredentials, JournalEntry, StateStore
-    from prefect_coder.flows.params import WorkflowSettings
-    from prefect_coder.flows.workflow import agent_workflow
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+    from prefect_coder.flows.parts.params import WorkflowSettings
     from pydantic import SecretStr
 
     from coder_chat.emulator import Emulator

@@ -30,9 +30,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.params import Step, WorkflowSettings
-from prefect_coder.flows.results import result_key
-from prefect_coder.flows.workflow import agent_workflow
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.results import result_key
 
 from coder_chat.emulator import Emulator
 

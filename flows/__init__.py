@@ -1,23 +1,27 @@
-"""Prefect tasks and flows for durable Coder Agents workflows.
+"""Prefect tasks and flows for durable Coder Agents workflows — the front door.
 
-* :func:`prefect_coder.flows.turn.run_turn` — one durable turn (task)
-* :func:`prefect_coder.flows.workflow.agent_workflow` — sequential steps on one chat (flow)
-* :func:`prefect_coder.flows.workflow.agent_turn` — one step as its own flow run (flow)
-* :func:`prefect_coder.flows.archive.archive_workflow_chat` — end of life of a workflow's chat (flow)
-* :func:`prefect_coder.flows.recovery.recover_turn` — recover a stuck or crashed step (flow)
-* :func:`prefect_coder.flows.sweeps.sweep_orphans` — retire chats no checkpoint accounts for (flow)
-* :func:`prefect_coder.flows.sweeps.sweep_stuck_turns` — interrupt turns nobody finishes (flow)
-* :func:`prefect_coder.flows.fleet.agent_fanout` — many workflows in parallel within the turn cap (flow)
-* :func:`prefect_coder.flows.model_step.model_step` — one AI Gateway call, no chat (task)
-* :func:`prefect_coder.flows.approval.expire_approvals` — failure handler for timed-out approvals (flow)
-* :mod:`prefect_coder.flows.registry` — client tools and output models by name
+The public names, imported lazily from their layer (see docs/architecture.md):
 
-Submodules are imported lazily so that ``prefect_coder.flows.params`` and ``prefect_coder.flows.registry``
-stay usable without importing Prefect's engine.
+* :func:`run_turn` — one durable turn (task; ``flows.turn.durable_turn``)
+* :func:`model_step` — one AI Gateway call, no chat (task; ``flows.turn.model_step``)
+* :func:`agent_workflow` — sequential steps on one chat (flow; ``flows.deployments.agent_workflow``)
+* :func:`agent_turn` — one step as its own flow run (flow; ``flows.deployments.agent_turn``)
+* :func:`archive_workflow_chat` — end of life of a workflow's chat (flow)
+* :func:`recover_turn` — recover a stuck or crashed step (flow)
+* :func:`sweep_orphans` — retire chats no checkpoint accounts for (flow)
+* :func:`sweep_stuck_turns` — interrupt turns nobody finishes (flow)
+* :func:`agent_fanout` — many workflows in parallel within the turn cap (flow)
+* :func:`expire_approvals` — failure handler for timed-out approvals (flow)
+* :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult` — parameters and results
+* :mod:`prefect_coder.flows.parts.registry` — client tools and output models by name
+
+Lazy, so that ``prefect_coder.flows.parts.params`` and ``.parts.registry`` stay
+usable without importing Prefect's engine.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = [
@@ -37,26 +41,24 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Step": "prefect_coder.flows.params",
-    "WorkflowSettings": "prefect_coder.flows.params",
-    "TurnResult": "prefect_coder.flows.results",
-    "run_turn": "prefect_coder.flows.turn",
-    "agent_workflow": "prefect_coder.flows.workflow",
-    "agent_turn": "prefect_coder.flows.workflow",
-    "archive_workflow_chat": "prefect_coder.flows.archive",
-    "agent_fanout": "prefect_coder.flows.fleet",
-    "model_step": "prefect_coder.flows.model_step",
-    "expire_approvals": "prefect_coder.flows.approval",
-    "recover_turn": "prefect_coder.flows.recovery",
-    "sweep_orphans": "prefect_coder.flows.sweeps",
-    "sweep_stuck_turns": "prefect_coder.flows.sweeps",
+    "Step": "prefect_coder.flows.parts.params",
+    "WorkflowSettings": "prefect_coder.flows.parts.params",
+    "TurnResult": "prefect_coder.flows.parts.results",
+    "run_turn": "prefect_coder.flows.turn.durable_turn",
+    "model_step": "prefect_coder.flows.turn.model_step",
+    "agent_workflow": "prefect_coder.flows.deployments.agent_workflow",
+    "agent_turn": "prefect_coder.flows.deployments.agent_turn",
+    "archive_workflow_chat": "prefect_coder.flows.deployments.archive_workflow_chat",
+    "agent_fanout": "prefect_coder.flows.deployments.agent_fanout",
+    "expire_approvals": "prefect_coder.flows.deployments.expire_approvals",
+    "recover_turn": "prefect_coder.flows.deployments.recover_turn",
+    "sweep_orphans": "prefect_coder.flows.deployments.sweep_orphans",
+    "sweep_stuck_turns": "prefect_coder.flows.deployments.sweep_stuck_turns",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'flows' has no attribute {name!r}")
-    import importlib
-
+        raise AttributeError(f"module 'prefect_coder.flows' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

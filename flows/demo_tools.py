@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from prefect_coder.flows.registry import output_model, registered_tool
+from prefect_coder.flows.parts.registry import output_model, registered_tool
 from pydantic import BaseModel, Field
 
 from coder_chat.tools import ToolContext

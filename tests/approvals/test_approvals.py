@@ -21,9 +21,9 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.flow_runs import aresume_flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.approval import EXPIRED_MESSAGE, expire_approvals
-from prefect_coder.flows.params import WorkflowSettings
-from prefect_coder.flows.workflow import agent_workflow
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE, expire_approvals
+from prefect_coder.flows.parts.params import WorkflowSettings
 
 from coder_chat.emulator import Emulator
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 from fleet_env import TOKEN
-from prefect_coder.flows.fleet import FanoutItem, agent_fanout
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from test_fleet import _settings, _step
 
 from coder_chat.emulator import Emulator

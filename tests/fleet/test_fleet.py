@@ -20,16 +20,15 @@ from fleet_env import ROOT, TOKEN
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
-from prefect_coder.flows.fleet import (
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.turn_slot import (
     WAITING_STATE_NAME,
-    FanoutItem,
     TurnSlotUnavailableError,
-    agent_fanout,
     busy_slots,
     turn_slot,
 )
-from prefect_coder.flows.labels import LABEL_WORKFLOW
-from prefect_coder.flows.params import Step, WorkflowSettings
 
 from coder_chat.emulator import Emulator
 
@@ -123,7 +122,7 @@ async def test_two_steps_each_take_and_return_a_slot(
 _HOLDER = """
 import asyncio, sys
 from prefect_coder.blocks.state import StateStore
-from prefect_coder.flows.fleet import turn_slot
+from prefect_coder.flows.parts.turn_slot import turn_slot
 
 async def main():
     store = StateStore(sys.argv[1])
@@ -217,8 +216,8 @@ async def test_a_workflow_past_its_slot_wait_fails_clearly(
 
 _FANOUT_CHILD = """
 import asyncio, json, sys
-from prefect_coder.flows.fleet import FanoutItem, agent_fanout
-from prefect_coder.flows.params import WorkflowSettings
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+from prefect_coder.flows.parts.params import WorkflowSettings
 
 args = json.loads(sys.argv[1])
 items = [FanoutItem.model_validate(i) for i in args["items"]]

@@ -6,19 +6,19 @@ from __future__ import annotations
 import logging
 
 import pytest
-from prefect_coder.flows import registry
-from prefect_coder.flows.artifacts import artifact_key, render_turn_markdown
-from prefect_coder.flows.errors import WorkflowParameterError
-from prefect_coder.flows.observe import chat_resource, describe
-from prefect_coder.flows.params import (
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.artifacts import artifact_key, render_turn_markdown
+from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.parts.observe import chat_resource, describe
+from prefect_coder.flows.parts.params import (
     Step,
     step_marker,
     validate_base_url,
     validate_steps,
     validate_workflow_id,
 )
-from prefect_coder.flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from prefect_coder.flows.retry import is_retryable_failure
+from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
+from prefect_coder.flows.parts.retry import is_retryable_failure
 from pydantic import BaseModel
 
 from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError

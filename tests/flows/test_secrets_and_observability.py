@@ -10,8 +10,8 @@ from flow_helpers import TOKEN, emu_directive, say
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.sorting import LogSort
 from prefect_coder.blocks import ChatStateStore
-from prefect_coder.flows.artifacts import artifact_key
-from prefect_coder.flows.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.artifacts import artifact_key
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
 from coder_chat.emulator import Emulator
 
@@ -40,7 +40,7 @@ async def test_observability_is_published_and_the_token_is_nowhere(
     prefect_env: object,
     sqlite_block: str,
 ) -> None:
-    from prefect_coder.flows.workflow import agent_workflow
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 
     steps = [
         Step(

@@ -10,15 +10,15 @@ import sys
 
 from flow_helpers import ROOT, emu_directive, user_messages
 from prefect_coder.blocks import ChatStateStore, workflow_key
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.results import TurnResult
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.results import TurnResult
 
 from coder_chat.emulator import Emulator
 
 CHILD = """
 import asyncio, sys
-from prefect_coder.flows.params import Step, WorkflowSettings
-from prefect_coder.flows.workflow import agent_workflow
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 settings = WorkflowSettings.model_validate_json(sys.argv[1])
 steps = [Step.model_validate_json(s) for s in sys.argv[3:]]
 results = asyncio.run(agent_workflow(sys.argv[2], steps, settings))

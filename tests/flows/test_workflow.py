@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from flow_helpers import emu_directive, say, user_messages
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.archive import archive_workflow_chat
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.workflow import agent_turn, agent_workflow
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.archive_workflow_chat import archive_workflow_chat
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
 

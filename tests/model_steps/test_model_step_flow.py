@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from model_env import TOKEN
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.approval import ApprovalResult
-from prefect_coder.flows.model_step import ModelStepResult
-from prefect_coder.flows.params import Step, WorkflowSettings
-from prefect_coder.flows.results import TurnResult
-from prefect_coder.flows.workflow import agent_workflow
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.turn.approval_step import ApprovalResult
+from prefect_coder.flows.turn.model_step import ModelStepResult
 
 from coder_chat.emulator import Emulator
 from coder_chat.gateway import GatewayAuthError

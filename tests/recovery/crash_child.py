@@ -29,8 +29,8 @@ from typing import Any
 
 
 def run_once(crash_at: str, spec: dict[str, Any]) -> int:
-    from prefect_coder.flows.params import Step, WorkflowSettings
-    from prefect_coder.flows.workflow import agent_workflow
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+    from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
     from coder_chat.crash_safe import add_crash_hook
 
@@ -67,7 +67,7 @@ def run_once(crash_at: str, spec: dict[str, Any]) -> int:
 def serve() -> int:
     # Import everything a run needs BEFORE forking; start no thread or loop here.
     import payment_tools  # noqa: F401
-    import prefect_coder.flows.workflow  # noqa: F401
+    import prefect_coder.flows.deployments.agent_workflow  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
 

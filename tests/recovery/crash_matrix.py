@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
 
@@ -219,8 +219,8 @@ async def run_workflow(
     workflow_id: str, steps: list[Step], settings: WorkflowSettings
 ) -> list[Any]:
     """``agent_workflow`` whose steps are all agent turns: their ``TurnResult`` list."""
-    from prefect_coder.flows.results import TurnResult
-    from prefect_coder.flows.workflow import agent_workflow
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+    from prefect_coder.flows.parts.results import TurnResult
 
     results = await agent_workflow(workflow_id, steps, settings)
     assert all(isinstance(r, TurnResult) for r in results), results

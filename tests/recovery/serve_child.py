@@ -10,8 +10,9 @@ import yaml
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.events import DeploymentEventTrigger
-from prefect_coder.flows.recovery import recover_turn
-from prefect_coder.flows.workflow import agent_turn, agent_workflow
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.recover_turn import recover_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,8 +27,8 @@ from crash_matrix import (
     user_texts,
 )
 from payments import Payments
-from prefect_coder.flows.params import WorkflowSettings, step_marker
-from prefect_coder.flows.recovery import recover_turn
+from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 from recovery_env import PrefectEnv
 
 from coder_chat.emulator import Emulator

@@ -25,9 +25,9 @@ from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
-from prefect_coder.flows.params import WorkflowSettings
-from prefect_coder.flows.toolset import Toolset
-from prefect_coder.flows.workflow import agent_turn
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.toolset import Toolset
 from recovery_env import HERE, ROOT, PrefectEnv
 from test_crash_matrix import LIVE, check
 

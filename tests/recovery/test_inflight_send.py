@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
 

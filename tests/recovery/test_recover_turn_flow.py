@@ -8,8 +8,8 @@ from typing import Any
 from crash_matrix import STEPS, ForkServer, child_spec
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect_coder.flows.params import WorkflowSettings, step_marker
-from prefect_coder.flows.recovery import recover_turn
+from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from prefect_coder.blocks import ChatStateStore, StateStore
-from prefect_coder.flows.params import WorkflowSettings
-from prefect_coder.flows.sweeps import SweepOptions
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.sweep_run import SweepOptions
 
 from coder_chat.rest import ChatClient
 

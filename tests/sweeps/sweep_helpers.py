@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.labels import chat_labels
+from prefect_coder.flows.parts.labels import chat_labels
 
 from coder_chat.models import ChatInputPart, CreateChatRequest, DynamicToolDefinition
 from coder_chat.rest import ChatClient

@@ -12,11 +12,13 @@ from pathlib import Path
 
 from flow_helpers import user_messages
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.registry import register_tool
-from prefect_coder.flows.sweeps import SweepOptions, SweepReport, sweep_orphans, sweep_stuck_turns
-from prefect_coder.flows.workflow import agent_workflow
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
+from prefect_coder.flows.parts.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.registry import register_tool
+from prefect_coder.flows.parts.sweep_run import SweepOptions, SweepReport
 from pydantic import BaseModel
 from sweep_helpers import directive, wait_status
 

@@ -9,16 +9,17 @@ import time
 import pytest
 from flow_helpers import say, user_messages
 from prefect_coder.blocks import StateStore, workflow_key
-from prefect_coder.flows.labels import (
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+from prefect_coder.flows.parts.labels import (
     COLLECTION,
     LABEL_COLLECTION,
     LABEL_FLOW_RUN,
     LABEL_WORKFLOW,
     chat_labels,
 )
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.sweeps import SweepOptions, run_orphan_sweep, sweep_orphans
-from prefect_coder.flows.workflow import agent_turn
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.sweep_run import SweepOptions, run_orphan_sweep
 from sweep_helpers import directive, new_chat, ours, snapshot, wait_status
 
 from coder_chat.emulator import Emulator
@@ -249,7 +250,7 @@ async def test_chats_not_created_by_this_collection_are_never_touched(
 
 
 async def _retire(client: ChatClient, chat_id: str) -> None:
-    from prefect_coder.flows.sweeps import archive_settled, stop_run
+    from prefect_coder.flows.parts.sweep_run import archive_settled, stop_run
 
     await stop_run(client, chat_id, bound_s=5, request_timeout_s=5)
     await archive_settled(client, chat_id, settle_s=5, retry_s=0.05, request_timeout_s=5)

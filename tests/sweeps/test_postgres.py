@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 from prefect_coder.blocks import ChatStateStore, StateStore, workflow_key
-from prefect_coder.flows.params import WorkflowSettings
-from prefect_coder.flows.sweeps import SweepOptions, sweep_orphans, sweep_stuck_turns
+from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.sweep_run import SweepOptions
 from sweep_helpers import new_chat, ours, wait_status
 
 from coder_chat.rest import ChatClient

@@ -7,8 +7,9 @@ import asyncio
 from typing import Any
 
 from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
-from prefect_coder.flows.params import WorkflowSettings, step_marker
-from prefect_coder.flows.sweeps import SweepOptions, sweep_stuck_turns
+from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
+from prefect_coder.flows.parts.sweep_run import SweepOptions
 from sweep_helpers import new_chat, ours, snapshot, wait_status
 
 from coder_chat.emulator import Emulator

@@ -26,9 +26,9 @@ from typing import Any, Literal
 from prefect import task
 from prefect.logging import get_run_logger
 from prefect.states import State
-from prefect_coder.flows import registry
-from prefect_coder.flows.params import Step, WorkflowSettings
-from prefect_coder.flows.resources import TurnResources, load_resources
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
 from pydantic import BaseModel, Field
 
 from coder_chat.gateway import GatewayClient, GatewayError

@@ -1,5 +1,4 @@
-"""Fleet quota: a deployment-wide cap on concurrently running agent turns, and the
-``agent_fanout`` flow that runs many independent workflows within it.
+"""Fleet quota: the turn slot, a deployment-wide cap on concurrently running agent turns.
 
 The cap (``CoderCredentials.max_concurrent_turns``) is ``N`` lease rows in the
 shared state store, ``turn-slot:0`` … ``turn-slot:N-1``. A turn holds one of
@@ -32,22 +31,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy as sa
-from prefect import flow, task
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
-from prefect.logging import get_run_logger
+from prefect.states import Running
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state.leases import default_holder
 from prefect_coder.blocks.state.schema import leases as lease_table
-from prefect_coder.flows.observe import TurnObserver
-from prefect_coder.flows.params import Step, WorkflowSettings
-from pydantic import BaseModel, ConfigDict, Field
+from prefect_coder.flows.parts.observe import TurnObserver
 
 __all__ = [
     "SLOT_PREFIX",
-    "FanoutItem",
-    "FanoutOutcome",
     "TurnSlotUnavailableError",
-    "agent_fanout",
     "busy_slots",
     "turn_slot",
 ]
@@ -111,17 +105,12 @@ async def _set_task_state(name: str) -> bool:
     ctx = TaskRunContext.get()
     if ctx is None:
         return False
-    from prefect.client.orchestration import get_client
-    from prefect.states import Running
-
     state: Any = Running(name=name)
     try:
         async with get_client() as client:
             await client.set_task_run_state(ctx.task_run.id, state, force=True)
     except Exception:  # cosmetic: the log line says the same
-        logging.getLogger("prefect_coder.flows.fleet").debug(
-            "could not set state %s", name, exc_info=True
-        )
+        logging.getLogger(__name__).debug("could not set state %s", name, exc_info=True)
         return False
     return True
 
@@ -181,7 +170,7 @@ async def turn_slot(
     if cap is None:
         yield None
         return
-    log = logger or logging.getLogger("prefect_coder.flows.fleet")
+    log = logger or logging.getLogger(__name__)
     holder = default_holder()
     started = time.monotonic()
     deadline = started + wait
@@ -330,125 +319,3 @@ async def _wait_for_slot(
         await asyncio.sleep(min(left, poll_interval * (0.5 + random.random())))
         index = await _claim(store, cap, holder, ttl)
     return index, True
-
-
-# --------------------------------------------------------------------------- fan-out
-
-
-class FanoutItem(BaseModel):
-    """One independent workflow of a fan-out (its own workflow id, chat and results)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workflow_id: str = Field(description="Stable id of this workflow (unique in the fan-out).")
-    steps: list[Step] = Field(description="The workflow's steps, run in order.")
-
-
-class FanoutOutcome(BaseModel):
-    """How one workflow of a fan-out ended."""
-
-    workflow_id: str
-    ok: bool
-    error: str | None = None
-    results: list[Any] = Field(default_factory=list)
-
-
-@task(name="fanout-workflow", task_run_name="{workflow_id}")
-async def fanout_workflow(
-    workflow_id: str, steps: list[Step], settings: WorkflowSettings
-) -> list[Any]:
-    """One workflow of a fan-out: the steps of ``agent-workflow`` as one task run.
-
-    A task, not a subflow: Prefect 3.9 runs gathered async subflows one after the
-    other (measured: 10 subflows sleeping 1 s each took 16.8 s; 10 tasks 1.2 s).
-    On failure it applies the workflow's failure handler itself (archives the chat
-    unless ``keep_chat``), since no flow-level hook runs for a task.
-    """
-    from prefect_coder.flows.archive import retire_workflow_chat
-    from prefect_coder.flows.workflow import prepare, run_steps
-
-    resources = await prepare(workflow_id, steps, settings)
-    try:
-        return await run_steps(workflow_id, steps, settings, resources, allow_approval=False)
-    except Exception:
-        if not settings.keep_chat:
-            try:
-                await retire_workflow_chat(
-                    workflow_id,
-                    resources,
-                    lease_wait_s=settings.lease_wait_s,
-                    lease_ttl_s=settings.lease_ttl_s,
-                )
-            except Exception:
-                get_run_logger().error(
-                    "could not archive the chat of %s", workflow_id, exc_info=True
-                )
-        raise
-
-
-@flow(name="agent-fanout", persist_result=True, result_serializer="json")
-async def agent_fanout(
-    workflows: list[FanoutItem],
-    settings: WorkflowSettings | None = None,
-    max_parallel: int = 64,
-    fail_on_error: bool = True,
-) -> list[FanoutOutcome]:
-    """Run independent workflows in parallel; every turn stays within the turn-slot cap.
-
-    Each workflow runs as a ``fanout-workflow`` task with its own workflow id (its
-    own chat, checkpoint, lease and stored results), so re-running the fan-out
-    re-runs only what did not finish. Concurrency of *turns* is bounded
-    deployment-wide by ``CoderCredentials.max_concurrent_turns``; ``max_parallel``
-    only bounds how many workflows this flow run drives at once.
-
-    Args:
-        workflows: the workflows; ids must be unique. Approval steps are not
-            allowed here (only a whole flow run can suspend); run those
-            workflows as their own ``agent-workflow`` deployment runs.
-        settings: shared by every workflow.
-        max_parallel: workflows driven at once by this flow run.
-        fail_on_error: fail the fan-out run (after all finished) if any workflow failed.
-    """
-    from prefect_coder.flows.errors import WorkflowParameterError
-
-    settings = settings or WorkflowSettings()
-    seen: set[str] = set()
-    for i, item in enumerate(workflows):
-        if item.workflow_id in seen:
-            raise WorkflowParameterError(
-                f"workflows[{i}].workflow_id",
-                f"{item.workflow_id!r} is used twice",
-                "give every workflow of a fan-out its own id",
-            )
-        seen.add(item.workflow_id)
-        for j, step in enumerate(item.steps):
-            if step.kind == "approval":
-                raise WorkflowParameterError(
-                    f"workflows[{i}].steps[{j}].kind",
-                    "approval steps cannot run inside a fan-out (only a flow run can suspend)",
-                    "run workflows with approvals as their own agent-workflow deployment runs",
-                )
-    if max_parallel < 1:
-        raise WorkflowParameterError("max_parallel", "must be at least 1", "pass e.g. 64")
-    logger = get_run_logger()
-    gate = asyncio.Semaphore(max_parallel)
-
-    async def one(item: FanoutItem) -> FanoutOutcome:
-        async with gate:
-            try:
-                results = await fanout_workflow(item.workflow_id, item.steps, settings)
-            except Exception as exc:
-                return FanoutOutcome(
-                    workflow_id=item.workflow_id, ok=False, error=f"{type(exc).__name__}: {exc}"
-                )
-            return FanoutOutcome(workflow_id=item.workflow_id, ok=True, results=list(results))
-
-    outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
-    failed = [o.workflow_id for o in outcomes if not o.ok]
-    logger.info("fan-out finished: %d ok, %d failed", len(outcomes) - len(failed), len(failed))
-    if failed and fail_on_error:
-        raise RuntimeError(
-            f"{len(failed)} of {len(outcomes)} workflows failed: {', '.join(failed[:20])}"
-            + (" …" if len(failed) > 20 else "")
-        )
-    return outcomes

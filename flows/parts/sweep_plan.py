@@ -40,14 +40,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from prefect_coder.flows.labels import owned_by, workflow_of
+from prefect_coder.flows.parts.labels import owned_by, workflow_of
 
 __all__ = [
     "BUSY_STATUSES",
     "Accounting",
     "Action",
     "ChatFacts",
-    "Decision",
+    "SweepDecision",
     "busy_refinement",
     "parse_time",
     "paused_refinement",
@@ -113,7 +113,7 @@ class Accounting:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class SweepDecision:
     """One chat, what to do with it, and why."""
 
     chat_id: str
@@ -125,9 +125,9 @@ class Decision:
     age_s: float | None = None
     idle_s: float | None = None
 
-    def but(self, action: Action, reason: str) -> Decision:
+    def but(self, action: Action, reason: str) -> SweepDecision:
         """The same chat with another action."""
-        return Decision(
+        return SweepDecision(
             self.chat_id,
             action,
             reason,
@@ -156,11 +156,11 @@ def _ago(then: float | None, now: float) -> float | None:
     return None if then is None else max(0.0, now - then)
 
 
-def _base(chat: ChatFacts, acct: Accounting, now: float) -> Decision:
+def _base(chat: ChatFacts, acct: Accounting, now: float) -> SweepDecision:
     workflow = acct.checkpointed.get(chat.chat_id)
     if workflow is None and chat.chat_id in acct.stranded:
         workflow = acct.stranded[chat.chat_id][0]
-    return Decision(
+    return SweepDecision(
         chat.chat_id,
         Action.KEEP,
         "",
@@ -172,7 +172,7 @@ def _base(chat: ChatFacts, acct: Accounting, now: float) -> Decision:
     )
 
 
-def plan_orphan(chat: ChatFacts, acct: Accounting, *, now: float, grace_s: float) -> Decision:
+def plan_orphan(chat: ChatFacts, acct: Accounting, *, now: float, grace_s: float) -> SweepDecision:
     """The orphan sweep's decision for one listed chat."""
     d = _base(chat, acct, now)
     if chat.chat_id in acct.checkpointed:
@@ -210,7 +210,7 @@ def plan_stuck(
     now: float,
     turn_budget_s: float,
     action_budget_s: float,
-) -> Decision:
+) -> SweepDecision:
     """The stuck-turn sweep's decision for one listed (unarchived) chat."""
     d = _base(chat, acct, now)
     ours = (
@@ -240,7 +240,7 @@ def plan_stuck(
     )
 
 
-def paused_refinement(d: Decision, *, status: str, has_ledger_entries: bool) -> Decision:
+def paused_refinement(d: SweepDecision, *, status: str, has_ledger_entries: bool) -> SweepDecision:
     """Turn an interrupt/retire of a paused chat into a reconcile when the ledger
     holds an entry for it: the ``requires_action`` pause may be the only pending
     record of a committed effect, and interrupting it away would let a resubmitted
@@ -255,7 +255,7 @@ def paused_refinement(d: Decision, *, status: str, has_ledger_entries: bool) -> 
     )
 
 
-def busy_refinement(d: Decision, *, lease_holder: str | None) -> Decision:
+def busy_refinement(d: SweepDecision, *, lease_holder: str | None) -> SweepDecision:
     """A chat whose workflow's lease is held by a live run is left alone: that run
     may be the turn that created it (before its checkpoint) or the one answering
     its pause. The next sweep looks again."""

@@ -2,7 +2,7 @@
 
 Both are loaded once per flow run and handed to every turn. Every way this can
 go wrong (missing block, bad URL, no credentials in the environment) becomes a
-:class:`~prefect_coder.flows.errors.WorkflowParameterError` naming the settings field — before
+:class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` naming the settings field — before
 any chat is created.
 """
 
@@ -23,9 +23,9 @@ from prefect_coder.blocks import (
     workflow_key,
 )
 from prefect_coder.blocks.state.store import StateStore
-from prefect_coder.flows.errors import WorkflowBusyError, WorkflowParameterError
-from prefect_coder.flows.observe import TransportRouter, TurnObserver
-from prefect_coder.flows.params import WorkflowSettings, validate_base_url
+from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
+from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
 from pydantic import ValidationError
 
 from coder_chat.rest import ChatClient
@@ -146,24 +146,20 @@ async def hold_workflow_lease(
     holds across worker processes and machines; it is renewed in the
     background and lapses ``settings.lease_ttl_s`` after a holder crashed.
     """
-    try:
-        cm = store.lease(
-            workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
-        )
-        held = await cm.__aenter__()
-    except LeaseUnavailableError as exc:
-        logger = logging.getLogger("prefect_coder.flows.lease")
-        TurnObserver(workflow_id=workflow_id, step=step, logger=logger).emit(
-            "coder.workflow.busy", {"waited_s": exc.waited}
-        )
-        raise WorkflowBusyError(workflow_id, exc.waited) from None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            held = await stack.enter_async_context(
+                store.lease(
+                    workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
+                )
+            )
+        except LeaseUnavailableError as exc:
+            logger = logging.getLogger("prefect_coder.flows.lease")
+            TurnObserver(workflow_id=workflow_id, step=step, logger=logger).emit(
+                "coder.workflow.busy", {"waited_s": exc.waited}
+            )
+            raise WorkflowBusyError(workflow_id, exc.waited) from None
         yield held
-    except BaseException as exc:
-        if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
-            raise
-    else:
-        await cm.__aexit__(None, None, None)
 
 
 @contextlib.asynccontextmanager

@@ -4,13 +4,13 @@ refer to them by name.
 A deployment parameter is JSON: it cannot carry a Python function. Tools and
 output models therefore register under a name in the worker's process (import
 time of a module listed in ``WorkflowSettings.tool_modules``), and each step
-names what it needs. Unknown names fail in :func:`prefect_coder.flows.params.validate_steps`
+names what it needs. Unknown names fail in :func:`prefect_coder.flows.parts.params.validate_steps`
 before any chat exists.
 
 Usage::
 
     from pydantic import BaseModel
-    from prefect_coder.flows.registry import output_model, registered_tool
+    from prefect_coder.flows.parts.registry import output_model, registered_tool
 
     class Args(BaseModel):
         build_id: str
@@ -31,7 +31,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prefect_coder.flows.errors import WorkflowParameterError
+from prefect_coder.flows.parts.errors import WorkflowParameterError
 from pydantic import BaseModel
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from typing import Any
 
 from prefect.artifacts import MarkdownArtifact
 from prefect.utilities.context import get_task_and_flow_run_ids
-from prefect_coder.flows.background import spawn
-from prefect_coder.flows.results import TurnResult
+from prefect_coder.flows.parts.background import spawn
+from prefect_coder.flows.parts.results import TurnResult
 
 __all__ = ["artifact_key", "publish_turn_artifact", "render_turn_markdown"]
 
@@ -88,7 +88,7 @@ def render_turn_markdown(result: TurnResult, prompt: str) -> str:
 
 def publish_turn_artifact(result: TurnResult, prompt: str) -> None:
     """Create the turn's markdown artifact for the current task run, in the
-    background (see :mod:`prefect_coder.flows.background`)."""
+    background (see :mod:`prefect_coder.flows.parts.background`)."""
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
     artifact = MarkdownArtifact(
         key=artifact_key(result.workflow_id, result.step),

@@ -32,38 +32,26 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
-from prefect import flow, task
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (
-    FlowFilter,
-    FlowFilterName,
-    FlowRunFilter,
-    FlowRunFilterState,
-    FlowRunFilterStateType,
-)
-from prefect.client.schemas.objects import StateType
+from prefect import task
 from prefect.context import FlowRunContext
 from prefect.flow_runs import asuspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
-from prefect.states import Failed
-from prefect_coder.flows.params import Step
-from prefect_coder.flows.results import result_key
+from prefect_coder.flows.parts.params import Step
+from prefect_coder.flows.parts.results import result_key
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "EXPIRED_MESSAGE",
+    "DEFAULT_TIMEOUT_S",
     "ApprovalInput",
     "ApprovalResult",
     "approval_key",
     "await_approval",
-    "expire_approvals",
+    "record_approval",
 ]
 
+#: How long an approval waits when its step sets no ``timeout_s``.
 DEFAULT_TIMEOUT_S = 24 * 3600
-#: The state message Prefect's server writes when a pause times out.
-EXPIRED_MESSAGE = "The flow was paused and never resumed."
-HANDLED_TAG = "coder-approval-expired-handled"
 
 
 class ApprovalInput(RunInput):
@@ -197,48 +185,3 @@ async def await_approval(
     )
     logger.info("approval %s: %s", step.name, decision)
     return await record_approval(workflow_id, step.name, result)
-
-
-@flow(name="expire-approvals")
-async def expire_approvals(limit: int = 200) -> list[str]:
-    """Apply the workflow failure handler to ``agent-workflow`` runs whose approval
-    timed out; returns the flow-run ids handled.
-
-    Prefect's server fails an expired suspended run without running any code of
-    ours; this flow finds such runs (and suspended runs already past their
-    timeout, in case the server's expiry service is off), marks them failed and
-    archives their chats the way the workflow's ``on_failure`` hook would.
-    Idempotent: handled runs get the tag ``coder-approval-expired-handled``.
-    """
-    from prefect_coder.flows.workflow import agent_workflow, archive_on_failure
-
-    logger = get_run_logger()
-    handled: list[str] = []
-    now = datetime.now(UTC)
-    async with get_client() as client:
-        runs = await client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["agent-workflow"])),
-            flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.PAUSED, StateType.FAILED])
-                ),
-            ),
-            limit=limit,
-        )
-        for run in runs:
-            state = run.state
-            if state is None or HANDLED_TAG in (run.tags or []):
-                continue
-            if state.type == StateType.PAUSED:
-                timeout = state.state_details.pause_timeout
-                if timeout is None or timeout > now:
-                    continue
-                await client.set_flow_run_state(run.id, Failed(message=EXPIRED_MESSAGE), force=True)
-                state = Failed(message=EXPIRED_MESSAGE)
-            elif state.message != EXPIRED_MESSAGE:
-                continue
-            await archive_on_failure(agent_workflow, run, state)
-            await client.update_flow_run(run.id, tags=[*(run.tags or []), HANDLED_TAG])
-            handled.append(str(run.id))
-            logger.info("approval of %s expired: failure handler applied", run.name)
-    return handled

@@ -1,4 +1,4 @@
-"""End of life of a workflow's chat: interrupt (bounded), then archive.
+"""Retire a workflow's chats: interrupt (bounded), then archive, under its lease.
 
 An archived chat cannot be resumed (the server rejects new messages with a
 400), so archiving belongs to the *workflow* — its final step and its failure
@@ -9,21 +9,17 @@ lands in the middle of another run's turn.
 from __future__ import annotations
 
 import contextlib
-import logging
-from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
 from prefect_coder.blocks import CoderCredentials
-from prefect_coder.flows.observe import TurnObserver
-from prefect_coder.flows.params import WorkflowSettings, validate_workflow_id
-from prefect_coder.flows.resources import TurnResources, hold_workflow_lease, load_resources
+from prefect_coder.flows.parts.observe import TurnObserver
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease
+from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 from pydantic import BaseModel, Field
 
 from coder_chat.errors import CoderApiError
 
-__all__ = ["ArchiveOutcome", "archive_chat", "archive_workflow_chat", "retire_workflow_chat"]
+__all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
 
 #: Bound of the interrupt before the archive (durable design: 15 s; a 409 is fine).
 INTERRUPT_BOUND_S = 15.0
@@ -40,18 +36,11 @@ class ArchiveOutcome(BaseModel):
     archived_chat_ids: list[str] = Field(default_factory=list)
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
-    try:
-        return get_run_logger()
-    except Exception:
-        return logging.getLogger("prefect_coder.flows.archive")
-
-
 async def _retire_one(
     credentials: CoderCredentials,
     chat_id: str,
     interrupt_bound_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: RunLogger,
 ) -> str:
     """Interrupt + archive one chat; returns "archived", "already" or "gone"."""
     async with credentials.open_agent(chat_id=chat_id) as agent:
@@ -90,7 +79,7 @@ async def retire_workflow_chat(
 
     Holds the workflow's lease, so it never lands in the middle of a turn.
     """
-    logger = _logger()
+    logger = run_logger(__name__)
     store = resources.store
     async with contextlib.AsyncExitStack() as stack:
         if resources.lease is not None:
@@ -133,32 +122,3 @@ async def retire_workflow_chat(
         outcome.archived = outcome.chat_id is not None
         return outcome
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-# NO_CACHE: archiving must really run every time (it is idempotent), and its
-# inputs hold a live client that cannot be hashed.
-@task(name="archive-chat", task_run_name="archive {workflow_id}", cache_policy=NO_CACHE)
-async def archive_chat(
-    workflow_id: str, settings: WorkflowSettings, resources: TurnResources | None = None
-) -> ArchiveOutcome:
-    """The final step of a workflow: retire its chat."""
-    resources = resources or await load_resources(settings)
-    return await retire_workflow_chat(
-        workflow_id,
-        resources,
-        lease_wait_s=settings.lease_wait_s,
-        lease_ttl_s=settings.lease_ttl_s,
-    )
-
-
-@flow(name="archive-workflow-chat", flow_run_name="archive {workflow_id}")
-async def archive_workflow_chat(
-    workflow_id: str, settings: WorkflowSettings | None = None
-) -> ArchiveOutcome:
-    """Interrupt (15 s bound, a 409 is fine) and archive a workflow's chat, plus any
-    chats it stranded. Use it for workflows that ran with ``keep_chat`` or died
-    without their failure handler."""
-    settings = settings or WorkflowSettings()
-    validate_workflow_id(workflow_id)
-    resources = await load_resources(settings)
-    return await archive_chat(workflow_id, settings, resources)

@@ -9,7 +9,7 @@ Walk of one turn (``execute_turn``):
    waited for may have just finished this very step.
 3. Load the checkpoint (chat id + optional cursor); build the agent from it.
 4. On a checkpointed chat: if this step already sent before (the journal names
-   its marker) run crash recovery first (``prefect_coder.flows.recovery``: settle-wait, tool
+   its marker) run crash recovery first (``prefect_coder.flows.parts.unfinished_attempt``: settle-wait, tool
    ledger reconciliation, result recovery — a finished attempt's result is
    returned instead of resending), then journal "submitting" (marker, attempt,
    time) BEFORE the send.
@@ -25,31 +25,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 from typing import Any
 
 from prefect import task
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 from prefect_coder.blocks import JournalEntry, StateStore
-from prefect_coder.flows.artifacts import publish_turn_artifact
-from prefect_coder.flows.fleet import turn_slot
-from prefect_coder.flows.labels import chat_labels, current_flow_run_id
-from prefect_coder.flows.observe import TurnObserver
-from prefect_coder.flows.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.recovery import (
-    EagerCheckpoint,
-    bind_crash_safe,
+from prefect_coder.flows.parts.artifacts import publish_turn_artifact
+from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
+from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
+from prefect_coder.flows.parts.observe import TurnObserver
+from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease, load_resources
+from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
+from prefect_coder.flows.parts.retry import is_retryable_failure, retry_if_retryable
+from prefect_coder.flows.parts.run_log import RunLogger, run_logger
+from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.parts.unfinished_attempt import (
     note_failed_attempt,
     recover_before_send,
     recovery_timings,
-    sweep_orphans,
 )
-from prefect_coder.flows.resources import TurnResources, hold_workflow_lease, load_resources
-from prefect_coder.flows.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from prefect_coder.flows.retry import is_retryable_failure, retry_if_retryable
-from prefect_coder.flows.toolset import Toolset
 
 from coder_chat.agent import GenerateResult
 from coder_chat.crash_safe import crash_point
@@ -63,13 +61,6 @@ __all__ = [
     "retry_if_retryable",
     "run_turn",
 ]
-
-
-def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
-    try:
-        return get_run_logger()
-    except Exception:  # called outside a Prefect run (tests, scripts)
-        return logging.getLogger("prefect_coder.flows.turn")
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -139,7 +130,7 @@ async def _record_after_turn(
     failed: BaseException | None,
     marker: str,
     started_at: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: RunLogger,
     observer: TurnObserver,
 ) -> None:
     """The ``finally`` checkpoint: every exit of a turn goes through here."""
@@ -178,10 +169,10 @@ async def execute_turn(
     """Run one step's turn durably (the body of :func:`run_turn`).
 
     ``toolset`` is the workflow's whole tool set (declared when the first step
-    creates the chat; see :mod:`prefect_coder.flows.toolset`); the step's own tools are always
+    creates the chat; see :mod:`prefect_coder.flows.parts.toolset`); the step's own tools are always
     included. ``retry_reason`` is set when Prefect retries the task.
     """
-    logger = _run_logger()
+    logger = run_logger(__name__)
     marker = step_marker(workflow_id, step.name)
     resolved = (toolset or Toolset()).including(step).resolve()
     tools = resolved.tools
@@ -200,7 +191,7 @@ async def execute_turn(
             logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
             return stored
         creds = resources.credentials
-        # Fleet quota (flows/fleet.py): a deployment-wide cap on running turns.
+        # Fleet quota (flows/parts/turn_slot.py): a deployment-wide cap on running turns.
         async with turn_slot(
             store,
             creds.max_concurrent_turns,
@@ -225,7 +216,7 @@ async def _turn_under_lease(
     tools: list[ClientTool[Any]],
     answer: StructuredOutput[Any] | None,
     retry_reason: str | None,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: RunLogger,
 ) -> TurnResult:
     store = resources.store
     creds = resources.credentials
@@ -234,11 +225,11 @@ async def _turn_under_lease(
     observer = TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id)
     request_timeout = settings.request_timeout_s or creds.request_timeout
     turn_timeout = settings.turn_timeout_s or creds.turn_timeout
-    # Crash recovery (flows/recovery.py): a first turn's chat is checkpointed as
+    # Crash recovery (flows/parts/eager_checkpoint.py, orphan_check.py): a first turn's chat is checkpointed as
     # soon as it exists, crash-safe tools write the ledger, chats carry the
     # workflow label so orphans are findable.
     eager = EagerCheckpoint(store, workflow_id, marker, had_chat=chat_id is not None)
-    tools = bind_crash_safe(tools, store, eager)
+    tools = bind_crash_safe(tools, store.ledger, before_effect=eager.before_effect)
     full_hook = eager.chain(observer)
 
     def hook(ev: TransportEvent) -> None:
@@ -287,7 +278,7 @@ async def _turn_under_lease(
                 return plan.result
         else:
             # No checkpoint: an earlier attempt may have left an orphan chat.
-            await sweep_orphans(agent.client, store, workflow_id, logger=logger)
+            await strand_workflow_orphans(agent.client, store, workflow_id, logger=logger)
         prompt = f"{marker} {step.prompt}"
         started_at = time.time()
         t0 = time.perf_counter()

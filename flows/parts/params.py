@@ -3,7 +3,7 @@
 The models are plain pydantic so Prefect renders them as typed forms in the UI
 and stores them as JSON parameters. Semantic checks (registry look-ups, empty
 step lists, duplicate names) live in :func:`validate_steps` so that every
-failure becomes a :class:`~prefect_coder.flows.errors.WorkflowParameterError` naming the field
+failure becomes a :class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` naming the field
 and the fix — raised before any chat exists.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
-from prefect_coder.flows.errors import WorkflowParameterError
+from prefect_coder.flows.parts.errors import WorkflowParameterError
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -241,7 +241,7 @@ def validate_steps(
                     f"{where}.tools[{j}]",
                     f"no client tool named {tool!r} is registered "
                     f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
-                    "register it with @prefect_coder.flows.registry.registered_tool in a module listed "
+                    "register it with @prefect_coder.flows.parts.registry.registered_tool in a module listed "
                     "in settings.tool_modules, or fix the name",
                 )
         if step.output_model is not None and step.output_model not in output_model_names:
@@ -249,7 +249,7 @@ def validate_steps(
                 f"{where}.output_model",
                 f"no output model named {step.output_model!r} is registered "
                 f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
-                "register it with @prefect_coder.flows.registry.output_model in a module listed in "
+                "register it with @prefect_coder.flows.parts.registry.output_model in a module listed in "
                 "settings.tool_modules, or fix the name",
             )
 
@@ -261,7 +261,7 @@ def validate_toolset(
     output_model_names: set[str],
     field: str = "workflow_tools",
 ) -> None:
-    """Check a workflow tool set (``prefect_coder.flows.toolset.Toolset``) against the registry."""
+    """Check a workflow tool set (``prefect_coder.flows.parts.toolset.Toolset``) against the registry."""
     for j, tool in enumerate(getattr(toolset, "tools", [])):
         if tool not in tool_names:
             raise WorkflowParameterError(

@@ -12,7 +12,7 @@
 
 Both take ``dry_run`` and publish a table artifact per run: what was found, what
 was done, why, how long it took. The decisions are pure
-(:mod:`prefect_coder.flows.sweep_plan`); this module lists, reads the store once, and acts
+(:mod:`prefect_coder.flows.parts.sweep_plan`); this module lists, reads the store once, and acts
 with bounded concurrency.
 
 Acting on a chat whose workflow is known takes that workflow's lease (the same
@@ -25,49 +25,60 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.events import emit_event
-from prefect.logging import get_run_logger
-from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
-from prefect_coder.flows.errors import WorkflowParameterError
-from prefect_coder.flows.labels import scope_labels
-from prefect_coder.flows.observe import chat_resource
-from prefect_coder.flows.params import WorkflowSettings
-from prefect_coder.flows.resources import load_resources
-from prefect_coder.flows.sweep_plan import (
+from prefect_coder.blocks import JournalEntry, LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.parts.labels import scope_labels
+from prefect_coder.flows.parts.observe import chat_resource
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.run_log import RunLogger, run_logger
+from prefect_coder.flows.parts.sweep_plan import (
     Accounting,
     Action,
     ChatFacts,
-    Decision,
+    SweepDecision,
     busy_refinement,
     paused_refinement,
     plan_orphan,
     plan_stuck,
 )
+from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
 from pydantic import BaseModel, ConfigDict, Field
 
 from coder_chat.errors import CoderApiError
 from coder_chat.models import Chat
+from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 
 __all__ = [
+    "DEFAULT_ACTION_BUDGET_S",
     "ReconcileRequest",
+    "Reconciler",
     "SweepOptions",
     "SweepReport",
     "SweepRow",
+    "archive_settled",
+    "check_seconds",
+    "default_grace_s",
+    "default_turn_budget_s",
+    "emit_sweep_summary",
     "list_owned_chats",
+    "load_sweep_resources",
+    "publish_sweep_artifact",
+    "reconcile_unavailable",
+    "reconcile_with_ledger",
     "run_orphan_sweep",
     "run_stuck_sweep",
-    "sweep_orphans",
-    "sweep_stuck_turns",
+    "stop_run",
 ]
 
 #: A sweep whose bounds were not given derives them from the turn timeout.
@@ -177,13 +188,6 @@ Reconciler = Callable[[ReconcileRequest], Awaitable[str]]
 async def reconcile_unavailable(req: ReconcileRequest) -> str:
     """Fallback seam: leave the pause alone (never interrupt a committed effect)."""
     return "unavailable"
-
-
-def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
-    try:
-        return get_run_logger()
-    except Exception:
-        return logging.getLogger("prefect_coder.flows.sweeps")
 
 
 # --------------------------------------------------------------------------- listing
@@ -322,7 +326,7 @@ class _Sweeper:
         dry_run: bool,
         reconciler: Reconciler,
         tool_modules: tuple[str, ...],
-        logger: logging.Logger | logging.LoggerAdapter[Any],
+        logger: RunLogger,
     ) -> None:
         self.kind = kind
         self.client = client
@@ -336,7 +340,9 @@ class _Sweeper:
         self._gate = asyncio.Semaphore(opts.concurrency)
 
     # ----------------------------------------------------------------- bookkeeping
-    def record(self, d: Decision, outcome: str = "", *, ok: bool = True, ms: float = 0.0) -> None:
+    def record(
+        self, d: SweepDecision, outcome: str = "", *, ok: bool = True, ms: float = 0.0
+    ) -> None:
         counts = self.report.counts
         counts[d.action.value] = counts.get(d.action.value, 0) + 1
         if not ok:
@@ -359,7 +365,7 @@ class _Sweeper:
             )
         )
 
-    def emit(self, event: str, d: Decision, **payload: Any) -> None:
+    def emit(self, event: str, d: SweepDecision, **payload: Any) -> None:
         if not self.opts.emit_events:
             return
         related = []
@@ -390,7 +396,7 @@ class _Sweeper:
             self.logger.debug("could not emit %s", event, exc_info=True)
 
     # ----------------------------------------------------------------- acting
-    async def act_group(self, workflow_id: str | None, decisions: list[Decision]) -> None:
+    async def act_group(self, workflow_id: str | None, decisions: list[SweepDecision]) -> None:
         """Act on one workflow's chats, one after the other under ONE hold of its
         lease: the sweep's own tasks must not contend for it, and the workflow's
         runs wait at most this long."""
@@ -415,7 +421,7 @@ class _Sweeper:
                     busy = busy_refinement(d, lease_holder=exc.holder or "another run")
                     self._done(busy, "left for the next sweep", 0.0)
 
-    async def _one(self, d: Decision, work: Awaitable[tuple[Decision, str]]) -> None:
+    async def _one(self, d: SweepDecision, work: Awaitable[tuple[SweepDecision, str]]) -> None:
         t0 = time.perf_counter()
         try:
             final, outcome = await work
@@ -426,7 +432,7 @@ class _Sweeper:
             return
         self._done(final, outcome, (time.perf_counter() - t0) * 1000)
 
-    def _done(self, final: Decision, outcome: str, ms: float) -> None:
+    def _done(self, final: SweepDecision, outcome: str, ms: float) -> None:
         self.record(final, outcome, ms=ms)
         if self.kind == "stuck-turns" and final.action is not Action.KEEP:
             self.emit("coder.chat.stuck", final, outcome=outcome)
@@ -440,7 +446,7 @@ class _Sweeper:
     async def _ledgered(self, chat_id: str) -> bool:
         return bool(await self.store.ledger.list(chat_id))
 
-    async def _preview(self, d: Decision) -> tuple[Decision, str]:
+    async def _preview(self, d: SweepDecision) -> tuple[SweepDecision, str]:
         """Dry run: the same refinements from read-only probes; nothing is written."""
         if d.action is Action.FORGET:
             return d, "dry run: would forget the stranded record"
@@ -454,15 +460,15 @@ class _Sweeper:
         )
         return d, f"dry run: would {d.action.value}"
 
-    async def _apply(self, d: Decision) -> tuple[Decision, str]:
+    async def _apply(self, d: SweepDecision) -> tuple[SweepDecision, str]:
         if d.action is Action.FORGET:
             await self.store.forget_chat(d.chat_id)
             return d, "stranded record removed"
         return await self._apply_under_lease(d, self.opts.request_timeout_s)
 
     async def _apply_under_lease(
-        self, d: Decision, request_timeout_s: float
-    ) -> tuple[Decision, str]:
+        self, d: SweepDecision, request_timeout_s: float
+    ) -> tuple[SweepDecision, str]:
         # Re-check under the lease: the run we waited for may have just
         # checkpointed this very chat (its first turn's `finally`).
         if self.kind == "orphans" and d.workflow_id:
@@ -530,10 +536,10 @@ class _Sweeper:
 # --------------------------------------------------------------------------- the sweeps
 
 
-async def _finish(sweeper: _Sweeper, started: float, actions: list[Decision]) -> SweepReport:
+async def _finish(sweeper: _Sweeper, started: float, actions: list[SweepDecision]) -> SweepReport:
     # One task per workflow (its chats in sequence under one lease hold); chats
     # without a known workflow each get their own.
-    groups: dict[tuple[str, str], list[Decision]] = {}
+    groups: dict[tuple[str, str], list[SweepDecision]] = {}
     for d in actions:
         key = ("workflow", d.workflow_id) if d.workflow_id else ("chat", d.chat_id)
         groups.setdefault(key, []).append(d)
@@ -557,7 +563,7 @@ class _Begun(NamedTuple):
     accounting: Accounting
     chats: dict[str, Chat]
     started: float
-    logger: logging.Logger | logging.LoggerAdapter[Any]
+    logger: RunLogger
 
 
 async def _begin(
@@ -571,7 +577,7 @@ async def _begin(
     reconciler: Reconciler,
     tool_modules: tuple[str, ...],
 ) -> _Begun:
-    logger = _logger()
+    logger = run_logger(__name__)
     started = time.perf_counter()
     sweeper = _Sweeper(
         kind,
@@ -618,7 +624,7 @@ async def run_orphan_sweep(
         reconciler=reconciler,
         tool_modules=tool_modules,
     )
-    actions: list[Decision] = []
+    actions: list[SweepDecision] = []
     # Stranded chats are ours by record even without labels (created before labels
     # existed): look up each one the labelled listing did not show.
     for chat_id, (workflow_id, why) in acct.stranded.items():
@@ -627,7 +633,7 @@ async def run_orphan_sweep(
         try:
             chats[chat_id] = await client.get_chat(chat_id, timeout=opts.request_timeout_s)
         except CoderApiError as exc:
-            gone = Decision(
+            gone = SweepDecision(
                 chat_id, Action.FORGET, f"stranded ({why})", "unknown", workflow_id=workflow_id
             )
             if exc.status == 404:
@@ -683,7 +689,7 @@ async def run_stuck_sweep(
     sweeper.report.listed = len(chats)
     sweeper.report.list_s = round(time.perf_counter() - started, 3)
     at = now()
-    actions: list[Decision] = []
+    actions: list[SweepDecision] = []
     for chat in chats.values():
         d = plan_stuck(
             ChatFacts.of(chat),
@@ -721,7 +727,7 @@ def default_turn_budget_s(turn_timeout_s: float) -> float:
     return turn_timeout_s + 60.0
 
 
-def _check_seconds(name: str, value: float | None, *, allow_zero: bool) -> None:
+def check_seconds(name: str, value: float | None, *, allow_zero: bool) -> None:
     if value is None:
         return
     if value < 0 or (value == 0 and not allow_zero):
@@ -770,7 +776,7 @@ async def publish_sweep_artifact(report: SweepReport, limits: str, max_rows: int
     )
 
 
-def _emit_summary(report: SweepReport, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+def emit_sweep_summary(report: SweepReport, logger: RunLogger) -> None:
     try:
         emit_event(
             f"coder.sweep.{report.sweep}.completed",
@@ -785,114 +791,6 @@ def _emit_summary(report: SweepReport, logger: logging.Logger | logging.LoggerAd
         )
     except Exception:
         logger.debug("could not emit the sweep summary", exc_info=True)
-
-
-async def _resources(settings: WorkflowSettings | None) -> tuple[WorkflowSettings, Any, float]:
-    settings = settings or WorkflowSettings()
-    resources = await load_resources(settings)
-    turn_timeout = settings.turn_timeout_s or resources.credentials.turn_timeout
-    return settings, resources, float(turn_timeout)
-
-
-@flow(name="sweep-orphans", flow_run_name="sweep-orphans")
-async def sweep_orphans(
-    settings: WorkflowSettings | None = None,
-    dry_run: bool = False,
-    grace_s: float | None = None,
-    options: SweepOptions | None = None,
-) -> SweepReport:
-    """Retire every chat this collection created that no checkpoint accounts for.
-
-    Lists every labelled chat of the store's tenant (archived or not, every page),
-    compares with the checkpoints and stranded records, and retires (bounded
-    interrupt, then archive retrying 409) each unaccounted chat older than
-    ``grace_s`` and each stranded one; a chat paused with a committed effect on the
-    tool ledger is reconciled, not interrupted. Checkpointed chats are never
-    archived here. Publishes a table artifact.
-
-    Args:
-        settings: credentials and store blocks (as for the workflows).
-        dry_run: decide and report, change nothing.
-        grace_s: minimum age (``created_at``) of an unaccounted chat before it is
-            retired; protects a live first turn. Default: twice the turn timeout.
-        options: concurrency, page size, interrupt/archive bounds.
-    """
-    _check_seconds("grace_s", grace_s, allow_zero=True)
-    settings, resources, turn_timeout = await _resources(settings)
-    opts = options or SweepOptions()
-    grace = grace_s if grace_s is not None else default_grace_s(turn_timeout)
-    logger = _logger()
-    if grace < turn_timeout:
-        logger.warning(
-            "grace_s=%gs is shorter than the turn timeout (%gs): a first turn's chat is only "
-            "protected by its workflow's lease until its checkpoint is written",
-            grace,
-            turn_timeout,
-        )
-    async with resources.credentials.get_client() as client:
-        report = await run_orphan_sweep(
-            client,
-            resources.store,
-            grace_s=grace,
-            dry_run=dry_run,
-            options=opts,
-            reconciler=default_reconciler(),
-            tool_modules=tuple(settings.tool_modules),
-        )
-    await publish_sweep_artifact(report, f"Grace period {grace:g}s.", opts.max_table_rows)
-    if opts.emit_events:
-        _emit_summary(report, logger)
-    return report
-
-
-@flow(name="sweep-stuck-turns", flow_run_name="sweep-stuck-turns")
-async def sweep_stuck_turns(
-    settings: WorkflowSettings | None = None,
-    dry_run: bool = False,
-    turn_budget_s: float | None = None,
-    action_budget_s: float = DEFAULT_ACTION_BUDGET_S,
-    options: SweepOptions | None = None,
-) -> SweepReport:
-    """Interrupt (or reconcile) this collection's chats whose turn is stuck.
-
-    ``running``/``interrupting`` with no change (``updated_at``) for longer than
-    ``turn_budget_s``, or ``requires_action`` for longer than ``action_budget_s``
-    with no live run of its workflow answering → interrupt (a pause with a committed
-    effect on the ledger is reconciled instead). Every stuck chat emits a
-    ``coder.chat.stuck`` Prefect event (for automations) and a row of the table
-    artifact; a chat whose workflow has a live run is reported, not touched.
-
-    Args:
-        settings: credentials and store blocks (as for the workflows).
-        dry_run: decide, report and emit, change nothing.
-        turn_budget_s: default: the turn timeout plus 60 s.
-        action_budget_s: how long a client-tool pause may wait for its answer.
-        options: concurrency, page size, interrupt bound.
-    """
-    _check_seconds("turn_budget_s", turn_budget_s, allow_zero=False)
-    _check_seconds("action_budget_s", action_budget_s, allow_zero=False)
-    settings, resources, turn_timeout = await _resources(settings)
-    opts = options or SweepOptions()
-    budget = turn_budget_s if turn_budget_s is not None else default_turn_budget_s(turn_timeout)
-    async with resources.credentials.get_client() as client:
-        report = await run_stuck_sweep(
-            client,
-            resources.store,
-            turn_budget_s=budget,
-            action_budget_s=action_budget_s,
-            dry_run=dry_run,
-            options=opts,
-            reconciler=default_reconciler(),
-            tool_modules=tuple(settings.tool_modules),
-        )
-    await publish_sweep_artifact(
-        report,
-        f"Turn budget {budget:g}s, action budget {action_budget_s:g}s.",
-        opts.max_table_rows,
-    )
-    if opts.emit_events:
-        _emit_summary(report, _logger())
-    return report
 
 
 _MARKER = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.:@-]{0,127})/([A-Za-z0-9][A-Za-z0-9_.-]{0,63})\]")
@@ -922,13 +820,6 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
     and only a call nothing was committed for falls back to an interrupt. The
     verdict is journaled under the step's marker, so the workflow's own recovery
     of that attempt later classifies it correctly."""
-    from prefect_coder.blocks import JournalEntry
-    from prefect_coder.flows import registry
-    from prefect_coder.flows.recovery import bind_crash_safe
-    from prefect_coder.flows.toolset import Toolset
-
-    from coder_chat.recovery import RecoveryTimings, TurnRecovery
-
     marker = await _marker_of(req)
     if marker is None:
         return "unavailable"
@@ -947,23 +838,21 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
         req.store,
         req.chat_id,
         marker,
-        tools=bind_crash_safe(tools, req.store, None),
+        tools=bind_crash_safe(tools, req.store.ledger),
         journal_entry=JournalEntry,
         timings=RecoveryTimings(probe_bound=req.bound_s, poll_interval=min(1.0, req.bound_s)),
-        logger=_logger(),
+        logger=run_logger(__name__),
     )
     attempts = await recovery.attempts(timeout=req.bound_s)
     unstarted = await recovery.reconcile(attempts, timeout=req.bound_s)
     return "cut-short" if unstarted else "resumed"
 
 
-def default_reconciler() -> Reconciler:
-    """The crash-recovery pause reconciliation when its modules are installed, else
-    the safe fallback that leaves the pause alone."""
-    try:
-        import prefect_coder.flows.recovery  # noqa: F401
-
-        import coder_chat.recovery  # noqa: F401
-    except ImportError:
-        return reconcile_unavailable
-    return reconcile_with_ledger
+async def load_sweep_resources(
+    settings: WorkflowSettings | None,
+) -> tuple[WorkflowSettings, TurnResources, float]:
+    """A sweep flow's settings, blocks and turn timeout (its bounds derive from it)."""
+    settings = settings or WorkflowSettings()
+    resources = await load_resources(settings)
+    turn_timeout = settings.turn_timeout_s or resources.credentials.turn_timeout
+    return settings, resources, float(turn_timeout)

@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prefect_coder.flows import registry
-from prefect_coder.flows.params import Step
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.params import Step
 from pydantic import BaseModel, ConfigDict, Field
 
+from coder_chat.crash_safe import BeforeEffect, CrashSafeTool, ToolLedgerStore
 from coder_chat.tools import STRUCTURED_OUTPUT_TOOL, ClientTool, StructuredOutput, structured_output
 
-__all__ = ["ResolvedTools", "Toolset"]
+__all__ = ["ResolvedTools", "Toolset", "bind_crash_safe"]
 
 
 class Toolset(BaseModel):
@@ -80,3 +81,18 @@ class ResolvedTools:
     def __init__(self, tools: list[ClientTool[Any]], answers: dict[str, StructuredOutput[Any]]):
         self.tools = tools
         self.answers = answers
+
+
+def bind_crash_safe(
+    tools: Sequence[ClientTool[Any]],
+    ledger: ToolLedgerStore,
+    *,
+    before_effect: BeforeEffect | None = None,
+) -> list[ClientTool[Any]]:
+    """``tools`` with every crash-safe tool bound to ``ledger`` (a turn passes its
+    eager checkpoint's ``before_effect``: the chat must be findable before any
+    effect)."""
+    return [
+        t.bind(ledger, before_effect=before_effect) if isinstance(t, CrashSafeTool) else t
+        for t in tools
+    ]

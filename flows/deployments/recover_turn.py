@@ -1,0 +1,233 @@
+"""The ``recover-turn`` deployment: recover a workflow's stuck or crashed step.
+
+Triggered automatically when an ``agent-workflow`` or ``agent-turn`` run ends
+Crashed (``prefect.yaml``), or run from the UI on any workflow id. Under the
+workflow's lease it strands orphan chats, finds the step, and either recovers
+it read-only or hands it to ``run_turn`` (which recovers first and resubmits
+only when it must); with ``finish_workflow`` it then runs the rest of the
+workflow as an ``agent-workflow`` subflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from prefect import flow
+from prefect_coder.blocks import JournalEntry, LeaseUnavailableError, workflow_key
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.errors import WorkflowBusyError
+from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
+from prefect_coder.flows.parts.params import (
+    Step,
+    WorkflowSettings,
+    step_marker,
+    validate_workflow_id,
+)
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.parts.unfinished_attempt import (
+    publish_recovery,
+    recovered_result,
+    recovery_timings,
+)
+from prefect_coder.flows.turn.durable_turn import run_turn
+from pydantic import BaseModel, Field
+
+from coder_chat.history import fetch_turn
+from coder_chat.recovery import TurnRecovery
+from coder_chat.rest import ChatClient
+
+__all__ = ["RecoverTurnReport", "recover_turn"]
+
+
+class RecoverTurnReport(BaseModel):
+    """What ``recover-turn`` found and did."""
+
+    workflow_id: str
+    step: str | None = None
+    chat_id: str | None = None
+    action: str = Field(
+        description=(
+            "'nothing'; 'recovered' (a finished attempt's result, nothing sent); 'ran' "
+            "(run_turn completed the step: stored result or resubmission); "
+            "'would-resubmit' (resubmit=False and the attempt never finished)."
+        )
+    )
+    reason: str = ""
+    result: TurnResult | None = None
+    orphans: list[str] = Field(default_factory=list)
+    finished_workflow: bool = False
+
+
+def _step_name(marker: str, workflow_id: str) -> str | None:
+    prefix = f"[{workflow_id}/"
+    if marker.startswith(prefix) and marker.endswith("]"):
+        return marker[len(prefix) : -1]
+    return None
+
+
+async def _step_from_history(
+    client: ChatClient, chat_id: str, workflow_id: str, name: str
+) -> Step | None:
+    """Rebuild a step (name + prompt) from its marked user message in history."""
+    marker = step_marker(workflow_id, name)
+    messages = await fetch_turn(client, chat_id)
+    for m in sorted(messages, key=lambda m: m.id, reverse=True):
+        if m.role != "user":
+            continue
+        text = "".join(p.text or "" for p in m.content if p.type == "text")
+        idx = text.find(marker)
+        if idx >= 0:
+            prompt = text[idx + len(marker) :].lstrip(" ")
+            return Step(name=name, prompt=prompt or "(continue)")
+    return None
+
+
+@dataclass
+class _Plan:
+    """What the inspection under the lease decided for the ``recover-turn`` flow."""
+
+    step: Step | None = None
+    toolset: Toolset | None = None
+
+
+async def _inspect(
+    report: RecoverTurnReport,
+    *,
+    client: ChatClient,
+    resources: TurnResources,
+    settings: WorkflowSettings,
+    step: str | None,
+    steps: list[Step] | None,
+    resubmit: bool,
+) -> _Plan:
+    """Under the workflow's lease: sweep orphans, find the step, and — without
+    ``resubmit`` — recover it read-only. Fills ``report``; returns what to run."""
+    store, creds, log = resources.store, resources.credentials, run_logger(__name__)
+    workflow_id = report.workflow_id
+    checkpoint = await store.checkpoints.get(workflow_id)
+    report.chat_id = checkpoint.chat_id if checkpoint else None
+    report.orphans = await strand_workflow_orphans(
+        client, store, workflow_id, keep=report.chat_id, logger=log
+    )
+    if checkpoint is None:
+        report.reason = "no checkpoint: the workflow never got a chat to recover"
+        return _Plan()
+    entry = await store.journal.get(checkpoint.chat_id)
+    name = step or (_step_name(entry.marker, workflow_id) if entry else None)
+    if name is None:
+        report.reason = "the chat's journal names no step of this workflow"
+        return _Plan()
+    report.step = name
+    marker = step_marker(workflow_id, name)
+    if entry is None or entry.marker != marker:
+        report.reason = f"step {name!r} has no unfinished attempt on the chat"
+        return _Plan()
+    wanted = next((s for s in steps or [] if s.name == name), None)
+    if wanted is None:
+        wanted = await _step_from_history(client, checkpoint.chat_id, workflow_id, name)
+    if wanted is None:
+        report.reason = f"step {name!r} never sent anything on the chat"
+        return _Plan()
+    toolset = Toolset.of_steps(steps) if steps else Toolset(tools=sorted(registry.tool_names()))
+    if resubmit:
+        return _Plan(wanted, toolset)
+    resolved = toolset.including(wanted).resolve()
+    answer = resolved.answers.get(wanted.output_model) if wanted.output_model else None
+    tools = bind_crash_safe(resolved.tools, store.ledger)
+    recovery = TurnRecovery(
+        client,
+        store,
+        checkpoint.chat_id,
+        marker,
+        tools=tools,
+        journal_entry=JournalEntry,
+        timings=recovery_timings(settings, creds.request_timeout, creds.turn_timeout),
+        output_model=answer.model if answer is not None else None,
+        structured_tool_name=answer.name if answer is not None else "structured_output",
+        logger=log,
+    )
+    outcome = await recovery.run()
+    await publish_recovery(workflow_id, name, outcome, artifacts=settings.artifacts)
+    report.reason = outcome.reason
+    if outcome.classification == "recovered":
+        report.action = "recovered"
+        report.result = recovered_result(workflow_id, wanted, outcome, tools)
+    else:
+        report.action = "would-resubmit"
+    return _Plan()
+
+
+@flow(name="recover-turn", flow_run_name="recover {workflow_id}")
+async def recover_turn(
+    workflow_id: str,
+    step: str | None = None,
+    resubmit: bool = True,
+    settings: WorkflowSettings | None = None,
+    steps: list[Step] | None = None,
+    finish_workflow: bool = False,
+) -> RecoverTurnReport:
+    """Recover a workflow's stuck or crashed step.
+
+    Takes the workflow's lease, sweeps orphan chats, finds the step (``step`` or
+    the one the chat's journal names), and then either — with ``resubmit`` —
+    runs it through ``run_turn``, which settles the chat (ledger reconcile before
+    any interrupt), returns a finished attempt's recovered result or resubmits,
+    and stores the result under the step's key so a rerun of the workflow
+    continues after it; or — without ``resubmit`` — recovers read-only: returns
+    the recovered result, or reports ``would-resubmit``.
+
+    Args:
+        workflow_id: the workflow to recover.
+        step: step name; default: the step the chat's journal names.
+        resubmit: resubmit a step whose attempt never finished.
+        settings: as the workflow's (blocks, bounds).
+        steps: the workflow's steps (for their tools and output models);
+            default: the prompt from history and every registered tool.
+        finish_workflow: with ``steps`` and ``resubmit``, then run the rest of the
+            workflow (``agent-workflow`` as a subflow: finished steps come from
+            storage, the chat is archived at the end unless ``keep_chat``). The
+            Crashed-run trigger in ``prefect.yaml`` sets it.
+    """
+    settings = settings or WorkflowSettings()
+    validate_workflow_id(workflow_id)
+    registry.load_tool_modules(settings.tool_modules)
+    resources = await load_resources(settings)
+    report = RecoverTurnReport(workflow_id=workflow_id, action="nothing")
+    client = resources.credentials.get_client()
+    async with client, contextlib.AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(
+                resources.store.lease(
+                    workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
+                )
+            )
+        except LeaseUnavailableError as exc:
+            raise WorkflowBusyError(workflow_id, exc.waited) from None
+        plan = await _inspect(
+            report,
+            client=client,
+            resources=resources,
+            settings=settings,
+            step=step,
+            steps=steps,
+            resubmit=resubmit,
+        )
+    if plan.step is not None:
+        # run_turn recovers first (and sends only when it must), under its own
+        # lease, and persists the result under the step's key.
+        result = await run_turn(workflow_id, plan.step, settings, resources, plan.toolset)
+        report.result = result
+        # A recovered result took no generate() time.
+        report.action = "recovered" if result.generate_ms == 0 else "ran"
+        report.reason = f"run_turn returned attempt {result.attempt} of {plan.step.name!r}"
+    if finish_workflow and steps and resubmit:
+        await agent_workflow(workflow_id, steps, settings)
+        report.finished_workflow = True
+    log = run_logger(__name__)
+    log.info("recover-turn %s: %s (%s)", workflow_id, report.action, report.reason)
+    return report

@@ -1,0 +1,71 @@
+"""The ``sweep-orphans`` deployment: retire every chat of this collection no checkpoint accounts for."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.parts.sweep_run import (
+    SweepOptions,
+    SweepReport,
+    check_seconds,
+    default_grace_s,
+    emit_sweep_summary,
+    load_sweep_resources,
+    publish_sweep_artifact,
+    reconcile_with_ledger,
+    run_orphan_sweep,
+)
+
+__all__ = ["sweep_orphans"]
+
+
+@flow(name="sweep-orphans", flow_run_name="sweep-orphans")
+async def sweep_orphans(
+    settings: WorkflowSettings | None = None,
+    dry_run: bool = False,
+    grace_s: float | None = None,
+    options: SweepOptions | None = None,
+) -> SweepReport:
+    """Retire every chat this collection created that no checkpoint accounts for.
+
+    Lists every labelled chat of the store's tenant (archived or not, every page),
+    compares with the checkpoints and stranded records, and retires (bounded
+    interrupt, then archive retrying 409) each unaccounted chat older than
+    ``grace_s`` and each stranded one; a chat paused with a committed effect on the
+    tool ledger is reconciled, not interrupted. Checkpointed chats are never
+    archived here. Publishes a table artifact.
+
+    Args:
+        settings: credentials and store blocks (as for the workflows).
+        dry_run: decide and report, change nothing.
+        grace_s: minimum age (``created_at``) of an unaccounted chat before it is
+            retired; protects a live first turn. Default: twice the turn timeout.
+        options: concurrency, page size, interrupt/archive bounds.
+    """
+    check_seconds("grace_s", grace_s, allow_zero=True)
+    settings, resources, turn_timeout = await load_sweep_resources(settings)
+    opts = options or SweepOptions()
+    grace = grace_s if grace_s is not None else default_grace_s(turn_timeout)
+    logger = run_logger(__name__)
+    if grace < turn_timeout:
+        logger.warning(
+            "grace_s=%gs is shorter than the turn timeout (%gs): a first turn's chat is only "
+            "protected by its workflow's lease until its checkpoint is written",
+            grace,
+            turn_timeout,
+        )
+    async with resources.credentials.get_client() as client:
+        report = await run_orphan_sweep(
+            client,
+            resources.store,
+            grace_s=grace,
+            dry_run=dry_run,
+            options=opts,
+            reconciler=reconcile_with_ledger,
+            tool_modules=tuple(settings.tool_modules),
+        )
+    await publish_sweep_artifact(report, f"Grace period {grace:g}s.", opts.max_table_rows)
+    if opts.emit_events:
+        emit_sweep_summary(report, logger)
+    return report

@@ -1,0 +1,124 @@
+"""Checkpoint a first turn's chat as soon as its stream dials.
+
+It shrinks the orphan window of a first turn: a crash after the chat was
+created but before the turn's ``finally`` checkpoint would otherwise leave a
+chat nobody can find. Crash-safe tools await it before any effect, so no
+client-tool effect can ever run on a chat nobody can find after a crash.
+
+Test seam: :func:`coder_chat.crash_safe.crash_point` names points (``turn.*``)
+where the crash-matrix tests SIGKILL the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from prefect_coder.blocks import JournalEntry, StateStore
+
+from coder_chat.crash_safe import crash_point
+from coder_chat.events import HttpRequest, HttpResponse, TransportEvent, WsDial, WsEvent
+from coder_chat.tools import ToolContext
+
+__all__ = ["EagerCheckpoint"]
+
+
+class EagerCheckpoint:
+    """Checkpoint a first turn's chat as soon as its id is known.
+
+    A hard crash after the chat was created but before the ``finally``
+    checkpoint leaves a chat nobody can resume — and, if the crash hit a client
+    tool, an effect recorded under a chat id nobody knows. So the chat id (and
+    the first send's ``"submitting"`` journal entry, which the send had no chat
+    to be written under) is made durable from the first ``ws:dial`` event, and
+    every crash-safe tool awaits :meth:`ensure` before its write-ahead.
+
+    Also the transport hook of the turn's named crash points (test seam).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        workflow_id: str,
+        marker: str,
+        *,
+        had_chat: bool,
+        started_at: float | None = None,
+    ) -> None:
+        self.store = store
+        self.workflow_id = workflow_id
+        self.marker = marker
+        self.had_chat = had_chat
+        self.started_at = started_at or time.time()
+        self.written: str | None = None
+        self._streamed = False
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def ensure(self, chat_id: str) -> None:
+        """Make ``chat_id`` the workflow's checkpoint (first turn only; idempotent)."""
+        if self.had_chat or self.written == chat_id:
+            return
+        async with self._lock:
+            if self.written == chat_id:
+                return
+            async with self.store.transaction() as tx:
+                await tx.checkpoints.set(self.workflow_id, chat_id, None)
+                # The first send's write-ahead, late: the count before it was 0.
+                await tx.journal.set(
+                    chat_id,
+                    JournalEntry(
+                        state="submitting", marker=self.marker, attempt=0, at=self.started_at
+                    ),
+                )
+            self.written = chat_id
+        crash_point("turn.after_checkpoint")
+
+    async def before_effect(self, ctx: ToolContext) -> None:
+        """``before_effect`` of crash-safe tools: the chat must be findable first."""
+        await self.ensure(ctx.chat_id)
+
+    def chain(self, inner: Callable[[TransportEvent], object] | None) -> Callable[..., None]:
+        """A transport hook: this one first, then ``inner``."""
+
+        def hook(ev: TransportEvent) -> None:
+            self(ev)
+            if inner is not None:
+                inner(ev)
+
+        return hook
+
+    def __call__(self, ev: TransportEvent) -> None:
+        if isinstance(ev, HttpRequest) and ev.op == "createChat":
+            crash_point("turn.before_create")
+        elif isinstance(ev, HttpRequest) and ev.op == "createChatMessage":
+            # the send write-ahead is journaled; the request is about to leave
+            crash_point("turn.sending")
+        elif isinstance(ev, HttpResponse) and ev.op == "createChat" and ev.ok:
+            crash_point("turn.after_create")
+        elif isinstance(ev, WsDial) and not self.had_chat and self.written != ev.chat_id:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to do
+                task = asyncio.get_running_loop().create_task(self.ensure(ev.chat_id))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        elif isinstance(ev, WsEvent) and not self._streamed and (self.had_chat or self.written):
+            if getattr(ev.event, "type", None) == "message_part":
+                self._streamed = True  # once per turn: the first streamed part
+                crash_point("turn.mid_stream")
+
+    async def drain(self) -> None:
+        """Wait for scheduled checkpoint writes (call before the ``finally`` checkpoint)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def after_turn(self, agent_chat_id: str | None) -> None:
+        """The SDK discarded the session (stream lost on the chat it created): clear
+        the eagerly checkpointed id, or "starts fresh after a discard" silently turns
+        into resuming the dead chat (it is recorded stranded for the sweep)."""
+        await self.drain()
+        if self.written and agent_chat_id is None:
+            cp = await self.store.checkpoints.get(self.workflow_id)
+            if cp is not None and cp.chat_id == self.written:
+                await self.store.checkpoints.clear(self.workflow_id)

@@ -1,0 +1,58 @@
+"""A first turn's orphan check: strand every chat of the workflow no checkpoint names.
+
+A crash after a first turn's chat was created but before its id was
+checkpointed leaves an orphan that may still be generating. Every chat carries
+the workflow's label, so this finds every orphan, interrupts it and records it
+stranded (the workflow's archive retires it). The turn runs it on a workflow
+without a checkpoint; ``recover-turn`` runs it under the workflow's lease.
+"""
+
+from __future__ import annotations
+
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.parts.run_log import RunLogger, run_logger
+
+from coder_chat.errors import CoderApiError
+from coder_chat.rest import ChatClient
+
+__all__ = ["strand_workflow_orphans"]
+
+
+async def strand_workflow_orphans(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    *,
+    keep: str | None = None,
+    bound_s: float = 15.0,
+    logger: RunLogger | None = None,
+) -> list[str]:
+    """Interrupt every live chat of the workflow no checkpoint accounts for, and
+    record it stranded so the archive retires it. Returns their ids.
+
+    Widened as the design asks: regardless of status (an orphaned first turn may
+    settle on its own and then sit live and unarchived forever), and every
+    orphan, not just the first.
+    """
+    log = logger or run_logger(__name__)
+    found: list[str] = []
+    labels = {**scope_labels(store.tenant), LABEL_WORKFLOW: label_value(workflow_id)}
+    async for chat in client.iter_chats(labels=labels, timeout=bound_s):
+        # Re-checked: a server that ignored the filter must never make us touch
+        # someone else's chat.
+        if chat.id == keep or not owned_by(chat.labels, store.tenant):
+            continue
+        found.append(chat.id)
+        try:
+            await client.interrupt_chat(chat.id, timeout=bound_s)
+        except CoderApiError as exc:
+            if exc.status != 409:  # 409: nothing running — the good case
+                raise
+        await store.stranded.record(workflow_id, chat.id, "orphan: no checkpoint names it")
+        log.warning(
+            "orphan chat %s of workflow %s interrupted, recorded for the archive",
+            chat.id,
+            workflow_id,
+        )
+    return found

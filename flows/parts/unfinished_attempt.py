@@ -1,0 +1,263 @@
+"""An earlier, unfinished attempt of a step: recover it before the step sends.
+
+``run_turn`` calls :func:`recover_before_send` on a checkpointed chat before the
+step's send. If the journal shows this step already sent (an unfinished attempt:
+a crash, a failure, a rerun), it runs the durable design's recovery
+(:class:`coder_chat.recovery.TurnRecovery`: settle-wait, ledger reconcile,
+result check) and either returns the recovered result — nothing is sent — or
+journals the resubmission write-ahead. So a plain retry or rerun of a crashed
+flow run is safe. After a *known* failure, :func:`note_failed_attempt` journals
+the attempt "cut-short" for whichever recovery comes next.
+
+Each recovery decision is logged and published as a table artifact (what was
+seen, what was decided, why).
+
+Test seam: :func:`coder_chat.crash_safe.crash_point` names points
+(``recovery.*``) where the crash-matrix tests SIGKILL the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect.artifacts import acreate_table_artifact
+from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
+from prefect_coder.flows.parts.run_log import run_logger
+
+from coder_chat.crash_safe import crash_point
+from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_until
+from coder_chat.recovery import RecoveryOutcome, RecoveryTimings, TurnRecovery
+from coder_chat.rest import ChatClient
+from coder_chat.tools import ClientTool, StructuredOutput
+
+__all__ = [
+    "SendPlan",
+    "note_failed_attempt",
+    "publish_recovery",
+    "recover_before_send",
+    "recovered_result",
+    "recovery_timings",
+]
+
+_NOT_KEY = re.compile(r"[^a-z0-9-]+")
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def recovery_timings(
+    settings: WorkflowSettings, request_timeout: float | None, turn_timeout: float | None
+) -> RecoveryTimings:
+    """Recovery bounds of a workflow.
+
+    * probe/interrupt bound: ``settings.settle_wait_s`` (15 s);
+    * commit horizon: the per-segment ``request_timeout`` — the design's
+      conservative horizon for a send still in flight (300 s) — or
+      ``PREFECT_CODER_COMMIT_HORIZON_S``;
+    * settle budget: the turn's total bound (600 s), turn-scale;
+    * poll interval: 1 s, or ``PREFECT_CODER_SETTLE_POLL_S``.
+    """
+    d = RecoveryTimings()
+    horizon = _env_float("PREFECT_CODER_COMMIT_HORIZON_S")
+    poll = _env_float("PREFECT_CODER_SETTLE_POLL_S")
+    return RecoveryTimings(
+        probe_bound=settings.settle_wait_s,
+        settle_budget=turn_timeout or d.settle_budget,
+        poll_interval=d.poll_interval if poll is None else poll,
+        commit_horizon=horizon if horizon is not None else (request_timeout or d.commit_horizon),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SendPlan:
+    """What ``run_turn`` does next on a checkpointed chat."""
+
+    #: 1-based number of the attempt about to be sent (or recovered).
+    attempt: int
+    #: Set when the crashed attempt finished: return it, send nothing.
+    result: TurnResult | None = None
+    outcome: RecoveryOutcome | None = None
+
+
+def recovered_result(
+    workflow_id: str,
+    step: Step,
+    outcome: RecoveryOutcome,
+    tools: Sequence[ClientTool[Any]],
+) -> TurnResult:
+    """The step's result rebuilt from history (what ``generate()`` would have returned)."""
+    rec = outcome.recovered
+    assert rec is not None
+    names = {t.name for t in tools}
+    calls = [
+        ToolCallRecord(
+            id=p.tool_call_id,
+            name=p.tool_name,
+            kind="client" if p.tool_name in names else "server",
+            args=p.input,
+            output=p.output if p.state == "output-available" else p.error_text,
+            is_error=p.state == "output-error",
+        )
+        for p in rec.parts
+        if isinstance(p, DynamicToolPart)
+    ]
+    structured = rec.structured.model_dump(mode="json") if rec.structured is not None else None
+    return TurnResult(
+        workflow_id=workflow_id,
+        step=step.name,
+        marker=outcome.marker,
+        chat_id=outcome.chat_id,
+        text=rec.text,
+        finish_reason="stop",
+        usage={},
+        user_message_id=rec.user_message_id,
+        tool_calls=calls,
+        structured=structured,
+        attempt=max(1, outcome.attempts),
+        generate_ms=0.0,
+    )
+
+
+def _artifact_key(workflow_id: str, step_name: str) -> str:
+    digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
+    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:70]
+    return f"coder-recovery-{slug}-{digest}"
+
+
+async def publish_recovery(
+    workflow_id: str, step_name: str, outcome: RecoveryOutcome, *, artifacts: bool = True
+) -> None:
+    """Log the verdict and publish the decisions as a table artifact."""
+    log = run_logger(__name__)
+    log.info(
+        "recovery of %s/%s on chat %s: %s (%s); %d decision(s), horizon slept %.2fs",
+        workflow_id,
+        step_name,
+        outcome.chat_id,
+        outcome.classification,
+        outcome.reason,
+        len(outcome.decisions),
+        outcome.horizon_slept_s,
+    )
+    if not artifacts:
+        return
+    try:
+        await acreate_table_artifact(
+            key=_artifact_key(workflow_id, step_name),
+            table=[d.row() for d in outcome.decisions],
+            description=(
+                f"Crash recovery of step `{step_name}` of `{workflow_id}` on chat "
+                f"`{outcome.chat_id}`: **{outcome.classification}** — {outcome.reason}"
+            ),
+        )
+    except Exception:
+        log.warning("could not publish the recovery artifact", exc_info=True)
+
+
+async def recover_before_send(
+    *,
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    step: Step,
+    chat_id: str,
+    tools: Sequence[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    timings: RecoveryTimings,
+    known_failure: bool,
+    artifacts: bool = True,
+) -> SendPlan:
+    """Run before every send of ``step`` on a checkpointed chat.
+
+    No journal entry for this step's marker proves no send of it ever started
+    (every send is journaled first), so the first send only writes its
+    write-ahead. Otherwise an earlier attempt is unfinished: recover it.
+    """
+    marker = step_marker(workflow_id, step.name)
+    entry = await store.journal.get(chat_id)
+    if entry is None or entry.marker != marker:
+        # Write-ahead BEFORE the send: no entry proves no send ever started. The
+        # count before this step's first send is 0 (an earlier send would have
+        # journaled this marker).
+        await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=0))
+        return SendPlan(attempt=1)
+    recovery = TurnRecovery(
+        client,
+        store,
+        chat_id,
+        marker,
+        tools=tools,
+        journal_entry=JournalEntry,
+        timings=timings,
+        known_failure=known_failure,
+        output_model=answer.model if answer is not None else None,
+        structured_tool_name=answer.name if answer is not None else "structured_output",
+        logger=run_logger(__name__),
+    )
+    outcome = await recovery.run()
+    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    if outcome.classification == "recovered":
+        return SendPlan(
+            attempt=max(1, outcome.attempts),
+            result=recovered_result(workflow_id, step, outcome, tools),
+            outcome=outcome,
+        )
+    crash_point("recovery.before_resubmit")
+    await recovery.journal_resubmission(outcome.attempts)
+    # At least the second try: the journal proves an earlier send of this step
+    # started, even when it never landed.
+    return SendPlan(attempt=max(2, outcome.attempts + 1), outcome=outcome)
+
+
+async def note_failed_attempt(
+    client: ChatClient, store: StateStore, chat_id: str | None, marker: str
+) -> None:
+    """After a *known* failure of a send (timeout, abort, error), journal the tail
+    attempt "cut-short" so that a later recovery — in another flow run, without
+    the reason at hand — cannot trust its own 409: the failure already fired the
+    SDK's best-effort interrupt, which may have stopped the run before recovery
+    looked. Scoped by (marker, count) like every entry: if the send never landed,
+    the verdict applies to the attempt the step was resubmitting over, which was
+    cut short or errored anyway. Best-effort and bounded; shielded, because it also
+    runs while the turn is being cancelled."""
+    if not chat_id:
+        return
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(_note_failed_attempt(client, store, chat_id, marker))
+
+
+async def _note_failed_attempt(
+    client: ChatClient, store: StateStore, chat_id: str, marker: str
+) -> None:
+    try:
+        messages, _ = await fetch_until(
+            client,
+            chat_id,
+            lambda ms: count_marker_attempts(ms, marker)[1],
+            timeout=5.0,
+        )
+        count = count_marker_attempts(messages, marker)[0]
+        await store.journal.set(
+            chat_id, JournalEntry(state="cut-short", marker=marker, attempt=count)
+        )
+    except Exception:
+        run_logger(__name__).warning(
+            "could not journal the failed attempt on chat %s", chat_id, exc_info=True
+        )

@@ -1,0 +1,76 @@
+"""The workflow owns its chat's end of life: the final archive step and the failure handler.
+
+An archived chat cannot be resumed, so archiving belongs to the workflow, never
+to a step: :func:`archive_chat` is its last step, :func:`archive_on_failure`
+retires the chat of a run that finally failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import Flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import State
+from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.retire import ArchiveOutcome, retire_workflow_chat
+from prefect_coder.flows.parts.run_log import run_logger
+
+__all__ = ["archive_chat", "archive_on_failure"]
+
+
+# NO_CACHE: archiving must really run every time (it is idempotent), and its
+# inputs hold a live client that cannot be hashed.
+@task(name="archive-chat", task_run_name="archive {workflow_id}", cache_policy=NO_CACHE)
+async def archive_chat(
+    workflow_id: str, settings: WorkflowSettings, resources: TurnResources | None = None
+) -> ArchiveOutcome:
+    """The final step of a workflow: retire its chat."""
+    resources = resources or await load_resources(settings)
+    return await retire_workflow_chat(
+        workflow_id,
+        resources,
+        lease_wait_s=settings.lease_wait_s,
+        lease_ttl_s=settings.lease_ttl_s,
+    )
+
+
+async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """Failure handler: the workflow owns its chat's end of life, so a finally
+    failed run retires its chat (abandoned runs must not accumulate live chats).
+
+    Not when the run never drove the chat: bad parameters or a busy workflow
+    must not archive a chat that an earlier or a concurrent run still uses.
+    """
+    logger = run_logger(__name__)
+    try:
+        failure = await state.aresult(raise_on_failure=False)
+    except Exception:
+        failure = None
+    if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
+        logger.info("the run failed before driving the chat (%s): not archiving", failure)
+        return
+    params = flow_run.parameters or {}
+    try:
+        settings = WorkflowSettings.model_validate(params.get("settings") or {})
+        workflow_id = str(params["workflow_id"])
+        validate_workflow_id(workflow_id)
+    except Exception:
+        return  # failed at the edge: no chat can exist
+    if settings.keep_chat:
+        logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
+        return
+    try:
+        resources = await load_resources(settings)
+        outcome = await retire_workflow_chat(
+            workflow_id,
+            resources,
+            lease_wait_s=settings.lease_wait_s,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
+        logger.info("failure handler archived %s", outcome.archived_chat_ids or "nothing")
+    except Exception:
+        logger.error("failure handler could not archive the chat of %s", workflow_id, exc_info=True)

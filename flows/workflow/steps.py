@@ -1,0 +1,146 @@
+"""The workflow's body: validate at the edge, then strictly sequential steps on one chat.
+
+Parameters are validated at the edge (:func:`prepare`) — workflow id, tool and
+output-model names, blocks, URL — before any chat exists. Each step is one
+``run_turn`` task (or a model step, or an approval); a re-run (flow retry, new
+flow run, another worker) returns finished steps from storage and sends nothing
+for them. The chat is archived after the final step unless
+``settings.keep_chat``; the deployments apply the failure handler
+(:mod:`prefect_coder.flows.workflow.end_of_life`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, cast
+
+from prefect.utilities.annotations import quote
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.background import drain as drain_background
+from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.parts.params import (
+    Step,
+    WorkflowSettings,
+    validate_steps,
+    validate_toolset,
+    validate_workflow_id,
+)
+from prefect_coder.flows.parts.resources import (
+    TurnResources,
+    hold_workflow_lease,
+    load_resources,
+    shared_client,
+)
+from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.parts.toolset import Toolset
+from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
+from prefect_coder.flows.turn.durable_turn import run_turn
+from prefect_coder.flows.turn.model_step import ModelStepResult, model_step
+from prefect_coder.flows.workflow.end_of_life import archive_chat
+
+__all__ = ["StepResult", "prepare", "run_steps"]
+
+#: What one step returns: an agent turn, a model-only call or an approval decision.
+StepResult = TurnResult | ModelStepResult | ApprovalResult
+
+
+async def prepare(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings,
+    extra_tools: Toolset | None = None,
+) -> TurnResources:
+    """Validate every parameter and load the blocks; raises
+    :class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` before any chat is created."""
+    validate_workflow_id(workflow_id)
+    registry.load_tool_modules(settings.tool_modules)
+    tool_names, model_names = registry.tool_names(), registry.output_model_names()
+    validate_steps(steps, tool_names=tool_names, output_model_names=model_names)
+    if extra_tools is not None:
+        validate_toolset(extra_tools, tool_names=tool_names, output_model_names=model_names)
+    return await load_resources(settings)
+
+
+def _previous_answer(results: list[StepResult]) -> str | None:
+    for result in reversed(results):
+        if isinstance(result, ApprovalResult):
+            continue
+        if result.structured is not None:
+            return json.dumps(result.structured)
+        return result.text
+    return None
+
+
+async def run_steps(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings,
+    resources: TurnResources,
+    *,
+    allow_approval: bool = True,
+) -> list[StepResult]:
+    """The body of :func:`agent_workflow`: every step in order, then the archive."""
+    turn = run_turn.with_options(
+        retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
+    )
+    model = model_step.with_options(
+        retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
+    )
+    # Client tools are declared once, when the first step creates the chat.
+    toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
+    results: list[StepResult] = []
+    edited: dict[str, Step] = {}
+    try:
+        # One lease for the whole run (not one per turn): another run of this
+        # workflow waits up to lease_wait_s, then finds the finished steps stored.
+        async with (
+            hold_workflow_lease(workflow_id, resources.store, settings) as held,
+            shared_client(resources) as shared,
+        ):
+            shared = dataclasses.replace(shared, lease=held)
+            for i, step in enumerate(steps):
+                step = edited.get(step.name, step)
+                # quote(): Prefect would otherwise walk (and rebuild) the blocks,
+                # the store and the client as task inputs on every turn.
+                if step.kind == "model":
+                    results.append(
+                        await model(
+                            workflow_id,
+                            step,
+                            settings,
+                            cast(Any, quote(shared)),
+                            _previous_answer(results),
+                        )
+                    )
+                elif step.kind == "approval":
+                    if not allow_approval:
+                        raise WorkflowParameterError(
+                            f"steps[{i}].kind",
+                            "approval steps need a flow run of their own (a subflow or a "
+                            "fan-out member cannot suspend)",
+                            "run this workflow as its own agent-workflow deployment run",
+                        )
+                    following = steps[i + 1] if i + 1 < len(steps) else None
+                    decision = await await_approval(
+                        workflow_id,
+                        step,
+                        last_text=_previous_answer(results),
+                        next_step=following,
+                    )
+                    results.append(decision)
+                    if decision.decision == "reject":
+                        break
+                    if decision.decision == "edit" and following is not None:
+                        edited[following.name] = following.model_copy(
+                            update={"prompt": decision.next_prompt}
+                        )
+                else:
+                    results.append(
+                        await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
+                    )
+            if not settings.keep_chat:
+                await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
+    finally:
+        await drain_background()
+    return results
