@@ -10,9 +10,10 @@ import json
 from collections.abc import Callable
 
 import pytest
+from pydantic import BaseModel
 
-from coder_chat import AgentTimings, CoderAgent, StreamOptions
-from coder_chat.emulator.script import Script, Sleep, Step, Text
+from coder_chat import AgentTimings, CoderAgent, StreamOptions, ToolContext, client_tool
+from coder_chat.emulator.script import Script, Step, Text
 from coder_chat.emulator.server import Emulator
 
 FAST = StreamOptions(backoff_initial_ms=10, backoff_cap_ms=40)
@@ -39,26 +40,39 @@ async def _until(check: Callable[[], bool], within: float = 5.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+class Hold(BaseModel):
+    pass
+
+
 async def _run_identical_queued_jobs(emu: Emulator) -> None:
-    first = make(emu)
-    slow = Script.of(
-        Step(
-            (Text("first ", deltas=2), Sleep(0.3), Text("done", deltas=2)),
-        )
-    )
-    t1 = asyncio.create_task(first.generate(f"go #emu {json.dumps(slow.to_json())}"))
+    # The first job holds the chat busy in requires_action until both others are
+    # queued: no race against a sleep, however loaded the machine is.
+    release = asyncio.Event()
+
+    @client_tool(description="waits for the test")
+    async def hold(args: Hold, ctx: ToolContext) -> str:
+        await release.wait()
+        return "released"
+
+    first = make(emu, tools=[hold])
+    busy = Script.client_tool("hold", {}, text="first ", then=Step((Text("done", deltas=2),)))
+    t1 = asyncio.create_task(first.generate(f"go #emu {json.dumps(busy.to_json())}"))
     await _until(lambda: first.chat_id is not None)
     chat_id = first.chat_id
     assert chat_id is not None
-    await emu.await_status(chat_id, "running")
+    await emu.await_status(chat_id, "requires_action")
+
+    def queued() -> int:
+        return sum(e["kind"] == "queue" and e["chat_id"] == chat_id for e in emu.event_log())
 
     # Both queued jobs send byte-identical content; the default model echoes it.
     a, b = make(emu, chat_id=chat_id), make(emu, chat_id=chat_id)
     ta = asyncio.create_task(a.generate("same prompt"))
-    await _until(
-        lambda: any(e["kind"] == "queue" and e["chat_id"] == chat_id for e in emu.event_log())
-    )
+    await _until(lambda: queued() >= 1)
+    seen = queued()
     tb = asyncio.create_task(b.generate("same prompt"))
+    await _until(lambda: queued() > seen)
+    release.set()
     r1, ra, rb = await asyncio.gather(t1, ta, tb)
 
     users = [m for m in emu.messages(chat_id, include_system=False) if m["role"] == "user"]
@@ -68,7 +82,7 @@ async def _run_identical_queued_jobs(emu: Emulator) -> None:
     assert ra.user_message_id == users[1]["id"] and rb.user_message_id == users[2]["id"]
     assert not set(ra.message_ids) & set(rb.message_ids)
     assert ra.text == rb.text and ra.text  # same echo, each exactly once
-    assert r1.text == "first done"
+    assert r1.text == "done" and r1.steps[0].text == "first "
     for agent in (first, a, b):
         await agent.aclose()
 
