@@ -33,16 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Self, TypeVar
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
-from coder_chat.core.follow import DoneStep, FollowPlan, history_covers, pick_turn, plan_follow
+from coder_chat.core.follow import FollowPlan, history_covers, pick_turn, plan_follow
 from coder_chat.core.segment import (
     Ending,
     ReadEnd,
@@ -56,13 +55,11 @@ from coder_chat.core.segment import (
 from coder_chat.core.text_ledger import Episode
 from coder_chat.core.translator import (
     QueuedGate,
-    ServerToolResult,
-    Source,
     ToolCall,
     TurnTranslator,
     pending_client_calls,
 )
-from coder_chat.core.usage import Usage, sum_usages
+from coder_chat.core.usage import sum_usages
 from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
 from coder_chat.events import (
     SegmentSettle,
@@ -73,13 +70,23 @@ from coder_chat.events import (
 from coder_chat.history import fetch_until
 from coder_chat.models import (
     ChatInputPart,
-    ChatStreamEvent,
     CreateChatMessageRequest,
     CreateChatRequest,
     DynamicToolDefinition,
 )
 from coder_chat.models import ToolResult as WireToolResult
 from coder_chat.rest import ChatClient
+from coder_chat.results import (
+    ArchiveResult,
+    ClientToolCall,
+    GenerateResult,
+    InterruptResult,
+    StepResult,
+    StructuredResult,
+    decode_args,
+    step_from_history,
+)
+from coder_chat.segment_reader import read_until_settled
 from coder_chat.settings import CoderSettings
 from coder_chat.stop import stop_chat
 from coder_chat.stream import ChatStreamReader, StreamOptions
@@ -150,90 +157,6 @@ class AgentTimings:
 # --------------------------------------------------------------------------- results
 
 
-@dataclass(frozen=True, slots=True)
-class ClientToolCall:
-    """A client tool call of the turn and what this process answered."""
-
-    tool_call_id: str
-    tool_name: str
-    #: The model's arguments, JSON-decoded (the raw string if it was not JSON).
-    input: Any
-    output: Any
-    is_error: bool
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """One segment of the turn (one model round-trip)."""
-
-    step: int
-    text: str
-    reasoning: str
-    finish_reason: str
-    raw_status: str | None
-    usage: Usage
-    client_tool_calls: list[ClientToolCall]
-    server_tool_calls: list[ToolCall]
-    server_tool_results: list[ServerToolResult]
-    sources: list[Source]
-    message_ids: list[int]
-
-    @property
-    def provider_metadata(self) -> dict[str, Any]:
-        """``{"coder": {"total_cost_micros", "total_runtime_ms"}}`` when reported."""
-        coder = {
-            k: v
-            for k, v in (
-                ("total_cost_micros", self.usage.total_cost_micros),
-                ("total_runtime_ms", self.usage.total_runtime_ms),
-            )
-            if v is not None
-        }
-        return {"coder": coder} if coder else {}
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateResult:
-    """What one :meth:`CoderAgent.generate` turn produced.
-
-    ``text`` is the FINAL step's text (the text after the last client tool
-    call); earlier steps' text lives in ``steps``. ``usage`` sums all steps.
-    """
-
-    text: str
-    finish_reason: str
-    raw_status: str | None
-    usage: Usage
-    steps: list[StepResult]
-    chat_id: str
-    user_message_id: int | None
-    message_ids: list[int]
-    client_tool_calls: list[ClientToolCall]
-    server_tool_calls: list[ToolCall]
-    server_tool_results: list[ServerToolResult]
-
-    @property
-    def reasoning(self) -> str:
-        return self.steps[-1].reasoning if self.steps else ""
-
-    @property
-    def tool_calls(self) -> list[ClientToolCall | ToolCall]:
-        """Client and server tool calls of the whole turn."""
-        return [*self.client_tool_calls, *self.server_tool_calls]
-
-    @property
-    def sources(self) -> list[Source]:
-        return [s for step in self.steps for s in step.sources]
-
-    @property
-    def total_cost_micros(self) -> int | None:
-        """Turn cost = sum of the steps' reported cost."""
-        costs = [s.usage.total_cost_micros for s in self.steps]
-        known = [c for c in costs if c is not None]
-        return sum(known) if known else None
-
-
 class NoTurnToFollowError(CoderAgentError):
     """:meth:`CoderAgent.follow` found no user message to follow.
 
@@ -258,33 +181,6 @@ class NoTurnToFollowError(CoderAgentError):
         self.cursor = cursor
         self.user_message_id = user_message_id
         self.marker = marker
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredResult(Generic[M]):
-    """Outcome of :meth:`CoderAgent.generate_structured`.
-
-    ``value`` is the last validating answer (``None`` if none validated even
-    after the nudge); ``result`` the turn that produced it; ``nudged`` whether a
-    second turn was needed.
-    """
-
-    value: M | None
-    result: GenerateResult
-    nudged: bool
-
-
-@dataclass(frozen=True, slots=True)
-class InterruptResult:
-    interrupted: bool
-    chat_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveResult:
-    archived: bool
-    chat_id: str | None = None
-    archived_chat_ids: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- internals
@@ -339,13 +235,6 @@ def _wire_results(outcomes: Sequence[ToolOutcome]) -> list[WireToolResult]:
 
 class _TornDown(CoderAgentError):
     """The agent was closed while a turn was reading its stream (a teardown)."""
-
-
-class _SideDone:
-    """Sentinel: a side task finished before the next stream event."""
-
-
-_SIDE_DONE = _SideDone()
 
 
 class CoderAgent:
@@ -644,7 +533,7 @@ class CoderAgent:
                 if seg.follow is not None:
                     # A follower: the turn's finished tool rounds come from history.
                     for done in seg.follow.done_steps:
-                        step = self._history_step(len(steps) + 1, done)
+                        step = step_from_history(done, len(steps) + 1, self._tools.keys())
                         steps.append(step)
                         client_calls.extend(step.client_tool_calls)
             kind = SegmentKind.RESULTS
@@ -668,7 +557,7 @@ class CoderAgent:
                         ClientToolCall(
                             call.tool_call_id,
                             call.tool_name,
-                            _decode_args(call.input),
+                            decode_args(call.input),
                             outcome.output,
                             outcome.is_error,
                             step_no,
@@ -835,7 +724,12 @@ class CoderAgent:
                 reader = run.reader = self._acquire_reader(
                     chat_id, after_id, resume=kind is SegmentKind.RESULTS
                 )
-                await self._read_until_settled(reader, tr, chat_id)
+                await read_until_settled(
+                    reader,
+                    tr,
+                    action_grace=self._timings.action_grace,
+                    fetch_pending=lambda after_id: self._fetch_pending(chat_id, after_id),
+                )
                 end = read_end(
                     settled=tr.settled,
                     dead_end=tr.failure is not None,
@@ -958,38 +852,6 @@ class CoderAgent:
             raise NoTurnToFollowError(chat_id, cursor, hint.user_message_id, hint.marker)
         return plan_follow(messages, user_message_id=uid, client_tool_names=self._tools.keys())
 
-    def _history_step(self, step_no: int, done: DoneStep) -> StepResult:
-        """A finished tool round, rebuilt from history the way the live reader would have."""
-        tr = TurnTranslator(
-            client_tool_names=self._tools.keys(), cursor=done.after_id, anchor_on_first_user=False
-        )
-        for message in done.messages:
-            tr.feed({"type": "message", "message": message})
-        tr.finish()
-        calls = [
-            ClientToolCall(
-                c["tool_call_id"],
-                c["tool_name"],
-                _decode_args(c["args"]),
-                *done.outputs[c["tool_call_id"]],
-                step_no,
-            )
-            for c in done.calls
-        ]
-        return StepResult(
-            step=step_no,
-            text=tr.text,
-            reasoning=tr.reasoning,
-            finish_reason="tool-calls",
-            raw_status="requires_action",
-            usage=tr.usage,
-            client_tool_calls=calls,
-            server_tool_calls=list(tr.server_calls),
-            server_tool_results=list(tr.server_results),
-            sources=list(tr.sources),
-            message_ids=list(tr.message_ids),
-        )
-
     def _end_segment(self, run: _SegmentRun, ending: Ending, created_turn: bool) -> None:
         """Apply :func:`coder_chat.core.segment.teardown` to the stream and the chat."""
         tr, reader = run.tr, run.reader
@@ -1076,105 +938,6 @@ class CoderAgent:
         reader.start()
         self._active_reader = reader
         return reader
-
-    async def _read_until_settled(
-        self, reader: ChatStreamReader, tr: TurnTranslator, chat_id: str
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        grace_until: float | None = None
-        recovery: asyncio.Task[Any] | None = None
-        recovered = False
-        try:
-            while not tr.settled:
-                if tr.awaiting_action:
-                    if grace_until is None:
-                        grace_until = loop.time() + self._timings.action_grace
-                    if recovery is None and not recovered and loop.time() >= grace_until:
-                        recovery = loop.create_task(
-                            self._fetch_pending(chat_id, tr.effective_cursor)
-                        )
-                else:
-                    # Re-armed once the run leaves requires_action.
-                    grace_until, recovered = None, False
-                    if recovery is not None:
-                        recovery.cancel()
-                        recovery = None
-                wait: float | None = None
-                if tr.awaiting_action and recovery is None and not recovered and grace_until:
-                    wait = max(0.0, grace_until - loop.time())
-                # Fast path: take an already-arrived event without suspending.
-                item: ChatStreamEvent | _SideDone | None = (
-                    reader.next_event_nowait() if recovery is None else None
-                )
-                if item is None:
-                    item = await self._next(reader, wait, recovery)
-                if item is _SIDE_DONE:
-                    assert recovery is not None
-                    found = None
-                    with contextlib.suppress(Exception):
-                        found = recovery.result()
-                    recovery, recovered = None, True
-                    if found and tr.awaiting_action:
-                        turn_messages, calls = found
-                        tr.ingest_recovered(turn_messages, calls)
-                    continue
-                if item is None:
-                    if wait is not None:
-                        continue  # grace expired: loop to start the recovery
-                    return  # closed by us
-                assert isinstance(item, ChatStreamEvent)
-                tr.feed(item)
-            if (tr.error is None) != (tr.terminal_status != "error"):
-                # chatd sends `status: error` then the `error` event in one sync (one
-                # frame): pick up the other half without waiting, so the turn raises
-                # the server's error instead of finishing quietly with reason "error".
-                while True:
-                    try:
-                        ev = await reader.next_event(timeout=0)
-                    except TimeoutError:
-                        break
-                    if ev is None:
-                        break
-                    tr.feed(ev)
-                    if tr.error is not None and tr.terminal_status == "error":
-                        break
-        finally:
-            if recovery is not None:
-                recovery.cancel()
-
-    async def _next(
-        self,
-        reader: ChatStreamReader,
-        wait: float | None,
-        side: asyncio.Task[Any] | None,
-    ) -> ChatStreamEvent | _SideDone | None:
-        """Next stream event; ``None`` on a grace expiry (or closed reader);
-        ``_SIDE_DONE`` when ``side`` finished first. Never loses an event."""
-        if side is None:
-            try:
-                return await reader.next_event(timeout=wait)
-            except TimeoutError:
-                if wait is None:
-                    raise
-                return None
-        if side.done():
-            return _SIDE_DONE
-        read = asyncio.ensure_future(reader.next_event())
-        try:
-            done, _ = await asyncio.wait({read, side}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            read.cancel()
-            raise
-        if read in done:
-            return read.result()
-        read.cancel()
-        try:
-            return await read  # it may have completed before the cancel landed
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            return _SIDE_DONE
 
     async def _fetch_pending(
         self, chat_id: str, after_id: int
@@ -1336,12 +1099,3 @@ class CoderAgent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def _decode_args(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw) if raw else {}
-        except ValueError:
-            return raw
-    return raw
