@@ -1,8 +1,9 @@
 """coder_chat quick start: one chat, two turns, a client tool, a structured answer.
 
-    python examples/client_quickstart.py
+    .venv/bin/python examples/client_quickstart.py
 
-Talks to the deployment in CODER_URL / CODER_SESSION_TOKEN / CODER_ORG_ID when
+(the project's virtualenv: ``scripts/demo`` or ``scripts/test`` creates it; a plain
+``python`` stops with that hint). Talks to the deployment in CODER_URL / CODER_SESSION_TOKEN / CODER_ORG_ID when
 those are set; otherwise starts the local chatd emulator in-process (its scripted
 model echoes prompts and obeys ``#emu {...}`` directives).
 """
@@ -15,9 +16,13 @@ import json
 import os
 from collections.abc import AsyncIterator
 
-from pydantic import BaseModel
+from _example_env import require_project
 
-from coder_chat import (
+require_project(__file__)
+
+from pydantic import BaseModel  # noqa: E402
+
+from coder_chat import (  # noqa: E402
     CoderAgent,
     CoderApiError,
     CoderChatError,
