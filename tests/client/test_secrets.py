@@ -115,9 +115,9 @@ async def test_token_never_leaks(emu: Emulator, caplog: pytest.LogCaptureFixture
         await a.aclose()
 
     assert len(failures) >= 3
-    for exc in failures:
-        texts += [str(exc), repr(exc), repr(getattr(exc, "__cause__", None))]
-        texts.append(repr(pickle.loads(pickle.dumps(exc))))
+    for failure in failures:
+        texts += [str(failure), repr(failure), repr(getattr(failure, "__cause__", None))]
+        texts.append(repr(pickle.loads(pickle.dumps(failure))))
     texts += [_dump(e) for e in seen]
     # The emulator (the *server*, in-process here) logs the upgrade headers it
     # received through websockets.server; a real chatd is another process. Every

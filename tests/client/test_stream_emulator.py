@@ -15,6 +15,7 @@ from coder_chat.emulator.script import Script
 from coder_chat.errors import CoderAgentError, CoderApiError, CoderStreamError
 from coder_chat.models import (
     ChatInputPart,
+    ChatMessage,
     ChatStreamEvent,
     CreateChatMessageRequest,
     CreateChatRequest,
@@ -81,9 +82,15 @@ def coords(evs: list[ChatStreamEvent]) -> list[tuple[int, int, int]]:
     out = []
     for e in deltas(evs):
         mp = e.message_part
-        assert mp is not None and mp.has_coordinates
-        out.append((mp.history_version, mp.generation_attempt, mp.seq))  # type: ignore[arg-type]
+        assert mp is not None
+        hv, ga, seq = mp.history_version, mp.generation_attempt, mp.seq
+        assert hv is not None and ga is not None and seq is not None
+        out.append((hv, ga, seq))
     return out
+
+
+def assistant_messages(evs: list[ChatStreamEvent]) -> list[ChatMessage]:
+    return [e.message for e in evs if e.message is not None and e.message.role == "assistant"]
 
 
 def assert_each_delta_once(evs: list[ChatStreamEvent]) -> None:
@@ -110,7 +117,7 @@ async def test_drop_mid_text_delivers_every_delta_exactly_once(
     text = "".join(e.message_part.part.text or "" for e in deltas(got))  # type: ignore[union-attr]
     assert text == LONG_TEXT
     assert_each_delta_once(got)
-    (final,) = [e.message for e in got if e.type == "message" and e.message.role == "assistant"]  # type: ignore[union-attr]
+    (final,) = assistant_messages(got)
     assert final.content[0].text == LONG_TEXT
     dials = events.of("ws:dial")
     assert len(dials) >= 2 and all(d.url.endswith(f"?after_id={after_id}") for d in dials)
@@ -178,7 +185,7 @@ async def test_message_committed_during_outage_arrives_after_redial(
     assert (
         LONG_TEXT.startswith(streamed) and streamed != LONG_TEXT
     )  # the tail arrives only as a snapshot
-    assistant = [e.message for e in got if e.type == "message" and e.message.role == "assistant"]  # type: ignore[union-attr]
+    assistant = assistant_messages(got)
     assert len(assistant) == 1 and assistant[0].content[0].text == LONG_TEXT
     redials = events.of("ws:redial")
     assert [r.consecutive_failures for r in redials] == [1, 2, 3]  # the drop counts
