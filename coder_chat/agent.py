@@ -3,8 +3,9 @@
 """CoderAgent: one chat session, one turn per :meth:`CoderAgent.generate` call.
 
 A *turn* is a tool loop over *segments* (agent-semantics §3.1): each segment
-submits something (the prompt, or client tool results), then reads the chat
-stream until the run settles. If it settled in ``requires_action`` with client
+submits something (the prompt, or client tool results — or nothing, when
+:meth:`CoderAgent.follow` re-attaches to a turn another process started), then
+reads the chat stream until the run settles. If it settled in ``requires_action`` with client
 tool calls, the agent runs the tools locally, posts the results and reads on
 — on the SAME retained stream — until a segment ends without client calls.
 
