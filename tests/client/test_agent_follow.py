@@ -119,7 +119,7 @@ async def test_follow_after_kill_9_finishes_the_turn_once(emu: Emulator) -> None
     )
     # Step 1 streams, sleeps (the crash lands here), then pauses for the client tool.
     first = slow.steps[0]
-    slow = Script((ScriptStep((first.parts[0], Sleep(0.8), *first.parts[1:])), *slow.steps[1:]))
+    slow = Script((ScriptStep((first.parts[0], Sleep(1.5), *first.parts[1:])), *slow.steps[1:]))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -257,7 +257,7 @@ async def test_follow_errors_and_timeout(emu: Emulator) -> None:
     await until(lambda: len(users(emu, r.chat_id)) == 2)
     follower = make(emu, chat_id=r.chat_id, last_seen_message_id=r.message_ids[-1])
     with pytest.raises(TimeoutError):
-        await follower.follow(timeout=0.3)
+        await follower.follow(timeout=1.0)
     await follower.aclose()  # waits for the best-effort interrupt
     assert len(posts(emu, r.chat_id, "/interrupt")) == 1
     partial = await task  # the original reader sees the interrupted run settle
