@@ -263,3 +263,46 @@ async def test_follow_errors_and_timeout(emu: Emulator) -> None:
     partial = await task  # the original reader sees the interrupted run settle
     assert partial.finish_reason == "stop"
     await agent.aclose()
+
+
+async def test_follow_mid_turn_rebuilds_the_finished_round_and_streams_the_rest(
+    emu: Emulator, events: Any
+) -> None:
+    ran: list[str] = []
+    dying = make(emu, tools=[counting_add(ran)])
+    warm = await dying.generate("warm up")
+    cursor = dying.last_seen_message_id
+    script = Script.client_tool(
+        "add",
+        {"a": 20, "b": 22},
+        text="Adding. ",
+        then=ScriptStep((Text("The sum is "), Sleep(1.0), Text("42."))),
+    )
+    task = asyncio.create_task(dying.generate(directive(script, "add [wf/3]")))
+    await until(lambda: len(posts(emu, warm.chat_id, "/tool-results")) == 1)
+    # The process "dies" in step 2: its teardown interrupt is lost on the way.
+    emu.faults.fail_rest(1, method="POST", path="/interrupt")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await dying.aclose()
+    assert emu.chat(warm.chat_id)["status"] == "running"
+
+    follower = make(
+        emu,
+        chat_id=warm.chat_id,
+        last_seen_message_id=cursor,
+        tools=[counting_add(ran)],
+        on_transport_event=events,
+    )
+    result = await follower.follow(timeout=10)
+    await follower.aclose()
+    assert ran == [result.client_tool_calls[0].tool_call_id]  # the dead process's run only
+    assert [s.text for s in result.steps] == ["Adding. ", "The sum is 42."]
+    assert result.text == "The sum is 42." and result.steps[0].finish_reason == "tool-calls"
+    assert result.client_tool_calls[0].output == 42
+    assert len(users(emu, warm.chat_id)) == 2
+    ops = [e.op for e in events.of("http:request")]
+    assert ops == ["getMessages"]  # one history read; nothing sent
+    settles = events.of("segment:settle")
+    assert [(s.ending, s.finish_reason) for s in settles] == [("clean", "stop")]
