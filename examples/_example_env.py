@@ -16,21 +16,23 @@ import os
 import sys
 import tempfile
 import urllib.request
+from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def require_project(script: str) -> None:
-    """Exit with the right command unless ``coder_chat`` and ``prefect_coder`` import."""
-    try:
-        import coder_chat  # noqa: F401
-        import prefect_coder  # noqa: F401
-    except ModuleNotFoundError as exc:
+    """Exit with the right command unless ``coder_chat`` and ``prefect_coder`` are
+    installed. Looked up, not imported: Prefect reads its settings when first
+    imported, so :func:`use_prefect_server` must run before any import of it."""
+    missing = [name for name in ("coder_chat", "prefect_coder") if find_spec(name) is None]
+    if missing:
         rel = Path(script).resolve()
         rel_text = str(rel.relative_to(ROOT)) if rel.is_relative_to(ROOT) else script
         sys.exit(
-            f"{exc}: run the examples with the project's virtualenv, from {ROOT}:\n"
+            f"No module named {missing[0]!r}: run the examples with the project's "
+            f"virtualenv, from {ROOT}:\n"
             f"    .venv/bin/python {rel_text}\n"
             "(scripts/demo or scripts/test creates .venv/ and installs the project)"
         )

@@ -2,7 +2,7 @@
 checkpoint in ``finally``, resume in a fresh agent, recover a finished turn from
 history instead of resubmitting it.
 
-    python examples/client_durable_steps.py
+    .venv/bin/python examples/client_durable_steps.py
 
 Uses CODER_URL / CODER_SESSION_TOKEN / CODER_ORG_ID when set, else a local emulator.
 ``flows/`` implements the full design (journal, tool ledger, settle-wait) on Prefect.
@@ -16,8 +16,12 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from coder_chat import CoderAgent
-from coder_chat.history import fetch_turn, marker_attempts, recover_turn_result
+from _example_env import require_project
+
+require_project(__file__)
+
+from coder_chat import CoderAgent  # noqa: E402
+from coder_chat.history import fetch_turn, marker_attempts, recover_turn_result  # noqa: E402
 
 CHECKPOINTS: dict[str, dict[str, Any]] = {}  # stand-in for a durable store
 

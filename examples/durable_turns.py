@@ -12,29 +12,27 @@ What it shows (docs/durable-turns.md walks through it):
    message; the chat is archived only once, at the end.
 4. A step that times out still checkpoints the chat it created.
 
-With ``PREFECT_API_URL`` set (e.g. after ``scripts/demo``) it uses that server;
-otherwise Prefect's temporary local server, with PREFECT_HOME in a temp dir.
+Prefect server: ``PREFECT_API_URL`` when set; else the one ``scripts/demo`` runs (its
+UI shows the runs); else Prefect's temporary local server (PREFECT_HOME in a temp dir).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 import time
 
-if not os.environ.get("PREFECT_API_URL"):
-    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-coder-example-"))
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+from _example_env import require_project, use_prefect_server
 
-from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.results import result_key
+require_project(__file__)
+print(use_prefect_server())
 
-from coder_chat.emulator import Emulator
+from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow  # noqa: E402
+from prefect_coder.flows.parts.params import Step, WorkflowSettings  # noqa: E402
+from prefect_coder.flows.parts.results import result_key  # noqa: E402
+
+from coder_chat.emulator import Emulator  # noqa: E402
 
 
 def scripted(text: str, script: object) -> str:
