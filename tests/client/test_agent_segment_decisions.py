@@ -96,18 +96,17 @@ def test_state_transitions() -> None:
     assert created.landed("c").created_chat
 
 
-@pytest.mark.parametrize(
-    ("settled", "dead", "err", "closed", "end"),
-    [
-        (True, True, False, False, ReadEnd.DEAD_END),
-        (True, False, True, True, ReadEnd.SERVER_ERROR),
-        (True, True, True, False, ReadEnd.DEAD_END),
-        (True, False, False, True, ReadEnd.SETTLED),
-        (True, False, False, False, ReadEnd.SETTLED),
-        (False, False, False, True, ReadEnd.TORN_DOWN),
-        (False, False, False, False, ReadEnd.STREAM_CLOSED),
-    ],
-)
-def test_read_end(settled: bool, dead: bool, err: bool, closed: bool, end: ReadEnd) -> None:
-    got = read_end(settled=settled, dead_end=dead, server_error=err, reader_closed=closed)
-    assert got is end
+def test_read_end_every_combination() -> None:
+    for settled, dead, err, closed in itertools.product((False, True), repeat=4):
+        got = read_end(settled=settled, dead_end=dead, server_error=err, reader_closed=closed)
+        if dead:
+            want = ReadEnd.DEAD_END  # the queued prompt is lost, whatever else happened
+        elif err:
+            want = ReadEnd.SERVER_ERROR
+        elif settled:
+            want = ReadEnd.SETTLED  # a settle wins over a reader we closed afterwards
+        elif closed:
+            want = ReadEnd.TORN_DOWN
+        else:
+            want = ReadEnd.STREAM_CLOSED
+        assert got is want, (settled, dead, err, closed)
