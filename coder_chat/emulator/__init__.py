@@ -10,6 +10,7 @@ Quick use::
         emu.faults.drop_stream(chat_id, after_frames=3)
 """
 
+from .eras import DEFAULT_ERA, ERA_NAMES
 from .script import (
     Failure,
     Reasoning,
@@ -24,6 +25,8 @@ from .script import (
 from .server import Emulator, Faults
 
 __all__ = [
+    "DEFAULT_ERA",
+    "ERA_NAMES",
     "Emulator",
     "Failure",
     "Faults",

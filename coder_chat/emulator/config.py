@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .eras import DEFAULT_ERA, Era, era
 
 DEFAULT_MODEL_CONFIG_ID = "00000000-0000-4000-8000-00000000c0de"
 CONTEXT_LIMIT = 200_000
@@ -26,10 +28,19 @@ class Config:
     clock: Callable[[], float] = time.time
     log_requests: bool = True
     max_event_log: int = 100_000
-    # Newest builds stamp a promoted queue head with the id of the queue entry it came
+    # Newer builds stamp a promoted queue head with the id of the queue entry it came
     # from; older ones do not. Both exist in the field, so clients must handle both:
-    # tests switch this off to exercise the content heuristic.
-    stamp_queued_message_id: bool = True
+    # tests switch this off to exercise the content heuristic. None: the era's default.
+    stamp_queued_message_id: bool | None = None
     # AI Gateway provider names → surface kind ("openai" | "anthropic"); None: both
     # default names (see aibridge.py).
     aibridge_providers: dict[str, str] | None = None
+    # Which server build to play (see eras.py).
+    era: Era = field(default_factory=lambda: era(DEFAULT_ERA))
+
+    @property
+    def stamps_queued_message_id(self) -> bool:
+        """Whether a promoted queue head carries ``queued_message_id``."""
+        if self.stamp_queued_message_id is None:
+            return self.era.stamp_queued_message_id
+        return self.stamp_queued_message_id

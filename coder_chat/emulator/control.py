@@ -57,7 +57,11 @@ async def _route(emu: Emulator, req: Request) -> Response:
                 "users": [
                     {"id": u.id, "username": u.username, "token": u.token} for u in core.users
                 ],
-                "config": {k: v for k, v in core.cfg.__dict__.items() if k != "clock"},
+                "era": core.cfg.era.name,
+                "config": {
+                    **{k: v for k, v in core.cfg.__dict__.items() if k not in ("clock", "era")},
+                    "era": core.cfg.era.name,
+                },
             },
         )
     if segs == ["chats"] and m == "GET":

@@ -227,7 +227,7 @@ class Core:
                 author = chat.queue_authors.pop(head["id"], chat.owner.id)
                 creator = next((u for u in self.users if u.id == author), chat.owner)
                 wire = self._user_wire(chat, head["content"], creator)
-                if self.cfg.stamp_queued_message_id:
+                if self.cfg.stamps_queued_message_id:
                     wire["queued_message_id"] = head["id"]
                 rows.append((wire, "both"))
                 queue_changed = True
@@ -330,7 +330,7 @@ class Core:
             id=new_uuid(),
             organization_id=self.organization_id,
             owner=user,
-            title=str(body.get("title") or title),
+            title=str((self.cfg.era.create_title and body.get("title")) or title),
             created_at=now,
             updated_at=now,
             client_type=body.get("client_type") or "api",
@@ -388,7 +388,7 @@ class Core:
         self, chat: ChatRec, user: User, content: list[dict[str, Any]], busy: str
     ) -> dict[str, Any]:
         """POST /messages transition; returns the CreateChatMessageResponse body."""
-        outcome = sm.send_message(self.view(chat), busy)
+        outcome = sm.send_message(self.view(chat), busy, owned=self._owned(chat))
         info = self.apply(chat, outcome, content=content, user=user)
         resp: dict[str, Any] = {"queued": outcome.queued}
         if outcome.queued:
@@ -396,10 +396,15 @@ class Core:
             if info["promoted"]:
                 resp["messages"] = info["inserted"]
         else:
-            resp["message"] = info["message"]
+            # Inserted directly, or (B3, unowned) queued and promoted at once.
+            resp["message"] = info["message"] or info["promoted"][-1]
             if len(info["inserted"]) > 1:
                 resp["messages"] = info["inserted"]
         return resp
+
+    def _owned(self, chat: ChatRec) -> bool:
+        """False only when the era finishes interrupts of a chat no worker holds."""
+        return chat.owned or not self.cfg.era.unowned_interrupt_finishes
 
     def submit_tool_results(self, chat: ChatRec, user: User, results: list[dict[str, Any]]) -> None:
         """POST /tool-results: 409 unless requires_action, then validation, then A→R."""
@@ -420,7 +425,7 @@ class Core:
 
     def interrupt(self, chat: ChatRec) -> None:
         """POST /interrupt."""
-        self.apply(chat, sm.interrupt(self.view(chat)))
+        self.apply(chat, sm.interrupt(self.view(chat), owned=self._owned(chat)))
 
     def delete_queued(self, chat: ChatRec, qid: int) -> None:
         """DELETE /queue/{id}."""
@@ -453,6 +458,7 @@ class Core:
         if worker is not None:
             # The running generation is abandoned (its output is discarded).
             chat.worker = None
+            chat.owned = False
             worker.cancel()
         chat.interrupt_flag = False
         chat.turn = None

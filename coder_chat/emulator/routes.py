@@ -12,6 +12,7 @@ from . import aibridge
 from . import statemachine as sm
 from .config import DEFAULT_MODEL_CONFIG_ID
 from .core import Core
+from .eras import EXPERIMENTAL_PREFIX, V2_PREFIX
 from .faults import status_message
 from .httpserver import (
     DROP,
@@ -38,7 +39,7 @@ from .validation import (
 )
 from .views import public_queued
 
-PREFIXES = ("/api/experimental/chats", "/api/v2/chats")
+PREFIXES = (EXPERIMENTAL_PREFIX, V2_PREFIX)  # every build's; an era serves a subset
 JSON_BODY_CAP = 256 * 1024
 FILE_CAP = 10 * 1024 * 1024
 FILE_TYPES = {
@@ -136,10 +137,10 @@ class Api:
                     "organization_ids": [self.core.organization_id],
                 },
             )
-        for prefix in PREFIXES:
+        for prefix in self.core.cfg.era.prefixes:  # B3: /api/v2 only
             if path == prefix or path.startswith(prefix + "/"):
                 segs = [s for s in path[len(prefix) :].split("/") if s]
-                return await self._chats(req, user, segs)
+                return await self._chats(req, user, segs, prefix)
         return error_response(404, "Route not found.")
 
     def _auth(self, req: Request) -> User:
@@ -155,7 +156,7 @@ class Api:
             raise Refused(401, SIGNED_OUT, "API key is invalid.")
         return user
 
-    async def _chats(self, req: Request, user: User, segs: list[str]) -> Result:
+    async def _chats(self, req: Request, user: User, segs: list[str], prefix: str) -> Result:
         m = req.method
         if not segs:
             if m == "POST":
@@ -172,7 +173,7 @@ class Api:
             if len(segs) == 2 and m == "GET":
                 return self._download(user, segs[1])
             return error_response(404, "Route not found.")
-        if head in RESERVED_SEGMENTS or head in NOT_EMULATED_SEGMENTS:
+        if self._is_route_word(head, prefix):
             # The server mounts these words before its {chat} wildcard, so they are
             # routes (reserved → 404, or real routes the emulator does not serve),
             # never a malformed chat UUID (400).
@@ -223,6 +224,12 @@ class Api:
         return error_response(404, "Route not found.")
 
     # ------------------------------------------------------------------ helpers
+    def _is_route_word(self, word: str, prefix: str) -> bool:
+        if word == "models" and prefix == V2_PREFIX:
+            # B1 reserves /models on the experimental mount only: on v2 it is a chat id.
+            return self.core.cfg.era.v2_reserves_models
+        return word in RESERVED_SEGMENTS or word in NOT_EMULATED_SEGMENTS
+
     def _chat(self, raw: str, user: User) -> ChatRec:
         cid = parse_uuid(raw)
         chat = self.core.chats.get(cid)
@@ -274,7 +281,11 @@ class Api:
             raise Refused(400, "organization_id is required.")
         if not is_uuid(org) or str(org) != self.core.organization_id:
             raise Refused(403, "You are not a member of the specified organization.")
-        content = parse_content(body.get("content"), self._file_lookup(user))
+        content = parse_content(
+            body.get("content"),
+            self._file_lookup(user),
+            allow_empty=self.core.cfg.era.empty_content_create,  # B3: → waiting, "New Chat"
+        )
         ws = body.get("workspace_id")
         if ws is not None and not is_uuid(ws):
             raise Refused(400, "Workspace not found or you do not have access to this resource")
@@ -299,6 +310,7 @@ class Api:
         return json_response(201, self._render(chat))
 
     def _list(self, req: Request, user: User) -> Response:
+        era = self.core.cfg.era
         archived: bool | None = False
         statuses: set[str] | None = None
         title_like: str | None = None
@@ -307,10 +319,12 @@ class Api:
         pr_none_only = False
         for key, value in split_query(" ".join(req.query.get("q", []))):
             if key == "archived":
-                if value not in ("true", "false", "any"):
+                if value not in ("true", "false", "any") or (
+                    value == "any" and not era.status_search
+                ):
                     raise Refused(400, "Invalid chat search query.", f"archived: {value!r}")
                 archived = None if value == "any" else value == "true"
-            elif key == "status":
+            elif key == "status" and era.status_search:
                 vals = {v for v in value.split(",") if v}
                 if not vals or not vals <= set(sm.STATUSES):
                     raise Refused(400, "Invalid chat search query.", f"status: {value!r}")
@@ -319,15 +333,17 @@ class Api:
                 if value not in ("true", "false"):
                     raise Refused(400, "Invalid chat search query.", f"has_unread: {value!r}")
                 has_unread = value == "true"
-            elif key in ("title", "search"):
+            elif key == "title" or (key == "search" and era.search_key):
                 title_like = value.lower()
             elif key == "source":
                 if value not in ("created_by_me", "shared_with_me"):
                     raise Refused(400, "Invalid chat search query.", f"source: {value!r}")
                 source = value
             elif key == "pr_status":
-                pr_none_only = True
-                if not set(value.split(",")) <= {"draft", "open", "merged", "closed", "none"}:
+                allowed = {"draft", "open", "merged", "closed"} | (
+                    {"none"} if era.status_search else set()
+                )
+                if not set(value.split(",")) <= allowed:
                     raise Refused(400, "Invalid chat search query.", f"pr_status: {value!r}")
                 pr_none_only = "none" not in value.split(",")
             elif key in ("pr", "repo", "pr_title", "diff_url"):
@@ -382,7 +398,11 @@ class Api:
         body = self._body(req)
         if not isinstance(body, dict):
             raise Refused(400, "Request body must be valid JSON.")
-        # B1 order, not atomic: title → labels → archived → pin → workspace → plan.
+        if self.core.cfg.era.patch_validates_first:
+            _validate_patch(body, chat)  # B3: a 400 changes nothing
+        # Applied in this order, not atomically: title → labels → archived → pin →
+        # workspace → plan. B1/B2 validate as they go, so a later 400 leaves earlier
+        # fields applied; in every build a 409 from the archive transition does.
         if "title" in body and body["title"] is not None:
             self.core.set_title(chat, str(body["title"]))
         if "labels" in body and body["labels"] is not None:
@@ -441,6 +461,18 @@ class Api:
             else [],
             "has_more": has_more,
         }
+        if self.core.cfg.era.messages_history_version:
+            # B3: turn_start_id on newest-first pages; history_version (the value to pass
+            # as the /stream cursor) only on the cursor-less newest page.
+            if not (after is not None and before is None):
+                start = next(
+                    (m.id for m in reversed(chat.visible_messages()) if m.wire["role"] == "user"),
+                    None,
+                )
+                if start is not None:
+                    body["turn_start_id"] = start
+            if before is None and after is None:
+                body["history_version"] = chat.history_version
         return json_response(200, body)
 
     def _post_message(self, req: Request, user: User, chat: ChatRec) -> Response:
@@ -532,6 +564,7 @@ class Api:
 
     # ------------------------------------------------------------- websockets
     def _stream(self, req: Request, user: User, chat: ChatRec) -> Result:
+        era = self.core.cfg.era
         raw = _q1(req, "after_id")
         after_id = 0
         if raw not in (None, ""):
@@ -539,15 +572,23 @@ class Api:
                 after_id = int(raw)
             except ValueError:
                 raise Refused(400, "Invalid after_id parameter.") from None
-        cursor = StreamCursor(chat.id, after_id=after_id)
-        rev = _q1(req, "after_revision")
-        if rev not in (None, ""):
+        cursor = StreamCursor(
+            chat.id, after_id=after_id, status_history_version=era.status_history_version
+        )
+        # The revision cursor differs per build: B1 has none (after_revision ignored),
+        # B2 reads after_revision, B3 renamed it history_version (≤ the chat's, and a
+        # non-zero value overrides after_id); each build ignores the other names.
+        name = era.stream_cursor
+        rev = _q1(req, name) if name else None
+        if name and rev not in (None, ""):
             try:
-                r = int(rev)
+                r = int(str(rev))
             except ValueError:
                 r = -1
-            if r < 0:
-                raise Refused(400, "Invalid after_revision parameter.")
+            if r < 0 or (name == "history_version" and r > chat.history_version):
+                raise Refused(400, f"Invalid {name} parameter.")
+            if name == "history_version" and r > 0:
+                cursor.after_id = 0
             cursor.last_history_version = r
             cursor.cursor_revision = r
         if not req.is_upgrade:
@@ -569,6 +610,28 @@ class Api:
                 s.drop(code)
                 n += 1
         return n
+
+
+def _validate_patch(body: dict[str, Any], chat: ChatRec) -> None:
+    """Every PATCH field checked before the first write (B3), with the same messages."""
+    if body.get("labels") is not None:
+        validate_labels(body["labels"])
+    if body.get("archived") is not None:
+        if chat.parent_chat_id is not None:
+            raise Refused(400, "Chat archive state can only be changed on the root chat.")
+        if bool(body["archived"]) == chat.archived:
+            raise Refused(
+                400, sm.MSG_ALREADY_ARCHIVED if chat.archived else sm.MSG_ALREADY_UNARCHIVED
+            )
+    if body.get("pin_order") is not None:
+        try:
+            int(body["pin_order"])
+        except (TypeError, ValueError):
+            raise Refused(400, "Invalid pin_order value.") from None
+    if body.get("workspace_id") is not None and not is_uuid(body["workspace_id"]):
+        raise Refused(400, "Workspace not found or you do not have access to this resource")
+    if body.get("plan_mode") is not None and body["plan_mode"] not in ("", "plan"):
+        raise Refused(400, "Invalid plan_mode value.")
 
 
 def _q1(req: Request, name: str) -> str | None:

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from .config import Config
 from .control import PREFIX, handle_control
 from .core import Core
+from .eras import DEFAULT_ERA, Era
+from .eras import era as resolve_era
 from .faults import DropRule, RestFault, Stall, UpgradeRefusal
 from .httpserver import DropResponse, HttpServer, Request, Response, Upgrade
 from .routes import Api
@@ -184,9 +186,13 @@ class Emulator:
         max_concurrent_root_chats: int | None = None,
         clock: Callable[[], float] = time.time,
         log_requests: bool = True,
-        stamp_queued_message_id: bool = True,
+        stamp_queued_message_id: bool | None = None,
         aibridge_providers: dict[str, str] | None = None,
+        era: str | Era = DEFAULT_ERA,
     ) -> None:
+        """Configure (not start) an emulator; ``era`` picks the server build to play
+        (``"b1"``, ``"b2"``, ``"b3"``; default the newest, see docs/emulator.md). Every
+        other keyword is documented in docs/emulator.md's configuration table."""
         toks = list(tokens) if tokens else [f"emu-{secrets.token_hex(16)}"]
         self._users = [
             User(
@@ -214,6 +220,7 @@ class Emulator:
             log_requests=log_requests,
             stamp_queued_message_id=stamp_queued_message_id,
             aibridge_providers=aibridge_providers,
+            era=resolve_era(era),
         )
         self._core: Core | None = None
         self._api: Api | None = None
@@ -363,6 +370,11 @@ class Emulator:
     def state(self) -> Emulator:
         """Introspection namespace (the handle itself: ``chats()``, ``messages()``, …)."""
         return self
+
+    @property
+    def era(self) -> str:
+        """The server build this emulator plays: ``"b1"``, ``"b2"`` or ``"b3"``."""
+        return self._cfg.era.name
 
     @property
     def config(self) -> Config:

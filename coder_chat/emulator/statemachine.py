@@ -147,8 +147,12 @@ def create_chat(*, empty_content: bool = False) -> Outcome:
     return Outcome(RUNNING, (_e(EffectKind.INSERT_MESSAGE), _e(EffectKind.START_TURN)))
 
 
-def send_message(view: ExecView, busy_behavior: str = "queue") -> Outcome:
-    """POST /messages (``chatstate.Tx.SendMessage``), after the handler's own 400 checks."""
+def send_message(view: ExecView, busy_behavior: str = "queue", *, owned: bool = True) -> Outcome:
+    """POST /messages (``chatstate.Tx.SendMessage``), after the handler's own 400 checks.
+
+    ``owned=False`` (B3: no worker holds the chat) makes an interrupting send from R*/I*
+    finish the interruption in the same transaction: the queue head is promoted at once
+    (from R0/I0 that head is the new message itself, so it is not reported as queued)."""
     state = _require_valid(view)
     if state.startswith("X"):
         # The handler returns 400 for archived before this; keep the machine total.
@@ -174,6 +178,12 @@ def send_message(view: ExecView, busy_behavior: str = "queue") -> Outcome:
                 _e(EffectKind.START_TURN),
             ),
             queued=True,
+        )
+    if interrupt and not owned and state in ("R0", "R1", "I0", "I1"):
+        return Outcome(
+            RUNNING,
+            (_e(EffectKind.ENQUEUE), _e(EffectKind.PROMOTE_HEAD), _e(EffectKind.START_TURN)),
+            queued=state.endswith("1"),
         )
     if state in ("R0", "R1"):
         if interrupt:
@@ -290,9 +300,14 @@ def cancel_requires_action(view: ExecView) -> Outcome:
     )
 
 
-def interrupt(view: ExecView) -> Outcome:
-    """POST /interrupt (owned worker): R→I; A→R with synthetic results; else 409."""
+def interrupt(view: ExecView, *, owned: bool = True) -> Outcome:
+    """POST /interrupt: R→I; A→R with synthetic results; else 409.
+
+    ``owned=False`` (B3: no worker holds the chat, e.g. waiting for capacity) finishes the
+    interruption in the same transaction: R0/I0 → W, R1/I1 → head promoted, running."""
     state = classify(view)
+    if not owned and state in ("R0", "R1", "I0", "I1"):
+        return finish_interruption(ExecView(INTERRUPTING, view.queue_len, view.archived))
     if state in ("R0", "R1"):
         return Outcome(INTERRUPTING, (_e(EffectKind.SIGNAL_INTERRUPT),))
     if state in ("A0", "A1"):

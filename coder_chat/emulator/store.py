@@ -113,6 +113,7 @@ class ChatRec:
     worker: asyncio.Task[None] | None = None
     interrupt_flag: bool = False
     wake: asyncio.Event | None = None
+    owned: bool = False  # a worker holds the chat (B3's worker_id is set)
     deadline_timer: asyncio.TimerHandle | None = None
     subscribers: set[Any] = field(default_factory=set)
 

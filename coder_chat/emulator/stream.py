@@ -32,7 +32,8 @@ class StreamCursor:
     sent_retry_version: int = 0
     episode: tuple[int, int] | None = None
     parts_sent: int = 0
-    cursor_revision: int | None = None  # after_revision (B2) seed, if given
+    cursor_revision: int | None = None  # after_revision (B2) / history_version (B3) seed
+    status_history_version: bool = True  # B2 and later put history_version on `status`
     extra: dict[str, Any] = field(default_factory=dict)
 
     def sync(self, chat: ChatRec) -> list[dict[str, Any]]:
@@ -69,13 +70,10 @@ class StreamCursor:
             out.append(ev)
             self.sent_queue_version = chat.queue_version
         if chat.status != self.sent_status:
-            out.append(
-                {
-                    "type": "status",
-                    "chat_id": cid,
-                    "status": {"status": chat.status, "history_version": hv},
-                }
-            )
+            status: dict[str, Any] = {"status": chat.status}
+            if self.status_history_version:
+                status["history_version"] = hv
+            out.append({"type": "status", "chat_id": cid, "status": status})
             self.sent_status = chat.status
         if chat.status == sm.ERROR and self.error_sent_at != hv:
             err = chat.last_error or {

@@ -105,6 +105,7 @@ class Worker:
                 if chat.queued_for_capacity:
                     chat.queued_for_capacity = False
                     self.core.notify(chat)
+            chat.owned = True
             while chat.status in (sm.RUNNING, sm.INTERRUPTING):
                 if chat.interrupt_flag or chat.status == sm.INTERRUPTING:
                     await self._wind_down(chat)
@@ -144,6 +145,7 @@ class Worker:
         finally:
             if chat.worker is asyncio.current_task():
                 chat.worker = None
+                chat.owned = False
             if acquired and self._capacity is not None:
                 self._capacity.release()
 

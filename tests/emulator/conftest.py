@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -11,9 +12,13 @@ from coder_chat.emulator import Emulator
 
 @pytest.fixture
 async def emu(request: pytest.FixtureRequest) -> AsyncIterator[Emulator]:
-    """Fresh emulator on the test loop; ``@pytest.mark.emu(**kw)`` overrides config."""
+    """Fresh emulator on the test loop; ``@pytest.mark.emu(**kw)`` overrides config.
+
+    The conformance scenarios were written against B2 (both prefixes, after_revision,
+    history_version on status events), so that is this fixture's era; ``test_eras.py``
+    covers what differs per era."""
     marker = request.node.get_closest_marker("emu")
-    kwargs = {"delta_delay": 0.002, "tokens": ["tok-alice", "tok-bob"]}
+    kwargs: dict[str, Any] = {"delta_delay": 0.002, "tokens": ["tok-alice", "tok-bob"], "era": "b2"}
     if marker:
         kwargs.update(marker.kwargs)
     async with Emulator(**kwargs) as e:

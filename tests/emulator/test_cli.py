@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -9,11 +10,23 @@ import sys
 import httpx
 import pytest
 
+from coder_chat.emulator import DEFAULT_ERA
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coder_chat.emulator.cli", "--token", "t1", "--token", "t2"],
+        [
+            sys.executable,
+            "-m",
+            "coder_chat.emulator.cli",
+            "--token",
+            "t1",
+            "--token",
+            "t2",
+            "--era",
+            "b1",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -38,6 +51,8 @@ def test_cli_prints_url_first_and_stops_cleanly(sig: signal.Signals) -> None:
             assert r.status_code == 201
         r = httpx.get(f"{url}/api/v2/chats", headers={"Coder-Session-Token": "t2"})
         assert len(r.json()) == 1  # each token is its own user
+        r = httpx.get(f"{url}/api/experimental/chats", headers={"Coder-Session-Token": "t2"})
+        assert r.status_code == 200  # --era b1 serves both prefixes
         proc.send_signal(sig)
         assert proc.wait(10) == 0
     finally:
@@ -60,8 +75,42 @@ def test_cli_default_token_line() -> None:
             httpx.get(f"{url}/api/v2/chats", headers={"Coder-Session-Token": tok}).status_code
             == 200
         )
+        # The default era's prefixes: b3 serves the core routes on /api/v2 only.
+        assert httpx.get(
+            f"{url}/api/experimental/chats", headers={"Coder-Session-Token": tok}
+        ).status_code == (404 if DEFAULT_ERA == "b3" else 200)
         proc.terminate()
         assert proc.wait(10) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_cli_help_describes_every_option() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "coder_chat.emulator.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "`" not in out  # no raw reST markup
+    options = re.findall(r"^  (--[a-z-]+)", out, re.MULTILINE)
+    assert set(options) >= {
+        "--host",
+        "--port",
+        "--era",
+        "--token",
+        "--admin-token",
+        "--organization-id",
+        "--requires-action-timeout",
+        "--ping-interval",
+        "--delta-delay",
+        "--delta-count",
+        "--max-concurrent-root-chats",
+    }
+    # Every option line (or its continuation) carries a description.
+    for opt in options:
+        block = out.split("\n  " + opt, 1)[1].split("\n  -", 1)[0]
+        assert len(block.split()) > 3, opt
+    for era in ("b1", "b2", "b3"):
+        assert f"  {era}  " in out

@@ -12,7 +12,7 @@ import websockets
 
 from coder_chat.emulator import Emulator, Script
 
-from .helpers import P, Tap, client, create_chat, send, wait_status
+from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
 
 async def test_drop_stream_after_frames_and_reconnect_replays(emu: Emulator) -> None:
@@ -210,7 +210,7 @@ def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None
         assert c.get("/__emulator__/chats").status_code == 401
         assert c.get("/__emulator__/chats", headers=admin).json() == []
         r = c.post(
-            P,
+            V2,
             headers=h,
             json={
                 "organization_id": emu.organization_id,
@@ -226,7 +226,7 @@ def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None
             json={"script": {"structured_output": {"v": 1}}},
         )
         assert r.status_code == 200, r.text
-        c.post(f"{P}/{cid}/messages", headers=h, json={"content": [{"type": "text", "text": "b"}]})
+        c.post(f"{V2}/{cid}/messages", headers=h, json={"content": [{"type": "text", "text": "b"}]})
         emu.wait_for_status(cid, "requires_action")
         info = c.get(f"/__emulator__/chats/{cid}", headers=admin).json()
         assert info["execution_state"] == "A0"
@@ -244,12 +244,12 @@ def test_control_api_from_another_process_view(chatd_emulator: Emulator) -> None
             ).status_code
             == 200
         )
-        assert c.get(f"{P}/{cid}", headers=h).status_code == 503
-        assert c.get(f"{P}/{cid}", headers=h).status_code == 200
+        assert c.get(f"{V2}/{cid}", headers=h).status_code == 503
+        assert c.get(f"{V2}/{cid}", headers=h).status_code == 200
         r = c.post("/__emulator__/restart", headers=admin, json={"downtime": 0.05})
         assert r.status_code == 202
         time.sleep(0.15)
-        assert c.get(f"{P}/{cid}", headers=h).status_code == 200
+        assert c.get(f"{V2}/{cid}", headers=h).status_code == 200
         ev = c.get("/__emulator__/events?kind=restart", headers=admin).json()
         assert len(ev) == 1
 
@@ -261,7 +261,7 @@ def test_requires_action_deadline(chatd_emulator: Emulator) -> None:
     h = {"Coder-Session-Token": emu.token}
     with httpx.Client(base_url=emu.base_url, headers=h) as c:
         r = c.post(
-            P,
+            V2,
             json={
                 "organization_id": emu.organization_id,
                 "content": [{"type": "text", "text": "a"}],

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from coder_chat.emulator import Emulator, Script
+from coder_chat.emulator import DEFAULT_ERA, Emulator, Script
 
 
 def test_fixture_sync_round_trip(chatd_emulator: Emulator) -> None:
@@ -51,3 +51,27 @@ def test_thread_startup_is_fast() -> None:
         started = time.perf_counter() - t
         assert emu.base_url.startswith("http://127.0.0.1:")
     assert started < 0.5
+
+
+def test_fixture_runs_per_era(chatd_era: str, chatd_emulator: Emulator) -> None:
+    assert chatd_emulator.era == chatd_era
+    with httpx.Client(
+        base_url=chatd_emulator.base_url, headers={"Coder-Session-Token": chatd_emulator.token}
+    ) as c:
+        status = c.get("/api/experimental/chats").status_code
+    assert status == (404 if chatd_era == "b3" else 200)
+
+
+@pytest.mark.parametrize("chatd_era", ["b1"])
+def test_fixture_era_narrowed(chatd_era: str, chatd_emulator: Emulator) -> None:
+    assert chatd_emulator.era == "b1"
+
+
+@pytest.mark.chatd_emulator(era="b2")
+def test_fixture_marker_era(chatd_emulator: Emulator) -> None:
+    assert chatd_emulator.era == "b2"
+    assert chatd_emulator.config.stamps_queued_message_id is True
+
+
+def test_fixture_default_era(chatd_emulator: Emulator) -> None:
+    assert chatd_emulator.era == DEFAULT_ERA

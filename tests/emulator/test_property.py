@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from coder_chat.emulator import Emulator
 from coder_chat.emulator.statemachine import ExecView, classify
 
-P = "/api/experimental/chats"
+P = "/api/v2/chats"  # served by every era
 
 ACTIONS = st.lists(
     st.sampled_from(
@@ -46,6 +46,7 @@ ACTIONS = st.lists(
 
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
+    # The default (newest) era; the transitions it exercises do not differ per era.
     with Emulator.running_in_thread(
         delta_delay=0.0005,
         interrupt_wind_down=0.003,

@@ -135,15 +135,20 @@ async def test_server_tool_and_multistep_and_reasoning(emu: Emulator) -> None:
 
 async def test_retry_then_success(emu: Emulator) -> None:
     async with client(emu) as c:
-        emu.set_default_script(Script.retry_then_success(2, "ok now"))
-        chat = await create_chat(c, emu, "go")
+        chat = await create_chat(c, emu, "first")
+        await wait_status(emu, chat["id"], "waiting")
+        # The reader is connected before the retrying turn starts, so it sees every retry
+        # however slowly it connects (a loaded CI box).
         async with Tap(emu, chat["id"]) as tap:
             await tap.wait_status("waiting")
+            emu.script_next_turn(chat["id"], Script.retry_then_success(2, "ok now"))
+            await send(c, chat["id"], "go")
+            await tap.wait_status("waiting", nth=2)
         retries = tap.of("retry")
         assert [r["retry"]["attempt"] for r in retries] == [1, 2]
         r0 = retries[0]["retry"]
         assert set(r0) >= {"attempt", "delay_ms", "error", "retrying_at"}
-        assert tap.statuses() == ["running", "waiting"]
+        assert tap.statuses() == ["waiting", "running", "waiting"]
         assert tap.of("message")[-1]["message"]["content"][0]["text"] == "ok now"
         attempts = {p["message_part"]["generation_attempt"] for p in tap.of("message_part")}
         assert 3 in attempts
