@@ -42,7 +42,13 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
-from coder_chat.core.follow import FollowPlan, history_covers, pick_turn, plan_follow
+from coder_chat.core.follow import (
+    FollowPlan,
+    history_covers,
+    pick_queued,
+    pick_turn,
+    plan_follow,
+)
 from coder_chat.core.segment import (
     Ending,
     ReadEnd,
@@ -163,7 +169,8 @@ class NoTurnToFollowError(CoderAgentError):
 
     With no hint, the chat has no user message after ``last_seen_message_id``
     (nothing was submitted since the checkpoint, or a submitted prompt is still
-    queued behind another run); with a hint, no user message matches it.
+    queued behind another run: pass its marker to follow it); with a hint, no
+    user message (and, for a marker, no queued prompt) matches it.
     """
 
     def __init__(
@@ -435,8 +442,9 @@ class CoderAgent:
         the checkpointed ``chat_id`` (and ``last_seen_message_id``) and the same
         client tools, then ``follow()``. No user message is posted. The turn to
         follow is ``user_message_id`` if given, else the newest user message
-        containing ``marker``, else the first user message after the cursor
-        (with no cursor: the chat's last user message).
+        containing ``marker`` (or, if none, a queued prompt containing it: the
+        follow waits behind it until chatd promotes it), else the first user
+        message after the cursor (with no cursor: the chat's last user message).
 
         The turn's finished tool rounds are rebuilt from history; the rest is
         read from the stream exactly as :meth:`generate` reads it: pending client
@@ -796,7 +804,7 @@ class CoderAgent:
             run.anchor_on_first_user = False
             self._submitted.update(plan.answered_call_ids)
             run.state = run.state.adopted(self._chat_id)
-            return plan.cursor, None
+            return plan.cursor, plan.queued
         if self._chat_id is not None and self._cursor == 0:
             page = await self._client.get_messages(self._chat_id, limit=1)
             self._cursor = page.messages[0].id if page.messages else 0
@@ -839,6 +847,25 @@ class CoderAgent:
 
     async def _plan_follow(self, chat_id: str, hint: _FollowHint) -> FollowPlan:
         cursor = self._cursor or None
+        plan = await self._plan_from_history(chat_id, hint, cursor)
+        if plan is None and hint.marker is not None and hint.user_message_id is None:
+            # Not in history: the prompt may still be queued behind another run.
+            # One response gives the queue and the newest id together, so the
+            # promoted prompt (if it comes) is past the cursor we dial from.
+            page = await self._client.get_messages(chat_id, limit=1)
+            entry = pick_queued(page.queued_messages, hint.marker)
+            if entry is not None:
+                newest = page.messages[0].id if page.messages else 0
+                return FollowPlan(None, cursor=newest, queued=entry)
+            # Promoted between the two reads: then it is in history now.
+            plan = await self._plan_from_history(chat_id, hint, cursor)
+        if plan is None:
+            raise NoTurnToFollowError(chat_id, cursor, hint.user_message_id, hint.marker)
+        return plan
+
+    async def _plan_from_history(
+        self, chat_id: str, hint: _FollowHint, cursor: int | None
+    ) -> FollowPlan | None:
         messages, _ = await fetch_until(
             self._client,
             chat_id,
@@ -850,7 +877,7 @@ class CoderAgent:
             messages, after_id=cursor, user_message_id=hint.user_message_id, marker=hint.marker
         )
         if uid is None:
-            raise NoTurnToFollowError(chat_id, cursor, hint.user_message_id, hint.marker)
+            return None
         return plan_follow(messages, user_message_id=uid, client_tool_names=self._tools.keys())
 
     def _end_segment(self, run: _SegmentRun, ending: Ending, created_turn: bool) -> None:

@@ -9,6 +9,9 @@ following the stream. These pure functions decide from that history read:
   message after the checkpointed cursor (the checkpoint precedes the turn that
   was running); with no cursor, the chat's last user message;
 * **how far history must be paged** for that (:func:`history_covers`);
+* a prompt carrying the marker that is still **queued** behind another run
+  (:func:`pick_queued`): the follower waits behind the queued-prompt gate for
+  it to be promoted, exactly as the ``generate()`` that queued it would have;
 * **which steps are already done** (:func:`plan_follow`): a step is one model
   call whose client tool calls, if any, all have results in history. Those
   steps are rebuilt from history; the live part of the turn — the step still
@@ -29,8 +32,16 @@ from typing import Any
 
 from coder_chat.core.fields import field as read
 from coder_chat.core.fields import int_or_none, plain, tool_args_json
+from coder_chat.core.queued_gate import QueuedGate
 
-__all__ = ["DoneStep", "FollowPlan", "history_covers", "pick_turn", "plan_follow"]
+__all__ = [
+    "DoneStep",
+    "FollowPlan",
+    "history_covers",
+    "pick_queued",
+    "pick_turn",
+    "plan_follow",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +66,16 @@ class DoneStep:
 class FollowPlan:
     """What a follower rebuilds from history and where it starts reading the stream."""
 
-    user_message_id: int
+    #: The followed prompt; ``None`` while it is still queued (see ``queued``).
+    user_message_id: int | None
     done_steps: tuple[DoneStep, ...] = ()
-    #: The live step's window opens after this id (the last done step, or the prompt).
+    #: The live step's window opens after this id (the last done step, or the prompt;
+    #: for a queued prompt, the newest message when the queue was read).
     cursor: int = 0
     #: Client calls already answered in history (replayed pauses for them are ignored).
     answered_call_ids: frozenset[str] = field(default_factory=frozenset)
+    #: The queue entry of a prompt not yet promoted: follow behind the queued gate.
+    queued: QueuedGate | None = None
 
 
 def _id(message: Any) -> int:
@@ -117,6 +132,15 @@ def pick_turn(
     if after_id is not None:
         return next((u for u in users if u > after_id), None)
     return users[-1] if users else None
+
+
+def pick_queued(queued_messages: Iterable[Any], marker: str) -> QueuedGate | None:
+    """The newest queue entry whose text carries ``marker``: a prompt sent, not yet run."""
+    matching = [q for q in queued_messages if _has_marker(q, marker)]
+    if not matching:
+        return None
+    entry = max(matching, key=_id)  # queue ids increase
+    return QueuedGate(_id(entry), read(entry, "content", []))
 
 
 def plan_follow(

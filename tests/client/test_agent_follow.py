@@ -306,3 +306,48 @@ async def test_follow_mid_turn_rebuilds_the_finished_round_and_streams_the_rest(
     assert ops == ["getMessages"]  # one history read; nothing sent
     settles = events.of("segment:settle")
     assert [(s.ending, s.finish_reason) for s in settles] == [("clean", "stop")]
+
+
+async def test_follow_a_prompt_a_dead_process_left_queued(emu: Emulator, events: Any) -> None:
+    release = asyncio.Event()
+
+    @make_tool(name="hold", description="waits for the test")
+    async def hold(args: Add, ctx: ToolContext) -> int:
+        await release.wait()
+        return 0
+
+    busy = make(emu, tools=[hold])
+    t1 = asyncio.create_task(busy.generate(directive(Script.client_tool("hold", {"a": 0, "b": 0}))))
+    await until(lambda: busy.chat_id is not None)
+    chat_id = busy.chat_id
+    assert chat_id is not None
+    await emu.await_status(chat_id, "requires_action")
+
+    seen: list[str] = []
+    dying = make(emu, chat_id=chat_id, on_transport_event=lambda e: seen.append(e.type))
+    t2 = asyncio.create_task(dying.generate("step [wf/5]"))
+    # Reading behind the gate (a cancel during the POST itself would interrupt).
+    await until(lambda: "ws:open" in seen)
+    assert any(e["kind"] == "queue" for e in emu.event_log())
+    # The process dies with its prompt queued; its withdrawal never lands.
+    emu.faults.fail_rest(1, method="DELETE", path="/queue/")
+    t2.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t2
+    await dying.aclose()
+    assert len(emu.chat(chat_id)["queue"]) == 1
+
+    follower = make(emu, chat_id=chat_id, on_transport_event=events)
+    following = asyncio.create_task(follower.follow(marker="[wf/5]", timeout=10))
+    await until(lambda: bool(events.of("ws:open")))  # gated behind the queued entry
+    release.set()
+    first = await t1
+    result = await following
+    mine = [m for m in users(emu, chat_id) if "[wf/5]" in m["content"][0]["text"]]
+    assert len(mine) == 1 and result.user_message_id == mine[0]["id"]
+    assert result.text == "Echo: step [wf/5]"
+    assert not set(result.message_ids) & set(first.message_ids)
+    # history (no such prompt), then the queue: the follow waited behind the gate
+    assert [e.op for e in events.of("http:request")] == ["getMessages", "getMessages"]
+    for agent in (busy, follower):
+        await agent.aclose()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from coder_chat.core.follow import history_covers, pick_turn, plan_follow
+from coder_chat.core.follow import history_covers, pick_queued, pick_turn, plan_follow
 
 TOOLS = frozenset({"add"})
 
@@ -117,3 +117,15 @@ def test_plan_ignores_unknown_tool_names_and_earlier_messages() -> None:
     ]
     plan = plan_follow(msgs, user_message_id=10, client_tool_names=TOOLS)
     assert plan.done_steps == () and plan.cursor == 10
+
+
+def test_pick_queued_takes_the_newest_entry_carrying_the_marker() -> None:
+    queue = [
+        {"id": 3, "content": [text("other [wf/1]")]},
+        {"id": 4, "content": [text("mine [wf/2]")]},
+        {"id": 6, "content": [text("mine again [wf/2]")]},
+    ]
+    entry = pick_queued(queue, "[wf/2]")
+    assert entry is not None and entry.queued_id == 6
+    assert entry.content == [text("mine again [wf/2]")]
+    assert pick_queued(queue, "[wf/9]") is None and pick_queued([], "[wf/2]") is None
