@@ -127,3 +127,23 @@ async def test_structured_output_tool_and_pick() -> None:
     assert pick_structured(Answer, inputs) == Answer(city="B", population=2)
     assert pick_structured(Answer, ['{"city": 1}']) is None
     assert so.pick_from_inputs([{"city": "E", "population": 5}]) == Answer(city="E", population=5)
+
+
+def test_tools_is_a_leaf_module() -> None:
+    """tools.py imports nothing of coder_chat (not even under TYPE_CHECKING): the agent
+    depends on tools, never the other way round."""
+    import ast
+    from pathlib import Path
+
+    import coder_chat.tools
+
+    tree = ast.parse(Path(coder_chat.tools.__file__).read_text())
+    imported = {
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert not {m for m in imported if m.startswith("coder_chat")}, imported
