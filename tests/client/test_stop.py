@@ -143,6 +143,20 @@ async def test_promoted_queued_message_is_stopped_too(chatd_emulator: Emulator) 
     assert emu.chat(chat.id)["queue"] == []
 
 
+@pytest.mark.chatd_emulator(max_concurrent_root_chats=1)
+async def test_chat_waiting_for_capacity_is_stopped(chatd_emulator: Emulator) -> None:
+    emu = chatd_emulator
+    async with client_for(emu) as client:
+        busy = await create(client, emu, f"first {LONG_RUN}")
+        waiting = await create(client, emu, f"second {LONG_RUN}")
+        # no worker owns it yet
+        assert (await client.get_chat(waiting.id)).queued_for_capacity is True
+        result = await stop_chat(client, waiting.id, timeout=5, poll_interval=POLL)
+        assert result.settled and result.status == "waiting" and result.interrupts == 1
+        other = await stop_chat(client, busy.id, timeout=5, poll_interval=POLL)
+    assert other.settled and other.interrupts == 1
+
+
 async def test_idle_chat_is_left_alone(chatd_emulator: Emulator) -> None:
     emu = chatd_emulator
     journal = Journal()
