@@ -139,7 +139,8 @@ class AgentTimings:
 
     ``action_grace``: wait for a lost ``action_required`` before recovering it from
     history (2 s). ``settle_deadline``: archive window (15 s). ``settle_retry_delay``:
-    pause between archive retries on 409 (1 s). ``wind_down``: bound of the
+    archive's poll interval: status re-reads while a run winds down, retries on
+    409 (1 s). ``wind_down``: bound of the
     max-steps wind-down submit/interrupt (8 s). ``interrupt``: bound of each
     best-effort interrupt / queue withdrawal (15 s).
     """
