@@ -36,7 +36,8 @@ and injects faults; see docs/emulator.md.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line parser (its ``--help`` documents every option and the eras)."""
     p = argparse.ArgumentParser(
         prog="coder-chat-emulator",
         description=__doc__,
@@ -145,7 +146,7 @@ async def _amain(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         asyncio.run(_amain(args))
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally wins

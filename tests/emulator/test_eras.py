@@ -7,7 +7,6 @@ behaviour pinned to one build cannot leak into another.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,17 +18,6 @@ from coder_chat.emulator import DEFAULT_ERA, ERA_NAMES, Emulator, Script
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
 ERAS = pytest.mark.parametrize("era", ERA_NAMES)
-
-
-@pytest.fixture
-async def emu(request: pytest.FixtureRequest) -> AsyncIterator[Emulator]:
-    """An emulator playing the test's ``era`` parameter (plus ``emu`` marker keywords)."""
-    marker = request.node.get_closest_marker("emu")
-    kwargs: dict[str, Any] = {"delta_delay": 0.001, "era": request.getfixturevalue("era")}
-    if marker:
-        kwargs.update(marker.kwargs)
-    async with Emulator(**kwargs) as e:
-        yield e
 
 
 async def _done_chat(c: httpx.AsyncClient, emu: Emulator) -> dict[str, Any]:

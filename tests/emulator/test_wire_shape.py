@@ -15,7 +15,7 @@ import pydantic
 import pytest
 import websockets
 
-from coder_chat.emulator import Emulator, Script, ScriptStep, Sleep, Text
+from coder_chat.emulator import ERA_NAMES, Emulator, Script, ScriptStep, Sleep, Text
 from coder_chat.emulator.script import Failure
 
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
@@ -47,19 +47,24 @@ async def _watch_frames(ws: websockets.ClientConnection, out: list[dict[str, obj
         out.append(obj)
 
 
-async def test_every_event_type_matches_the_wire_types(emu: Emulator) -> None:
+@pytest.mark.parametrize("era", ERA_NAMES)
+async def test_every_event_type_matches_the_wire_types(emu: Emulator, era: str) -> None:
     async with client(emu) as c:
         ws = await websockets.connect(
-            f"{emu.ws_url}{P}/watch", additional_headers={"Coder-Session-Token": emu.token}
+            f"{emu.ws_url}{V2}/watch", additional_headers={"Coder-Session-Token": emu.token}
         )
         watched: list[dict[str, object]] = []
         watcher = asyncio.create_task(_watch_frames(ws, watched))
         try:
             chat = await create_chat(
-                c, emu, "go", unsafe_dynamic_tools=[{"name": "lookup", "input_schema": {}}]
+                c,
+                emu,
+                "go",
+                prefix=V2,
+                unsafe_dynamic_tools=[{"name": "lookup", "input_schema": {}}],
             )
             cid = chat["id"]
-            async with Tap(emu, cid) as tap:
+            async with Tap(emu, cid, prefix=V2) as tap:
                 await wait_status(emu, cid, "waiting")
                 # queue_update with queued messages, retry, message_part from a slow turn
                 emu.script_next_turn(
@@ -71,31 +76,31 @@ async def test_every_event_type_matches_the_wire_types(emu: Emulator) -> None:
                         )
                     ),
                 )
-                assert (await send(c, cid, "one")).status_code == 200
-                r = await send(c, cid, "queued")
+                assert (await send(c, cid, "one", prefix=V2)).status_code == 200
+                r = await send(c, cid, "queued", prefix=V2)
                 assert r.json()["queued"] is True
                 await tap.wait_for(lambda ev: any(e["type"] == "retry" for e in ev))
                 await wait_status(emu, cid, "waiting")
                 # action_required, then tool results
                 emu.script_next_turn(cid, Script.client_tool("lookup", {"q": 1}))
-                await send(c, cid, "tool")
+                await send(c, cid, "tool", prefix=V2)
                 await wait_status(emu, cid, "requires_action")
                 call = emu.chat(cid)["pending_tool_calls"][0]["tool_call_id"]
                 r = await c.post(
-                    f"{P}/{cid}/tool-results",
+                    f"{V2}/{cid}/tool-results",
                     json={"results": [{"tool_call_id": call, "output": {"ok": 1}}]},
                 )
                 assert r.status_code == 204
                 await wait_status(emu, cid, "waiting")
                 # error event
                 emu.script_next_turn(cid, Script.fatal("boom"))
-                await send(c, cid, "fail")
+                await send(c, cid, "fail", prefix=V2)
                 await wait_status(emu, cid, "error")
                 # history_reset via an edit (EditChatMessageResponse)
-                page = (await c.get(f"{P}/{cid}/messages")).json()["messages"]
+                page = (await c.get(f"{V2}/{cid}/messages")).json()["messages"]
                 first_user = [m for m in page if m["role"] == "user"][-1]  # newest first
                 r = await c.patch(
-                    f"{P}/{cid}/messages/{first_user['id']}",
+                    f"{V2}/{cid}/messages/{first_user['id']}",
                     json={"content": [{"type": "text", "text": "edited"}]},
                 )
                 assert r.status_code == 200 and r.json()["deleted_message_ids"]
@@ -121,13 +126,13 @@ async def test_every_event_type_matches_the_wire_types(emu: Emulator) -> None:
                 for q in e["queued_messages"]
             )
             # the rest of the REST surface, validated by the client hook
-            assert (await c.get(f"{P}/{cid}")).status_code == 200
-            assert (await c.get(P, params={"q": "archived:any"})).status_code == 200
-            assert (await c.post(f"{P}/{cid}/interrupt")).status_code == 409
+            assert (await c.get(f"{V2}/{cid}")).status_code == 200
+            assert (await c.get(V2, params={"q": "archived:false"})).status_code == 200
+            assert (await c.post(f"{V2}/{cid}/interrupt")).status_code == 409
             r = await c.get(f"/api/v2/organizations/{emu.organization_id}/chats/models")
             assert r.status_code == 200
             r = await c.post(
-                f"{P}/files",
+                f"{V2}/files",
                 params={"organization": emu.organization_id},
                 content=b"hello",
                 headers={"Content-Type": "text/plain"},
