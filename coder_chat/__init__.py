@@ -16,6 +16,7 @@ from coder_chat.agent import (
     CoderAgent,
     GenerateResult,
     InterruptResult,
+    NoTurnToFollowError,
     StepResult,
     StructuredResult,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "DynamicToolPart",
     "GenerateResult",
     "InterruptResult",
+    "NoTurnToFollowError",
     "StepResult",
     "StopResult",
     "StreamOptions",

@@ -67,7 +67,13 @@ from coder_chat.core.translator import (
     pending_client_calls,
 )
 from coder_chat.core.usage import sum_usages
-from coder_chat.errors import CoderAgentError, CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.errors import (
+    CoderAgentError,
+    CoderApiError,
+    CoderChatError,
+    CoderError,
+    CoderStreamError,
+)
 from coder_chat.events import (
     SegmentSettle,
     SegmentStart,
@@ -643,9 +649,9 @@ class CoderAgent:
                 )
                 self._submitted.update(o.tool_call_id for o in fresh)
                 return
-        except (CoderAgentError, TimeoutError, OSError) as exc:
+        except (CoderError, TimeoutError, OSError) as exc:
             _log.debug("wind-down submit failed: %s", type(exc).__name__)
-        with contextlib.suppress(CoderAgentError, TimeoutError, OSError):
+        with contextlib.suppress(CoderError, TimeoutError, OSError):
             await self._client.interrupt_chat(chat_id, timeout=self._timings.wind_down)
 
     # ------------------------------------------------------------------ segment

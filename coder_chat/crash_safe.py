@@ -50,6 +50,7 @@ from typing import Any, Protocol, TypeVar, get_type_hints
 
 from pydantic import BaseModel
 
+from coder_chat.errors import CoderError
 from coder_chat.tools import ClientTool, ToolContext
 
 __all__ = [
@@ -149,7 +150,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-class LedgerNotBoundError(RuntimeError):
+class LedgerNotBoundError(CoderError, RuntimeError):
     """A crash-safe tool ran without a ledger (call :meth:`CrashSafeTool.bind`)."""
 
 
