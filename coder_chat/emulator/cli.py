@@ -17,7 +17,7 @@ import asyncio
 import signal
 import sys
 
-from .eras import DEFAULT_ERA, ERA_NAMES, NEWEST
+from .eras import DEFAULT_ERA, ERA_ENV, ERA_NAMES, NEWEST
 from .server import Emulator
 
 _EPILOG = """\
@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--era",
         choices=ERA_NAMES,
-        default=DEFAULT_ERA,
-        help=f"server build to play, see below (default: {DEFAULT_ERA}; {NEWEST} is the newest)",
+        default=None,
+        help=f"server build to play, see below (default: ${ERA_ENV} if set, else "
+        f"{DEFAULT_ERA}; {NEWEST} is the newest)",
     )
     p.add_argument(
         "--token",

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .eras import DEFAULT_ERA, Era, era
+from .eras import Era, default_era, era
 
 DEFAULT_MODEL_CONFIG_ID = "00000000-0000-4000-8000-00000000c0de"
 CONTEXT_LIMIT = 200_000
@@ -36,7 +36,7 @@ class Config:
     # default names (see aibridge.py).
     aibridge_providers: dict[str, str] | None = None
     # Which server build to play (see eras.py).
-    era: Era = field(default_factory=lambda: era(DEFAULT_ERA))
+    era: Era = field(default_factory=lambda: era(default_era()))
 
     @property
     def stamps_queued_message_id(self) -> bool:

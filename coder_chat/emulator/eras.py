@@ -8,6 +8,7 @@ says "unconfirmed" are marked here and listed in docs/emulator.md.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -105,6 +106,16 @@ NEWEST: Final = "b3"
 DEFAULT_ERA: Final = "b2"
 
 
+ERA_ENV: Final = "CODER_CHAT_EMULATOR_ERA"
+
+
+def default_era() -> str:
+    """The era an emulator plays when none is named: ``$CODER_CHAT_EMULATOR_ERA`` if set
+    (so a whole test suite can be run against another build without edits), else
+    :data:`DEFAULT_ERA`."""
+    return era(os.environ.get(ERA_ENV) or DEFAULT_ERA).name
+
+
 def era(name: str | Era) -> Era:
     """The :class:`Era` called ``name`` (``"b1"``, ``"b2"``, ``"b3"``, any case)."""
     if isinstance(name, Era):
@@ -115,4 +126,16 @@ def era(name: str | Era) -> Era:
         raise ValueError(f"unknown era {name!r}; expected one of {', '.join(ERAS)}") from None
 
 
-__all__ = ["B1", "B2", "B3", "DEFAULT_ERA", "ERAS", "ERA_NAMES", "NEWEST", "Era", "era"]
+__all__ = [
+    "B1",
+    "B2",
+    "B3",
+    "DEFAULT_ERA",
+    "ERAS",
+    "ERA_ENV",
+    "ERA_NAMES",
+    "NEWEST",
+    "Era",
+    "default_era",
+    "era",
+]

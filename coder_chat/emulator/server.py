@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from .config import Config
 from .control import PREFIX, handle_control
 from .core import Core
-from .eras import DEFAULT_ERA, Era
+from .eras import Era, default_era
 from .eras import era as resolve_era
 from .faults import DropRule, RestFault, Stall, UpgradeRefusal
 from .httpserver import DropResponse, HttpServer, Request, Response, Upgrade
@@ -188,11 +188,12 @@ class Emulator:
         log_requests: bool = True,
         stamp_queued_message_id: bool | None = None,
         aibridge_providers: dict[str, str] | None = None,
-        era: str | Era = DEFAULT_ERA,
+        era: str | Era | None = None,
     ) -> None:
         """Configure (not start) an emulator; ``era`` picks the server build to play
-        (``"b1"``, ``"b2"``, ``"b3"``; default the newest, see docs/emulator.md). Every
-        other keyword is documented in docs/emulator.md's configuration table."""
+        (``"b1"``, ``"b2"``, ``"b3"``; None: ``$CODER_CHAT_EMULATOR_ERA`` or the default,
+        see docs/emulator.md). Every other keyword is documented in docs/emulator.md's
+        configuration table."""
         toks = list(tokens) if tokens else [f"emu-{secrets.token_hex(16)}"]
         self._users = [
             User(
@@ -220,7 +221,7 @@ class Emulator:
             log_requests=log_requests,
             stamp_queued_message_id=stamp_queued_message_id,
             aibridge_providers=aibridge_providers,
-            era=resolve_era(era),
+            era=resolve_era(era if era is not None else default_era()),
         )
         self._core: Core | None = None
         self._api: Api | None = None

@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
-from coder_chat.emulator import DEFAULT_ERA
 from coder_chat.emulator.cli import main
+from coder_chat.emulator.eras import default_era
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -79,7 +79,7 @@ def test_cli_default_token_line() -> None:
         # The default era's prefixes: b3 serves the core routes on /api/v2 only.
         assert httpx.get(
             f"{url}/api/experimental/chats", headers={"Coder-Session-Token": tok}
-        ).status_code == (404 if DEFAULT_ERA == "b3" else 200)
+        ).status_code == (404 if default_era() == "b3" else 200)
         proc.terminate()
         assert proc.wait(10) == 0
     finally:

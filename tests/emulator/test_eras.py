@@ -14,6 +14,7 @@ import pytest
 import websockets
 
 from coder_chat.emulator import DEFAULT_ERA, ERA_NAMES, Emulator, Script
+from coder_chat.emulator.eras import ERA_ENV
 
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
@@ -34,8 +35,12 @@ async def _until_queued_for_capacity(emu: Emulator, chat_id: str) -> None:
     raise AssertionError("the chat never waited for capacity")
 
 
-def test_default_era() -> None:
+def test_default_era(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ERA_ENV, raising=False)
     assert Emulator().era == DEFAULT_ERA == "b2"  # until the client tests run on b3
+    monkeypatch.setenv(ERA_ENV, "b3")  # a whole suite against another build, no edits
+    assert Emulator().era == "b3"
+    assert Emulator(era="b1").era == "b1"  # an explicit era wins
     assert Emulator(era="B1").era == "b1"
     with pytest.raises(ValueError, match="unknown era"):
         Emulator(era="b9")

@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from coder_chat.emulator import DEFAULT_ERA, Emulator, Script
+from coder_chat.emulator import Emulator, Script
+from coder_chat.emulator.eras import default_era
 
 
 def test_fixture_sync_round_trip(chatd_emulator: Emulator) -> None:
@@ -74,4 +75,4 @@ def test_fixture_marker_era(chatd_emulator: Emulator) -> None:
 
 
 def test_fixture_default_era(chatd_emulator: Emulator) -> None:
-    assert chatd_emulator.era == DEFAULT_ERA
+    assert chatd_emulator.era == default_era()

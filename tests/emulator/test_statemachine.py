@@ -266,3 +266,35 @@ def test_every_transition_lands_in_a_valid_state() -> None:
                 continue
             assert sm.classify(view) != "INVALID"
             assert outcome_state(o, view) != "INVALID", (view, o)
+
+
+def test_unowned_interrupt_finishes_at_once() -> None:
+    # B3: no worker holds the chat, so the interruption finishes in the same transaction.
+    assert sm.interrupt(ExecView("running"), owned=False).status == "waiting"
+    assert sm.interrupt(ExecView("interrupting"), owned=False).status == "waiting"
+    promoted = sm.interrupt(ExecView("running", 1), owned=False)
+    assert promoted.status == "running"
+    assert promoted.kinds() == [K.PROMOTE_HEAD, K.START_TURN]
+    # requires_action is the same owned or not; an owned interrupting chat still 409s.
+    assert sm.interrupt(ExecView("requires_action"), owned=False) == sm.interrupt(
+        ExecView("requires_action")
+    )
+    with pytest.raises(Refused) as e:
+        sm.interrupt(ExecView("interrupting"))
+    assert e.value.status == 409
+    for status in ("waiting", "error"):
+        with pytest.raises(Refused):
+            sm.interrupt(ExecView(status), owned=False)
+
+
+@pytest.mark.parametrize(("status", "queue"), [("running", 0), ("interrupting", 0)])
+def test_unowned_interrupting_send_promotes_the_new_message(status: str, queue: int) -> None:
+    out = sm.send_message(ExecView(status, queue), "interrupt", owned=False)
+    assert out.status == "running" and out.queued is False
+    assert out.kinds() == [K.ENQUEUE, K.PROMOTE_HEAD, K.START_TURN]
+    older = sm.send_message(ExecView(status, 1), "interrupt", owned=False)
+    assert older.queued is True  # an older queued message is the head that runs
+    # busy_behavior=queue is unaffected by ownership
+    assert sm.send_message(ExecView("running"), "queue", owned=False) == sm.send_message(
+        ExecView("running"), "queue"
+    )
