@@ -77,6 +77,12 @@ class Request:
         """Header value by case-insensitive name."""
         return self.headers.get(name.lower())
 
+    def param(self, name: str) -> str | None:
+        """A query parameter's last value (None when absent), as Go's ``Query().Get``
+        would see a repeated one only once."""
+        vals = self.query.get(name)
+        return vals[-1] if vals else None
+
     def json(self) -> Any:
         """Body parsed as JSON (raises ValueError)."""
         return json.loads(self.body or b"null")

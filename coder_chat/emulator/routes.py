@@ -6,9 +6,10 @@ WebSocket upgrades are answered here and handed to ``sessions.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from . import aibridge
+from . import aibridge, files
 from . import statemachine as sm
 from .config import DEFAULT_MODEL_CONFIG_ID
 from .core import Core
@@ -23,17 +24,17 @@ from .httpserver import (
     error_response,
     json_response,
 )
+from .listing import list_chats
 from .sessions import StreamSession, WatchSession
 from .statemachine import Refused
-from .store import ChatRec, FileRec, User, new_uuid
+from .store import ChatRec, User
 from .stream import StreamCursor
 from .validation import (
+    NOT_FOUND,
     REASONING_EFFORTS,
     is_uuid,
     parse_content,
     parse_uuid,
-    positive_int,
-    split_query,
     validate_dynamic_tools,
     validate_labels,
 )
@@ -41,19 +42,6 @@ from .views import public_queued
 
 PREFIXES = (EXPERIMENTAL_PREFIX, V2_PREFIX)  # every build's; an era serves a subset
 JSON_BODY_CAP = 256 * 1024
-FILE_CAP = 10 * 1024 * 1024
-FILE_TYPES = {
-    "application/json",
-    "application/pdf",
-    "image/gif",
-    "image/jpeg",
-    "image/png",
-    "image/webp",
-    "text/csv",
-    "text/markdown",
-    "text/plain",
-}
-NOT_FOUND = "Resource not found or you do not have access to this resource"
 # Collection words mounted before the {chat} wildcard (coderd/chat_routes.go): reserved
 # ones answer 404 on the server; the others are real routes the emulator does not serve.
 RESERVED_SEGMENTS = frozenset({"model-configs", "models", "providers", "user-provider-configs"})
@@ -162,16 +150,16 @@ class Api:
             if m == "POST":
                 return self._create(req, user)
             if m == "GET":
-                return self._list(req, user)
+                return list_chats(self.core, req, user)
             return _method_not_allowed()
         head = segs[0]
         if head == "watch" and len(segs) == 1:
             return self._watch(req, user)
         if head == "files":
             if len(segs) == 1 and m == "POST":
-                return self._upload(req, user)
+                return files.upload(self.core, req, user)
             if len(segs) == 2 and m == "GET":
-                return self._download(user, segs[1])
+                return files.download(self.core, user, segs[1])
             return error_response(404, "Route not found.")
         if self._is_route_word(head, prefix):
             # The server mounts these words before its {chat} wildcard, so they are
@@ -259,17 +247,8 @@ class Api:
         except ValueError:
             raise Refused(400, "Request body must be valid JSON.") from None
 
-    def _file_lookup(self, user: User) -> Any:
-        def lookup(fid: str) -> dict[str, Any] | None:
-            f = self.core.files.get(str(fid))
-            if f is None or f.owner_id != user.id:
-                return None
-            out = {"file_id": f.id, "media_type": f.media_type}
-            if f.name:
-                out["name"] = f.name
-            return out
-
-        return lookup
+    def _file_lookup(self, user: User) -> Callable[[str], dict[str, Any] | None]:
+        return lambda fid: files.file_part(self.core, user, fid)
 
     # ------------------------------------------------------------------- routes
     def _create(self, req: Request, user: User) -> Response:
@@ -309,90 +288,6 @@ class Api:
         chat = self.core.create_chat(user, body, content)
         return json_response(201, self._render(chat))
 
-    def _list(self, req: Request, user: User) -> Response:
-        era = self.core.cfg.era
-        archived: bool | None = False
-        statuses: set[str] | None = None
-        title_like: str | None = None
-        has_unread: bool | None = None
-        source = "created_by_me"
-        pr_none_only = False
-        for key, value in split_query(" ".join(req.query.get("q", []))):
-            if key == "archived":
-                if value not in ("true", "false", "any") or (
-                    value == "any" and not era.status_search
-                ):
-                    raise Refused(400, "Invalid chat search query.", f"archived: {value!r}")
-                archived = None if value == "any" else value == "true"
-            elif key == "status" and era.status_search:
-                vals = {v for v in value.split(",") if v}
-                if not vals or not vals <= set(sm.STATUSES):
-                    raise Refused(400, "Invalid chat search query.", f"status: {value!r}")
-                statuses = (statuses or set()) | vals
-            elif key == "has_unread":
-                if value not in ("true", "false"):
-                    raise Refused(400, "Invalid chat search query.", f"has_unread: {value!r}")
-                has_unread = value == "true"
-            elif key == "title" or (key == "search" and era.search_key):
-                title_like = value.lower()
-            elif key == "source":
-                if value not in ("created_by_me", "shared_with_me"):
-                    raise Refused(400, "Invalid chat search query.", f"source: {value!r}")
-                source = value
-            elif key == "pr_status":
-                allowed = {"draft", "open", "merged", "closed"} | (
-                    {"none"} if era.status_search else set()
-                )
-                if not set(value.split(",")) <= allowed:
-                    raise Refused(400, "Invalid chat search query.", f"pr_status: {value!r}")
-                pr_none_only = "none" not in value.split(",")
-            elif key in ("pr", "repo", "pr_title", "diff_url"):
-                pr_none_only = True  # emulated chats have no PRs: these match nothing
-            else:
-                raise Refused(400, "Invalid chat search query.", f"unknown key {key!r}")
-        labels: dict[str, str] = {}
-        for raw in req.query.get("label", []):
-            k, sep, v = raw.partition(":")
-            if not sep or not k or not v:
-                raise Refused(
-                    400,
-                    f'Invalid label filter: "{raw}" (expected format key:value, both must be '
-                    "non-empty)",
-                )
-            labels[k] = v
-        limit = positive_int(_q1(req, "limit")) or 50
-        offset = positive_int(_q1(req, "offset")) or 0
-        after = _q1(req, "after_id")
-        if after is not None and after != "" and not is_uuid(after):
-            raise Refused(400, "Query parameters have invalid values.", "after_id must be a UUID")
-        rows = []
-        for c in self.core.chats.values():
-            if c.parent_chat_id is not None:
-                continue
-            if source == "created_by_me" and c.owner.id != user.id:
-                continue
-            if source == "shared_with_me" and user.id not in c.shared_with:
-                continue
-            if archived is not None and c.archived != archived:
-                continue
-            if statuses is not None and c.status not in statuses:
-                continue
-            if has_unread is not None and c.has_unread != has_unread:
-                continue
-            if title_like is not None and title_like not in c.title.lower():
-                continue
-            if pr_none_only:
-                continue
-            if any(c.labels.get(k) != v for k, v in labels.items()):
-                continue
-            rows.append(c)
-        rows.sort(key=lambda c: (c.pin_order == 0, c.pin_order, -c.updated_at, _neg_id(c.id)))
-        if after:
-            idx = next((i for i, c in enumerate(rows) if c.id == str(after)), None)
-            rows = [] if idx is None else rows[idx + 1 :]
-        rows = rows[offset : offset + limit]
-        return json_response(200, [self._render(c) for c in rows])
-
     def _patch(self, req: Request, user: User, chat: ChatRec) -> Response:
         self._require_update(user, chat)
         body = self._body(req)
@@ -428,9 +323,9 @@ class Api:
         return Response(204)
 
     def _get_messages(self, req: Request, chat: ChatRec) -> Response:
-        before = _cursor(_q1(req, "before_id"))
-        after = _cursor(_q1(req, "after_id"))
-        raw_limit = _q1(req, "limit")
+        before = _cursor(req.param("before_id"))
+        after = _cursor(req.param("after_id"))
+        raw_limit = req.param("limit")
         if raw_limit is None or raw_limit == "":
             limit = 50
         else:
@@ -533,39 +428,10 @@ class Api:
             },
         )
 
-    def _upload(self, req: Request, user: User) -> Response:
-        org = _q1(req, "organization")
-        if not org or not is_uuid(org):
-            raise Refused(400, "Missing or invalid organization query parameter.")
-        if str(org) != self.core.organization_id:
-            raise Refused(403, "You are not a member of the specified organization.")
-        if req.too_large or len(req.body) > FILE_CAP:
-            raise Refused(413, "File too large.", "Maximum file size is 10 MiB.")
-        mt = (req.header("content-type") or "").split(";")[0].strip().lower()
-        if mt not in FILE_TYPES or not _sniff_ok(mt, req.body):
-            raise Refused(400, "Unsupported file type.", f"{mt or 'unknown'} is not allowed.")
-        name = ""
-        cd = req.header("content-disposition") or ""
-        if "filename=" in cd:
-            name = cd.split("filename=", 1)[1].strip().strip('"')
-        f = FileRec(
-            new_uuid(), user.id, self.core.organization_id, mt, name, req.body, self.core.now()
-        )
-        self.core.files[f.id] = f
-        self.core.log("file", None, id=f.id, size=len(req.body))
-        return json_response(201, {"id": f.id})
-
-    def _download(self, user: User, raw: str) -> Response:
-        fid = parse_uuid(raw)
-        f = self.core.files.get(fid)
-        if f is None or f.owner_id != user.id:
-            raise Refused(404, NOT_FOUND)
-        return Response(200, f.data, f.media_type)
-
     # ------------------------------------------------------------- websockets
     def _stream(self, req: Request, user: User, chat: ChatRec) -> Result:
         era = self.core.cfg.era
-        raw = _q1(req, "after_id")
+        raw = req.param("after_id")
         after_id = 0
         if raw not in (None, ""):
             try:
@@ -579,7 +445,7 @@ class Api:
         # B2 reads after_revision, B3 renamed it history_version (≤ the chat's, and a
         # non-zero value overrides after_id); each build ignores the other names.
         name = era.stream_cursor
-        rev = _q1(req, name) if name else None
+        rev = req.param(name) if name else None
         if name and rev not in (None, ""):
             try:
                 r = int(str(rev))
@@ -634,11 +500,6 @@ def _validate_patch(body: dict[str, Any], chat: ChatRec) -> None:
         raise Refused(400, "Invalid plan_mode value.")
 
 
-def _q1(req: Request, name: str) -> str | None:
-    vals = req.query.get(name)
-    return vals[-1] if vals else None
-
-
 def _cursor(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
@@ -658,10 +519,6 @@ def _queued_id(raw: str) -> int:
         raise Refused(400, "Invalid queued message ID.") from None
 
 
-def _neg_id(cid: str) -> tuple[int, ...]:
-    return tuple(-b for b in bytes.fromhex(cid.replace("-", "")))
-
-
 def _chat_id_of(path: str) -> str | None:
     for prefix in PREFIXES:
         if path.startswith(prefix + "/"):
@@ -673,26 +530,3 @@ def _chat_id_of(path: str) -> str | None:
 
 def _method_not_allowed() -> Response:
     return error_response(405, "Method not allowed.")
-
-
-_MAGIC = {
-    "image/png": (b"\x89PNG\r\n\x1a\n",),
-    "image/jpeg": (b"\xff\xd8\xff",),
-    "image/gif": (b"GIF87a", b"GIF89a"),
-    "application/pdf": (b"%PDF-",),
-}
-
-
-def _sniff_ok(mt: str, data: bytes) -> bool:
-    """The declared type must agree with the bytes (header and sniffed type both checked)."""
-    if mt in _MAGIC:
-        return any(data.startswith(m) for m in _MAGIC[mt])
-    if mt == "image/webp":
-        return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
-    if b"\x00" in data[:8192]:
-        return False
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True

@@ -13,6 +13,8 @@ LABEL_KEY = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._/-]*$")
 REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh", "max"}
 MAX_DYNAMIC_TOOLS = 250
 MAX_LABELS = 50
+# httpapi.ResourceNotFound: unknown and unreadable resources answer alike.
+NOT_FOUND = "Resource not found or you do not have access to this resource"
 
 
 def parse_uuid(raw: str) -> str:
