@@ -41,6 +41,12 @@ T = TypeVar("T")
 Job = Callable[[sa.Connection], Any]
 
 _log = logging.getLogger(__name__)
+_Item = tuple[
+    Job,
+    asyncio.AbstractEventLoop | None,
+    asyncio.Future[Any] | None,
+    Callable[[], None] | None,
+]
 _names = itertools.count(1)
 
 
@@ -53,30 +59,41 @@ def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) 
         fut.set_result(result)
 
 
+def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(
+            TimeoutError(
+                f"no SQLite connection became free within {timeout:.0f}s (connect_timeout)"
+            )
+        )
+
+
 class _Worker:
     """One daemon thread owning one SQLAlchemy (sync) connection; runs jobs in order."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
-        self._jobs: queue.SimpleQueue[
-            tuple[Job, asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None] | None
-        ] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._conn: sa.Connection | None = None
         thread = threading.Thread(
             target=self._run, name=f"prefect-coder-sqlite-{next(_names)}", daemon=True
         )
         thread.start()
 
-    def call(self, job: Job) -> asyncio.Future[Any]:
-        """Queue ``job(conn)``; the future (on the running loop) gets its result."""
+    def call(self, job: Job, *, then: Callable[[], None] | None = None) -> asyncio.Future[Any]:
+        """Queue ``job(conn)``; the future (on the running loop) gets its result.
+
+        ``then()`` runs on the worker right after the job, whatever the job did (even
+        when the connection could not be opened): the check-in goes there.
+        """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put((job, loop, fut))
+        self._jobs.put((job, loop, fut, then))
         return fut
 
-    def post(self, job: Job) -> None:
+    def post(self, job: Job, *, then: Callable[[], None] | None = None) -> None:
         """Queue ``job(conn)`` without waiting for it (it runs after every earlier job)."""
-        self._jobs.put((job, None, None))
+        self._jobs.put((job, None, None, then))
 
     def stop(self) -> None:
         """Close the connection and end the thread once the queued jobs are done."""
@@ -87,7 +104,7 @@ class _Worker:
             item = self._jobs.get()
             if item is None:
                 break
-            job, loop, fut = item
+            job, loop, fut, then = item
             result: Any = None
             error: BaseException | None = None
             try:
@@ -96,6 +113,11 @@ class _Worker:
                 result = job(self._conn)
             except BaseException as exc:
                 error = exc
+            if then is not None:
+                try:
+                    then()
+                except BaseException:  # pragma: no cover - check-in does not raise
+                    _log.exception("SQLite worker follow-up failed")
             if loop is not None and fut is not None:
                 # The caller's loop may have closed meanwhile: nobody is left to tell.
                 with contextlib.suppress(RuntimeError):
@@ -138,13 +160,20 @@ class SqlitePool:
                 self._waiters.append((loop, fut))
         if fut is None:
             return _Worker(self.engine)
+        # Not asyncio.wait_for: on Python 3.11 it returns the result instead of raising
+        # when a cancellation and the worker arrive together, swallowing the
+        # cancellation (a lease renewer cancelled that way never stopped; measured
+        # with bench/fanout.py at cap 50).
+        timer = loop.call_later(self._timeout, _expire, fut, self._timeout)
         try:
-            return await asyncio.wait_for(fut, self._timeout)
+            return await fut
         except BaseException:
-            # Timed out or cancelled just as a worker arrived: pass it on, never leak it.
+            # Cancelled just as a worker arrived: pass it on, never leak it.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.checkin(fut.result())
             raise
+        finally:
+            timer.cancel()
 
     def checkin(self, worker: _Worker) -> None:
         """Hand the worker to the oldest live waiter, else keep it idle (any thread)."""
@@ -219,18 +248,15 @@ def _execute_buffered(statement: sa.Executable, conn: sa.Connection) -> sa.Resul
     return result
 
 
-def _finish(pool: SqlitePool, worker: _Worker, commit: bool, conn: sa.Connection) -> None:
-    try:
-        if commit and conn.in_transaction():
-            try:
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-        else:
+def _finish(commit: bool, conn: sa.Connection) -> None:
+    if commit and conn.in_transaction():
+        try:
+            conn.commit()
+        except BaseException:
             conn.rollback()
-    finally:
-        pool.checkin(worker)
+            raise
+    else:
+        conn.rollback()
 
 
 @asynccontextmanager
@@ -246,12 +272,13 @@ async def transaction(
     """
     worker = await pool.checkout()
     conn = ThreadConnection(worker, pool.engine.dialect, begin)
+    checkin = functools.partial(pool.checkin, worker)
     try:
         yield conn
     except BaseException:
-        worker.post(functools.partial(_finish, pool, worker, False))
+        worker.post(functools.partial(_finish, False), then=checkin)
         raise
     if write:
-        await worker.call(functools.partial(_finish, pool, worker, True))
+        await worker.call(functools.partial(_finish, True), then=checkin)
     else:
-        worker.post(functools.partial(_finish, pool, worker, True))
+        worker.post(functools.partial(_finish, True), then=checkin)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
 from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import engines
 
 
 def _workers() -> set[str]:
@@ -111,3 +113,26 @@ async def test_aclose_lets_in_flight_calls_finish_and_stops_workers(sqlite_url: 
     assert not (_workers() - before)
     assert (await store.checkpoints.get("wf-5")) is not None  # a new call makes a new pool
     await store.aclose()
+
+
+async def test_cancel_as_the_worker_arrives_is_not_swallowed(sqlite_url: str) -> None:
+    """A waiter cancelled in the very iteration its worker arrives must still end
+    cancelled (and pass the worker on): asyncio.wait_for on 3.11 swallowed that
+    cancellation, and a cancelled lease renewer then never stopped."""
+    store = StateStore(sqlite_url, pool_size=1)
+    await store.ensure_schema()
+    pool = engines.get_sqlite_pool(sqlite_url.split("///", 1)[1], connect_timeout=10, pool_size=1)
+    try:
+        held = await pool.checkout()
+        waiter = asyncio.create_task(pool.checkout())
+        await asyncio.sleep(0)  # the waiter queues
+        pool.checkin(held)  # schedules the hand-over to the waiter
+        await asyncio.sleep(0)  # the hand-over ran; the waiter has not resumed yet
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        # The worker was passed back: the next check-out gets it at once.
+        again = await asyncio.wait_for(pool.checkout(), 1)
+        pool.checkin(again)
+    finally:
+        await store.aclose()
