@@ -20,10 +20,28 @@ if TYPE_CHECKING:
     from coder_chat.rest import ChatClient
 
 
-class InvalidCoderCredentialsError(ValueError):
+class InvalidCoderCredentialsError(RuntimeError):
     """A saved ``CoderCredentials`` block holds values the block rejects (e.g. a
     ``base_url`` saved through the REST API or an older UI form with an ``ftp://``
-    scheme). The message names each field and its fix, never the rejected value."""
+    scheme). The message names each field and its fix, never the rejected value.
+
+    A ``RuntimeError`` like the generic one Prefect raises in its place (code that
+    caught that keeps working); not a ``ValueError``, which ``Block.load`` callers
+    read as "no block of that name".
+    """
+
+    def __init__(self, block_name: str, problems: str) -> None:
+        self.block_name = block_name
+        #: ``field: what to do`` for each rejected field, ``; ``-separated.
+        self.problems = problems
+        super().__init__(
+            f"CoderCredentials block {block_name!r} is invalid: {problems}. Fix it in the "
+            f"Prefect UI (Blocks → {block_name} → Edit) or save it again with "
+            f"CoderCredentials(...).save({block_name!r}, overwrite=True)."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.block_name, self.problems))
 
 
 class CoderCredentials(Block):
@@ -202,11 +220,8 @@ class CoderCredentials(Block):
             if not isinstance(cause, ValidationError):
                 raise
             problems = "; ".join(_describe(e) for e in cause.errors())
-            name = block_document.name or "(anonymous)"
             raise InvalidCoderCredentialsError(
-                f"CoderCredentials block {name!r} is invalid: {problems}. Fix it in the "
-                f"Prefect UI (Blocks → {name} → Edit) or save it again with "
-                f"CoderCredentials(...).save({name!r}, overwrite=True)."
+                block_document.name or "(anonymous)", problems
             ) from cause
 
     # --- factories ---------------------------------------------------------------------------

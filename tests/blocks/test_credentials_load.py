@@ -3,12 +3,14 @@ form) fails at load with the field and the fix, not Prefect's "try validate=Fals
 
 from __future__ import annotations
 
+import pickle
 import uuid
 from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
+
 from prefect_coder.blocks import CoderCredentials
 from prefect_coder.blocks.credentials import InvalidCoderCredentialsError
 
@@ -48,8 +50,27 @@ async def test_invalid_saved_block_names_field_and_fix(
     assert f".save({name!r}, overwrite=True)" in text
     assert "validate=False" not in text
     assert TOKEN not in text and "ftp://" not in text and "acme" not in text
+    assert info.value.block_name == name and needle in info.value.problems
+    restored = pickle.loads(pickle.dumps(info.value))  # crosses process boundaries intact
+    assert str(restored) == text
     with pytest.raises(InvalidCoderCredentialsError):
         await CoderCredentials.load(name)  # type: ignore[misc]
+
+
+async def test_a_workflow_with_an_invalid_block_fails_naming_field_and_fix(
+    prefect_server: Path,
+) -> None:
+    # What a run meets: the workflow's credentials loader, not "no block named ...".
+    from prefect_coder.flows.parts.params import WorkflowSettings
+    from prefect_coder.flows.parts.resources import load_credentials
+
+    name = await _saved_with({"base_url": "file:///etc/passwd"})
+    with pytest.raises(Exception) as info:
+        await load_credentials(WorkflowSettings(credentials_block=name))
+    text = str(info.value)
+    assert "base_url: must be an http(s) URL" in text and name in text
+    assert "no CoderCredentials block named" not in text
+    assert "validate=False" not in text and TOKEN not in text
 
 
 async def test_valid_saved_block_still_loads(prefect_server: Path) -> None:
