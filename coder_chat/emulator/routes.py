@@ -446,9 +446,9 @@ class Api:
         # non-zero value overrides after_id); each build ignores the other names.
         name = era.stream_cursor
         rev = req.param(name) if name else None
-        if name and rev not in (None, ""):
+        if name and rev:
             try:
-                r = int(str(rev))
+                r = int(rev)
             except ValueError:
                 r = -1
             if r < 0 or (name == "history_version" and r > chat.history_version):
