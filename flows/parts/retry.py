@@ -3,8 +3,19 @@
 ``retryable`` means the *failure* is transient, not that a re-run is free: a
 re-run resubmits the prompt as a new user turn. So only transient failures are
 retried, and every resubmission on a checkpointed chat first goes through
-:func:`prefect_coder.flows.recovery.recover_before_send` (settle-wait, ledger reconcile,
-result recovery) — never straight back onto a possibly live run.
+:func:`prefect_coder.flows.parts.unfinished_attempt.recover_before_send` (settle-wait,
+ledger reconcile, result recovery) — never straight back onto a possibly live run.
+
+Network failures (:class:`~coder_chat.errors.CoderTransportError`: a reset
+connection, a refused dial, an httpx connect/read/write timeout) are transient
+*through recovery*: the request may have landed (``retry_safe`` is false for a
+``POST /messages`` whose response was lost), so the retry never re-POSTs
+blindly — its recover-before-send reads the journal and the chat's history and
+either recovers the landed attempt or journals a resubmission. An httpx
+timeout (:class:`~coder_chat.errors.CoderTimeoutError`, the credentials'
+``http_timeout``) is retried; the turn's own total deadline (a builtin
+``TimeoutError`` from ``generate(timeout=turn_timeout)``) is not: the same
+prompt would meet the same deadline.
 """
 
 from __future__ import annotations
@@ -13,9 +24,9 @@ from typing import Any
 
 from prefect.states import State
 
-from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError, CoderTransportError
 
-__all__ = ["RETRYABLE_HTTP", "is_retryable_failure", "retry_if_retryable"]
+__all__ = ["RETRYABLE_HTTP", "is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 
 #: REST statuses worth a backoff-and-retry (durable design, "Handling errors").
 RETRYABLE_HTTP = frozenset({408, 425, 429})
@@ -27,6 +38,10 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     401/403/404, the archived-chat 400, the total deadline, a busy workflow and
     every programming error hit the same wall on every attempt.
     """
+    if isinstance(exc, CoderTransportError):
+        # Before the TimeoutError check any caller might add: CoderTimeoutError is
+        # also a builtin TimeoutError, but it is the network's, not the turn's.
+        return True
     if isinstance(exc, CoderChatError):
         return exc.retryable
     if isinstance(exc, CoderStreamError):
@@ -34,6 +49,13 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     if isinstance(exc, CoderApiError):
         return exc.status in RETRYABLE_HTTP or exc.status >= 500
     return False
+
+
+def is_transient_failure(exc: BaseException | None) -> bool:
+    """Whether a run that finally failed with ``exc`` left a chat that a rerun or
+    ``recover-turn`` can continue (the failure was transient, only the retries ran
+    out): the failure handler then leaves the chat live instead of archiving it."""
+    return is_retryable_failure(exc)
 
 
 async def retry_if_retryable(_task: Any, _task_run: Any, state: State[Any]) -> bool:

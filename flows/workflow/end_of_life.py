@@ -12,11 +12,14 @@ from typing import Any
 from prefect import Flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun
+from prefect.events import emit_event
 from prefect.states import State
+
 from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.parts.resources import TurnResources, load_resources
 from prefect_coder.flows.parts.retire import ArchiveOutcome, retire_workflow_chat
+from prefect_coder.flows.parts.retry import is_transient_failure
 from prefect_coder.flows.parts.run_log import run_logger
 
 __all__ = ["archive_chat", "archive_on_failure"]
@@ -44,6 +47,11 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
 
     Not when the run never drove the chat: bad parameters or a busy workflow
     must not archive a chat that an earlier or a concurrent run still uses.
+    Not when the failure was transient (a reset connection, an httpx timeout, a
+    5xx — only the retries ran out): the checkpointed chat is continued by a
+    rerun of the same ``workflow_id`` or by ``recover-turn``, which an archive
+    would make impossible. The run emits ``coder.workflow.resumable`` instead;
+    ``archive-workflow-chat`` (or a later run's final archive) retires the chat.
     """
     logger = run_logger(__name__)
     try:
@@ -62,6 +70,22 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
         return  # failed at the edge: no chat can exist
     if settings.keep_chat:
         logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
+        return
+    if isinstance(failure, BaseException) and is_transient_failure(failure):
+        logger.warning(
+            "the run of %s failed transiently (%s): leaving its chat live for a rerun or "
+            "recover-turn; archive-workflow-chat retires it",
+            workflow_id,
+            type(failure).__name__,
+        )
+        try:
+            emit_event(
+                event="coder.workflow.resumable",
+                resource={"prefect.resource.id": f"coder.workflow.{workflow_id}"},
+                payload={"error": type(failure).__name__, "message": str(failure)[:500]},
+            )
+        except Exception:
+            logger.debug("could not emit coder.workflow.resumable", exc_info=True)
         return
     try:
         resources = await load_resources(settings)
