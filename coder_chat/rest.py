@@ -221,13 +221,31 @@ class ChatClient:
         """Headers for the WebSocket upgrade. Hand straight to the socket; never log."""
         return {TOKEN_HEADER: self._token.get_secret_value()}
 
-    def stream_url(self, chat_id: str, after_id: int | None = None) -> str:
-        """``ws(s)://host{prefix}/{chat}/stream[?after_id=N]`` (never carries the token)."""
+    def stream_url(
+        self, chat_id: str, after_id: int | None = None, *, history_version: int | None = None
+    ) -> str:
+        """``ws(s)://host{prefix}/{chat}/stream[?after_id=N][&<revision cursor>]``
+        (never carries the token).
+
+        ``history_version`` is a revision cursor the server itself reported (a
+        ``status`` event's ``history_version``, which only B2 and later builds send).
+        It goes out under both build names, ``after_revision=`` (B2) and
+        ``history_version=`` (B3): each build reads its own and ignores the other's,
+        and B1 (which never reports one) reads neither. ``after_id`` always goes too,
+        so a build without a revision cursor still skips the caller's history.
+        """
         scheme = "wss" if self._base_url.startswith("https://") else "ws"
         rest = self._base_url.split("://", 1)[1]
         url = f"{scheme}://{rest}{self.prefix}/{_seg(chat_id)}/stream"
+        query: list[tuple[str, str]] = []
         if after_id is not None and after_id > 0:
-            url += f"?after_id={int(after_id)}"
+            query.append(("after_id", str(int(after_id))))
+        if history_version is not None and history_version > 0:
+            # Zero is "no cursor" on every build (B3 reads 0 as "use after_id").
+            rev = str(int(history_version))
+            query += [("after_revision", rev), ("history_version", rev)]
+        if query:
+            url += "?" + urlencode(query)
         return url
 
     def stream_path(self, chat_id: str) -> str:

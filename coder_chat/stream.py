@@ -52,7 +52,12 @@ Design:
 * **Dial.** ``ws(s)://host{prefix}/{chat}/stream[?after_id=N]`` with the
   ``Coder-Session-Token`` header; every redial reuses the ORIGINAL ``after_id``
   so same-id revisions committed during a gap are not lost (the translator's
-  ledger and id cursor drop what it already has). With no locked REST prefix
+  ledger and id cursor drop what it already has). When the server reported a
+  revision cursor (the ``history_version`` of a ``status`` event: B2 and later),
+  a redial also passes it (``after_revision`` for B2, ``history_version`` for
+  B3), so the server re-sends only messages revised since; it still re-sends any
+  revision committed during the gap. B1 reports none and is redialed by
+  ``after_id`` alone. With no locked REST prefix
   each dial is preceded by the ``GET /api/v2/chats`` preflight (op
   ``streamEvents``). The websockets library logger is kept below DEBUG: its
   debug output would print the handshake headers.
@@ -361,7 +366,9 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
                 raise terminal.error from None
             if failure is not None:
                 last_failure = failure
-            url = self._client.stream_url(self.chat_id, self.after_id)
+            url = self._client.stream_url(
+                self.chat_id, self.after_id, history_version=replay.history_version
+            )
             if replay.untrackable_outstanding:
                 raise CoderStreamError(
                     f"Coder chat stream {self._client.stream_path(self.chat_id)} dropped "
@@ -425,7 +432,9 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
                 await self._client.ensure_prefix(op="streamEvents")
             except (CoderTransportError, TimeoutError, OSError) as exc:
                 preflight_error = exc
-        url = self._client.stream_url(self.chat_id, self.after_id)
+        url = self._client.stream_url(
+            self.chat_id, self.after_id, history_version=replay.history_version
+        )
         path = self._client.stream_path(self.chat_id)
         self._emitter.emit(
             lambda: WsDial(chat_id=self.chat_id, reader=self.reader_id, attempt=attempt, url=url)

@@ -19,6 +19,13 @@
   and are correctly not progress.
 * Nothing else (statuses, queue updates, resets, errors, unknown types)
   counts as progress.
+* **Revision cursor.** B2 and later builds put the chat's ``history_version`` on
+  every ``status`` event; chatd sends a sync's messages before its status, so
+  once that event is read every message up to that version has been read too.
+  :attr:`ReplayFilter.history_version` keeps the highest one seen, and a redial
+  passes it back (``after_revision`` / ``history_version``) so the server re-sends
+  only what changed since. B1 sends none: its redials resume from ``after_id``
+  alone and re-sent messages are dropped by id (the translator's ledger).
 """
 
 from __future__ import annotations
@@ -60,7 +67,14 @@ class ReplayFilter:
     are the caller's history, not new commits).
     """
 
-    __slots__ = ("_digests", "_episode", "_max_message_id", "_seq", "untrackable_outstanding")
+    __slots__ = (
+        "_digests",
+        "_episode",
+        "_max_message_id",
+        "_seq",
+        "history_version",
+        "untrackable_outstanding",
+    )
 
     def __init__(self, after_id: int | None = None) -> None:
         self._episode: tuple[int, int] | None = None
@@ -68,6 +82,9 @@ class ReplayFilter:
         self._max_message_id: int = after_id or 0
         self._digests: dict[int, str] = {}
         self.untrackable_outstanding = False
+        #: Highest ``history_version`` a ``status`` event reported (None: the server
+        #: sends none, B1); the revision cursor for the next dial.
+        self.history_version: int | None = None
 
     @property
     def position(self) -> tuple[int, int, int] | None:
@@ -113,4 +130,11 @@ class ReplayFilter:
             return self.observe_delta(part.history_version, part.generation_attempt, part.seq)
         if kind == "message" and event.message is not None:
             return self.observe_message(event.message.id, event.message)
+        if kind == "status" and event.status is not None:
+            self.observe_status(event.status.history_version)
         return _FORWARD
+
+    def observe_status(self, history_version: int | None) -> None:
+        """Record a ``status`` event's ``history_version`` (absent on B1)."""
+        if history_version is not None and history_version > (self.history_version or 0):
+            self.history_version = history_version

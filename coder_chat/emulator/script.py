@@ -354,10 +354,3 @@ def parse_directive(text: str) -> tuple[Script | None, str | None]:
         return Script.from_json(json.loads(m.group("json"))), None
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"malformed #emu directive: {exc}"
-
-
-# Old names, kept so existing test code keeps importing them from this module; they clash
-# with the client's own ``ClientToolCall`` / workflow ``Step``, so new code uses the
-# ``Script…`` names (and the package no longer exports these).
-ClientToolCall = ScriptedToolCall
-Step = ScriptStep

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +23,26 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from coder_chat.emulator import ERA_NAMES
+from coder_chat.emulator.eras import ERA_ENV
 from coder_chat.events import TransportEvent
 
 TOKEN = "tok-3f9a1c77-secret-value"
+
+# The era matrix. Tests whose behaviour differs per server build (prefix, stream cursor,
+# dedup, queue stamps, interrupts, listing) ask for ``chatd_era`` and run once per era.
+# A run pinned to one era with CODER_CHAT_EMULATOR_ERA runs them at that era only:
+# scripts/test pins its main run to the newest build and adds a pass per older build
+# for tests/client and tests/recovery, so nothing runs twice.
+MATRIX_ERAS = (os.environ[ERA_ENV].lower(),) if os.environ.get(ERA_ENV) else ERA_NAMES
+
+
+@pytest.fixture(params=MATRIX_ERAS)
+def chatd_era(request: pytest.FixtureRequest) -> str:
+    """The server build under test (see MATRIX_ERAS)."""
+    return str(request.param)
+
+
 SERVER_LOGGER = "tests.scripted_chatd"
 
 

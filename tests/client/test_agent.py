@@ -22,7 +22,7 @@ from coder_chat import (
     client_tool,
     structured_output,
 )
-from coder_chat.emulator.script import Script, ServerToolCall, Step, Text
+from coder_chat.emulator.script import Script, ScriptStep, ServerToolCall, Text
 from coder_chat.emulator.server import Emulator
 
 FAST = StreamOptions(backoff_initial_ms=20, backoff_cap_ms=80)
@@ -239,8 +239,8 @@ async def test_invalid_tool_input_and_raising_tool_become_error_results(emu: Emu
 async def test_server_tools_are_reported_and_do_not_cut_text(emu: Emulator) -> None:
     agent = make(emu)
     script = Script.of(
-        Step((Text("Looking. "), ServerToolCall("execute", {"cmd": "ls"}, {"out": "a.txt"}))),
-        Step((Text("Found a.txt."),)),
+        ScriptStep((Text("Looking. "), ServerToolCall("execute", {"cmd": "ls"}, {"out": "a.txt"}))),
+        ScriptStep((Text("Found a.txt."),)),
     )
     r = await agent.generate(directive(script))
     assert r.text == "Looking. Found a.txt."

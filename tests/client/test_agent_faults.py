@@ -23,7 +23,7 @@ from coder_chat import (
     ToolContext,
     client_tool,
 )
-from coder_chat.emulator.script import Script, Sleep, Step, Text
+from coder_chat.emulator.script import Script, ScriptStep, Sleep, Text
 from coder_chat.emulator.server import Emulator
 
 FAST = StreamOptions(backoff_initial_ms=10, backoff_cap_ms=40)
@@ -94,7 +94,7 @@ async def add(args: Add, ctx: ToolContext) -> int:
 
 def text_script(text: str = LONG_TEXT, deltas: int = 30) -> Script:
     return Script.of(
-        Step(
+        ScriptStep(
             (Text(text, deltas=deltas, delay=0.002),),
             usage={"input_tokens": 7, "output_tokens": 11},
         )
@@ -355,7 +355,7 @@ async def test_second_job_queues_behind_busy_chat_and_nothing_leaks(
 ) -> None:
     first = make(emu, on_transport_event=events)
     slow = Script.of(
-        Step(
+        ScriptStep(
             (Text("first part ", deltas=2), Sleep(0.4), Text("first end", deltas=2)),
             usage={"input_tokens": 1, "output_tokens": 100},
         )
@@ -364,7 +364,9 @@ async def test_second_job_queues_behind_busy_chat_and_nothing_leaks(
     chat_id = await started(first)
     await emu.await_status(chat_id, "running")
     second = make(emu, chat_id=chat_id)
-    fast = Script.of(Step((Text("second reply"),), usage={"input_tokens": 2, "output_tokens": 3}))
+    fast = Script.of(
+        ScriptStep((Text("second reply"),), usage={"input_tokens": 2, "output_tokens": 3})
+    )
     r2 = await second.generate(directive(fast, "job two"))
     r1 = await t1
     assert r1.text == "first part first end" and r1.usage.output_tokens == 100

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from coder_chat import AgentTimings, CoderAgent, StreamOptions, ToolContext, client_tool
-from coder_chat.emulator.script import Script, Step, Text
+from coder_chat.emulator.script import Script, ScriptStep, Text
 from coder_chat.emulator.server import Emulator
 
 FAST = StreamOptions(backoff_initial_ms=10, backoff_cap_ms=40)
@@ -55,7 +55,7 @@ async def _run_identical_queued_jobs(emu: Emulator) -> None:
         return "released"
 
     first = make(emu, tools=[hold])
-    busy = Script.client_tool("hold", {}, text="first ", then=Step((Text("done", deltas=2),)))
+    busy = Script.client_tool("hold", {}, text="first ", then=ScriptStep((Text("done", deltas=2),)))
     t1 = asyncio.create_task(first.generate(f"go #emu {json.dumps(busy.to_json())}"))
     await _until(lambda: first.chat_id is not None)
     chat_id = first.chat_id

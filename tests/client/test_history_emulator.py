@@ -16,7 +16,7 @@ from coder_chat import (
     rehydrate,
     structured_output,
 )
-from coder_chat.emulator.script import Script, ServerToolCall, Step, Text
+from coder_chat.emulator.script import Script, ScriptStep, ServerToolCall, Text
 from coder_chat.emulator.server import Emulator
 from coder_chat.history import fetch_turn, fetch_until, marker_attempts, recover_turn_result
 
@@ -63,8 +63,8 @@ async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> Non
     agent = agent_for(emu, tools=[add, answer])
     await agent.generate("[wf/0] first step")
     script = Script.of(
-        Step((Text("Checking. "), ServerToolCall("execute", {"cmd": "ls"}, {"out": "x"}))),
-        Step((Text("Adding. "), *Script.client_tool("add", {"a": 2, "b": 2}).steps[0].parts)),
+        ScriptStep((Text("Checking. "), ServerToolCall("execute", {"cmd": "ls"}, {"out": "x"}))),
+        ScriptStep((Text("Adding. "), *Script.client_tool("add", {"a": 2, "b": 2}).steps[0].parts)),
     )
     r1 = await agent.generate(directive(script, "[wf/1] attempt one"))
     r2 = await agent.generate(

@@ -101,7 +101,7 @@ def assert_each_delta_once(evs: list[ChatStreamEvent]) -> None:
 
 @pytest.mark.chatd_emulator(delta_delay=0.02)
 async def test_drop_mid_text_delivers_every_delta_exactly_once(
-    chatd_emulator: Any, events: Any
+    chatd_era: str, chatd_emulator: Any, events: Any
 ) -> None:
     emu = chatd_emulator
     async with client_for(emu, events) as client:
@@ -120,7 +120,14 @@ async def test_drop_mid_text_delivers_every_delta_exactly_once(
     (final,) = assistant_messages(got)
     assert final.content[0].text == LONG_TEXT
     dials = events.of("ws:dial")
-    assert len(dials) >= 2 and all(d.url.endswith(f"?after_id={after_id}") for d in dials)
+    assert len(dials) >= 2 and dials[0].url.endswith(f"?after_id={after_id}")
+    # Every redial keeps the original after_id; B2/B3 report a revision cursor on their
+    # status events and get it back under both build names, B1 reports none.
+    (status,) = [e.event.status for e in events.of("ws:event") if e.event.type == "status"][:1]
+    cursor = status.history_version
+    assert (cursor is None) == (chatd_era == "b1")
+    tail = f"&after_revision={cursor}&history_version={cursor}" if cursor else ""
+    assert all(d.url.endswith(f"?after_id={after_id}{tail}") for d in dials[1:])
     assert [c.attempt for c in events.of("ws:close")] == [d.attempt for d in dials]
     assert events.of("ws:close")[0].code == 1006
     suppressed = [e for e in events.of("ws:event") if not e.forwarded]
@@ -159,7 +166,7 @@ async def test_drop_mid_tool_call_args(chatd_emulator: Any, events: Any) -> None
 
 @pytest.mark.chatd_emulator(delta_delay=0.02)
 async def test_message_committed_during_outage_arrives_after_redial(
-    chatd_emulator: Any, events: Any
+    chatd_era: str, chatd_emulator: Any, events: Any
 ) -> None:
     emu = chatd_emulator
     async with client_for(emu, events) as client:
@@ -194,7 +201,9 @@ async def test_message_committed_during_outage_arrives_after_redial(
 
 
 @pytest.mark.chatd_emulator(delta_delay=0.02)
-async def test_paused_reader_redials_while_tools_run(chatd_emulator: Any, events: Any) -> None:
+async def test_paused_reader_redials_while_tools_run(
+    chatd_era: str, chatd_emulator: Any, events: Any
+) -> None:
     emu = chatd_emulator
     async with client_for(emu, events) as client:
         chat_id = await idle_chat(client, emu, tools=["lookup"])
@@ -218,6 +227,41 @@ async def test_paused_reader_redials_while_tools_run(chatd_emulator: Any, events
     roles = [e.message.role for e in got if e.type == "message"]  # type: ignore[union-attr]
     assert "tool" in roles and roles[-1] == "assistant"
     assert len(events.of("ws:dial")) == 2 and len({d.reader for d in events.of("ws:dial")}) == 1
+    # The redial (B2/B3: from the requires_action status's revision cursor) re-sent
+    # nothing already read: each committed message arrives once per revision.
+    ids = [e.message.id for e in got if e.type == "message"]  # type: ignore[union-attr]
+    if chatd_era != "b1":
+        assert "after_revision=" in events.of("ws:dial")[1].url
+        assert len(ids) == len(set(ids))
+
+
+@pytest.mark.chatd_emulator(delta_delay=0)
+async def test_redial_without_after_id_reads_history_once(
+    chatd_era: str, chatd_emulator: Any, events: Any
+) -> None:
+    """A reader with no after_id (a resumed chat): every redial of B1 re-sends the whole
+    history, which the client drops by message id (no progress, nothing new); B2/B3
+    resume from the revision cursor their status event reported and re-send nothing."""
+    emu = chatd_emulator
+    async with client_for(emu, events) as client:
+        chat_id = await idle_chat(client, emu)
+        await send(client, chat_id, "two")
+        await emu.await_status(chat_id, "waiting")
+        async with ChatStreamReader(client, chat_id, options=FAST) as reader:
+            first: list[ChatStreamEvent] = []
+            await read_until(reader, is_status("waiting"), first)
+            emu.faults.drop_stream(chat_id)
+            again: list[ChatStreamEvent] = []
+            await read_until(reader, is_status("waiting"), again)
+    history = [e.message.id for e in first if e.message is not None]
+    assert len(history) == 4 and history == sorted(history)
+    resent = [e.message.id for e in again if e.message is not None]
+    assert resent == (history if chatd_era == "b1" else [])
+    redial_events = [e for e in events.of("ws:event") if e.attempt == 2]
+    assert redial_events and all(e.event.type != "message_part" for e in redial_events)
+    # Re-sent snapshots are forwarded: dropping them by id is the translator's job.
+    assert all(e.forwarded for e in redial_events)
+    assert len(events.of("ws:redial")) == 1
 
 
 async def test_transient_upgrade_refusals_then_recovery(chatd_emulator: Any, events: Any) -> None:
