@@ -140,6 +140,7 @@ async def durable_turns(
     """(wall time per turn from the flow's view, generate time inside each turn)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     from prefect_coder.flows import Step, WorkflowSettings, agent_workflow
 
     settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
@@ -258,14 +259,17 @@ def peer_version() -> str:
 
 
 async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: str) -> None:
-    from prefect_coder.blocks import ChatStateStore, CoderCredentials
+    from pydantic import SecretStr
 
     from coder_chat.emulator import Emulator
+    from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
     peer = Peer() if args.peer else None
     with Emulator.running_in_thread(tokens=[TOKEN]) as emu:
         await CoderCredentials(
-            base_url=emu.base_url, organization_id=emu.organization_id, token=TOKEN
+            base_url=emu.base_url,
+            organization_id=uuid.UUID(str(emu.organization_id)),
+            token=SecretStr(TOKEN),
         ).save("bench-coder", overwrite=True)
         await ChatStateStore(url=f"sqlite+aiosqlite:///{results_dir}/state.db").save(
             "bench-sqlite", overwrite=True
@@ -352,7 +356,7 @@ def main() -> None:
                     PREFECT_RESULTS_LOCAL_STORAGE_PATH: results_dir,
                 }
             ),
-            prefect_test_harness(server_startup_timeout=60),
+            prefect_test_harness(server_startup_timeout=180),
         ):
             if args.no_pg:
                 asyncio.run(main_async(args, None, results_dir))
