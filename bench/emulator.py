@@ -8,7 +8,10 @@ prints:
   stream) with 1, 100 and 1,000 concurrent chats, each holding its stream open, all sent
   at once.
 
-Usage: ``python bench/emulator.py [--chats 1,100,1000] [--deltas 20000]``
+Usage: ``python bench/emulator.py [--chats 1,100,1000] [--deltas 20000] [--era b1|b2|b3]``
+
+Requests go to ``/api/v2/chats``, the prefix every server build serves (B3 serves only
+that one), as the client does.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 import httpx
 import websockets
 
-P = "/api/experimental/chats"
+from coder_chat.rest import V2_PREFIX as P
 
 
-def start_emulator() -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_emulator(era: str | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
     cmd = [sys.executable, "-m", "coder_chat.emulator.cli", "--delta-delay", "0"]
+    if era:
+        cmd += ["--era", era]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -207,8 +212,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chats", default="1,100,1000")
     ap.add_argument("--deltas", type=int, default=20000)
+    ap.add_argument("--era", default=None, help="server build to play (default: the CLI's)")
     args = ap.parse_args()
-    proc, env = start_emulator()
+    proc, env = start_emulator(args.era)
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {1})  # keep the load generator off the emulator's core
     try:

@@ -273,6 +273,11 @@ class ChatMessagesResponse(WireModel):
     messages: list[ChatMessage] = Field(default_factory=list)
     queued_messages: list[ChatQueuedMessage] = Field(default_factory=list)
     has_more: bool = False
+    # B3 only (None on older builds): the newest visible user message (newest-first
+    # pages) and, on the cursor-less newest page, the chat's history version (a valid
+    # stream revision cursor).
+    turn_start_id: int | None = None
+    history_version: int | None = None
 
     @field_validator("messages", "queued_messages", mode="before")
     @classmethod

@@ -103,7 +103,7 @@ NEWEST: Final = "b3"
 # The default stays at B2 (what the emulator always played) until every client test runs
 # on B3: one of them fakes an old server (v2 404 → experimental fallback), which B3 cannot
 # be. Flip to NEWEST then; everything else (CLI, fixtures, docs table) follows.
-DEFAULT_ERA: Final = "b2"
+DEFAULT_ERA: Final = NEWEST
 
 
 ERA_ENV: Final = "CODER_CHAT_EMULATOR_ERA"

@@ -151,7 +151,7 @@ def test_construction_validates_without_io() -> None:
     with pytest.raises(CoderAgentError, match="positive"):
         CoderAgent(base_url="http://x", token="t", chat_id="c", last_seen_message_id=0)
     with pytest.raises(CoderAgentError, match="positive"):
-        CoderAgent(base_url="http://x", token="t", chat_id="c", last_seen_message_id=True)  # type: ignore[arg-type]
+        CoderAgent(base_url="http://x", token="t", chat_id="c", last_seen_message_id=True)
     with pytest.raises(CoderAgentError, match="requires chat_id"):
         CoderAgent(base_url="http://x", token="t", last_seen_message_id=5)
     with pytest.raises(CoderAgentError, match="duplicate"):
@@ -335,6 +335,7 @@ async def test_interrupt_archive_reset(emu: Emulator) -> None:
     task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))
     await started(agent)
     chat_id = agent.chat_id
+    assert chat_id is not None
     await emu.await_status(chat_id, "running")
     other = make(emu, chat_id=chat_id)
     res = await other.interrupt()

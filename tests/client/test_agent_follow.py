@@ -266,7 +266,7 @@ async def test_follow_errors_and_timeout(emu: Emulator) -> None:
 
 
 async def test_follow_mid_turn_rebuilds_the_finished_round_and_streams_the_rest(
-    emu: Emulator, events: Any
+    chatd_era: str, emu: Emulator, events: Any
 ) -> None:
     ran: list[str] = []
     dying = make(emu, tools=[counting_add(ran)])

@@ -87,6 +87,19 @@ async def _run_identical_queued_jobs(emu: Emulator) -> None:
         await agent.aclose()
 
 
+@pytest.mark.chatd_emulator(delta_delay=0.0005)
+async def test_queued_jobs_attribute_their_own_runs_on_every_build(
+    chatd_era: str, chatd_emulator: Emulator
+) -> None:
+    """B1 promotes queue heads without ``queued_message_id`` (matched by content);
+    B2/B3 stamp them. Either way each job gets exactly its own run."""
+    await _run_identical_queued_jobs(chatd_emulator)
+    chat_id = chatd_emulator.chats()[0]["id"]
+    rows = chatd_emulator.messages(chat_id, include_system=False)
+    stamped = [m for m in rows if m["role"] == "user" and "queued_message_id" in m]
+    assert len(stamped) == (0 if chatd_era == "b1" else 2)
+
+
 @pytest.mark.chatd_emulator(delta_delay=0.0005, stamp_queued_message_id=True)
 async def test_stamped_server_anchors_on_queued_message_id(chatd_emulator: Emulator) -> None:
     await _run_identical_queued_jobs(chatd_emulator)

@@ -156,7 +156,9 @@ def directive(script: Script) -> str:
     return f"go #emu {json.dumps(script.to_json())}"
 
 
-async def test_lost_action_required_recovered_from_history(emu: Emulator, events: Any) -> None:
+async def test_lost_action_required_recovered_from_history(
+    chatd_era: str, emu: Emulator, events: Any
+) -> None:
     async with LossyProxy(emu.port) as proxy:
         agent = CoderAgent(
             base_url=proxy.base_url,

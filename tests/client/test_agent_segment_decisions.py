@@ -7,6 +7,7 @@ enumerated and checked against the rules written out independently below.
 from __future__ import annotations
 
 import itertools
+from typing import Final, Literal
 
 import pytest
 
@@ -20,7 +21,11 @@ from coder_chat.core.segment import (
     teardown,
 )
 
-ENDINGS = ("clean", "failure", "teardown")
+ENDINGS: Final[tuple[Literal["clean", "failure", "teardown"], ...]] = (
+    "clean",
+    "failure",
+    "teardown",
+)
 READS: list[ReadState | None] = [
     None,
     *(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +57,22 @@ def test_snapshots_always_forwarded_progress_only_when_changed() -> None:
     )
     assert status.forward and not status.progress
     assert not f.observe(ChatStreamEvent.model_validate({"type": "queue_update"})).progress
+
+
+def test_revision_cursor_is_the_highest_status_history_version() -> None:
+    f = ReplayFilter()
+    assert f.history_version is None
+
+    def status(body: dict[str, Any]) -> ChatStreamEvent:
+        return ChatStreamEvent.model_validate({"type": "status", "status": body})
+
+    f.observe(status({"status": "running"}))  # B1: no history_version on status
+    assert f.history_version is None
+    f.observe(status({"status": "running", "history_version": 7}))
+    f.observe(status({"status": "waiting", "history_version": 5}))  # never moves back
+    assert f.history_version == 7
+    f.observe(status({"status": "running", "history_version": 9}))
+    assert f.history_version == 9
 
 
 def test_coordinate_less_delta_flags_until_new_commit() -> None:

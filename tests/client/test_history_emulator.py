@@ -58,7 +58,7 @@ def agent_for(emu: Emulator, **kw: Any) -> CoderAgent:
     )
 
 
-async def test_recovery_reads_match_what_generate_returned(emu: Emulator) -> None:
+async def test_recovery_reads_match_what_generate_returned(chatd_era: str, emu: Emulator) -> None:
     answer = structured_output(Answer)
     agent = agent_for(emu, tools=[add, answer])
     await agent.generate("[wf/0] first step")

@@ -36,7 +36,7 @@ def msg_req(text: str, **kw: Any) -> CreateChatMessageRequest:
     return CreateChatMessageRequest(content=[ChatInputPart.text_part(text)], **kw)
 
 
-async def test_chat_lifecycle_routes(chatd_emulator: Any, events: Any) -> None:
+async def test_chat_lifecycle_routes(chatd_era: str, chatd_emulator: Any, events: Any) -> None:
     emu = chatd_emulator
     async with client_for(emu, on_transport_event=events) as client:
         chat = await client.create_chat(
@@ -64,14 +64,21 @@ async def test_chat_lifecycle_routes(chatd_emulator: Any, events: Any) -> None:
         page = await client.get_messages(chat.id)
         assert [m.role for m in page.messages] == ["assistant", "user"]  # newest first
         user_id = page.messages[1].id
+        if chatd_era == "b3":  # B3 adds the turn's start and the stream cursor
+            assert page.turn_start_id == user_id and page.history_version is not None
+        else:
+            assert page.turn_start_id is None and page.history_version is None
         asc = await client.get_messages(chat.id, after_id=user_id)
         assert [m.id for m in asc.messages] == [page.messages[0].id]
         one = await client.get_messages(chat.id, limit=1)
         assert len(one.messages) == 1 and one.has_more
 
-        # immediate send on an idle chat → committed message
+        # immediate send on an idle chat → committed message; its turn runs until it is
+        # interrupted, so the next sends meet a running chat however slow this machine is
+        emu.script_next_turn(chat.id, Script.long_running(30.0))
         sent = await client.create_message(chat.id, msg_req("second"))
         assert not sent.queued and sent.message is not None and sent.message.role == "user"
+        await emu.await_status(chat.id, "running")
         # a send while running → queued; then withdraw it
         queued = await client.create_message(chat.id, msg_req("third"))
         assert queued.queued and queued.queued_message is not None
@@ -233,6 +240,7 @@ async def test_error_mapping_unknown_chat_and_bad_token(
         assert emu.token not in text and bad_token not in text
 
 
+@pytest.mark.chatd_emulator(era="b2")  # a build that serves both prefixes
 async def test_fault_injected_v2_404_falls_back_to_experimental(chatd_emulator: Any) -> None:
     emu = chatd_emulator
     emu.faults.fail_rest(1, status=404, path="/api/v2/chats", message="Route not found.")
@@ -241,6 +249,69 @@ async def test_fault_injected_v2_404_falls_back_to_experimental(chatd_emulator: 
         assert chats == [] and client.prefix == "/api/experimental/chats"
         chat = await client.create_chat(create_req(emu, "on the old prefix"))
         assert client.stream_url(chat.id).endswith(f"/api/experimental/chats/{chat.id}/stream")
+
+
+@pytest.mark.chatd_emulator(era="b3")
+async def test_v2_only_build_never_locks_the_experimental_prefix(chatd_emulator: Any) -> None:
+    """B3 serves the chat routes on /api/v2 only. A 404 there (here: injected) tries
+    the experimental prefix once, which is a 404 on B3 too, so the client keeps the v2
+    error and stays unlocked; the next answer from v2 locks v2."""
+    emu = chatd_emulator
+    emu.faults.fail_rest(1, status=404, path="/api/v2/chats", message="Route not found.")
+    async with client_for(emu) as client:
+        with pytest.raises(CoderApiError) as missing:
+            await client.list_chats()
+        assert (missing.value.status, missing.value.path) == (404, "/api/v2/chats")
+        assert not client.prefix_locked
+        assert await client.list_chats() == []
+        assert client.prefix_locked and client.prefix == "/api/v2/chats"
+        chat = await client.create_chat(create_req(emu, "on v2"))
+        assert client.stream_url(chat.id).endswith(f"/api/v2/chats/{chat.id}/stream")
+        # an unknown chat is a plain 404 from v2 and never moves the lock
+        with pytest.raises(CoderApiError) as unknown:
+            await client.get_chat("00000000-0000-4000-8000-000000000009")
+        assert unknown.value.status == 404 and client.prefix == "/api/v2/chats"
+
+
+async def test_status_search_per_build(chatd_era: str, chatd_emulator: Any) -> None:
+    """iter_chats filters by archived state only, which every build accepts; a
+    ``status:`` query is B2/B3 only (B1 answers 400), so callers that need statuses
+    list and filter client-side."""
+    emu = chatd_emulator
+    async with client_for(emu) as client:
+        chat = await client.create_chat(create_req(emu, "listed", labels={"era": "x"}))
+        await emu.await_status(chat.id, "waiting")
+        found = [c async for c in client.iter_chats(labels={"era": "x"}, archived=None)]
+        assert [c.id for c in found] == [chat.id] and found[0].status == "waiting"
+        if chatd_era == "b1":
+            with pytest.raises(CoderApiError) as refused:
+                await client.list_chats(q="status:waiting")
+            assert refused.value.status == 400
+        else:
+            waiting = await client.list_chats(q="status:waiting", labels={"era": "x"})
+            assert [c.id for c in waiting] == [chat.id]
+
+
+@pytest.mark.chatd_emulator(max_concurrent_root_chats=1)
+async def test_interrupting_send_to_a_chat_no_worker_holds(
+    chatd_era: str, chatd_emulator: Any
+) -> None:
+    """A chat waiting for a capacity slot has no worker. B3 finishes an interrupting
+    send at once (``queued: false`` with ``message``); B1/B2 queue it. The client's
+    response model carries both shapes."""
+    emu = chatd_emulator
+    async with client_for(emu) as client:
+        busy = await client.create_chat(create_req(emu, "busy"))
+        emu.script_next_turn(busy.id, Script.long_running(30.0))
+        await emu.await_status(busy.id, "waiting")
+        await client.create_message(busy.id, msg_req("hold the slot"))
+        waiting = await client.create_chat(create_req(emu, "second"))
+        assert (await client.get_chat(waiting.id)).queued_for_capacity is True
+        sent = await client.create_message(waiting.id, msg_req("now", busy_behavior="interrupt"))
+        if chatd_era == "b3":
+            assert not sent.queued and sent.message is not None and sent.message.role == "user"
+        else:
+            assert sent.queued and sent.queued_message is not None and sent.message is None
 
 
 async def test_per_call_deadline_against_a_delayed_commit(chatd_emulator: Any) -> None:

@@ -144,7 +144,11 @@ async def test_promoted_queued_message_is_stopped_too(chatd_emulator: Emulator) 
 
 
 @pytest.mark.chatd_emulator(max_concurrent_root_chats=1)
-async def test_chat_waiting_for_capacity_is_stopped(chatd_emulator: Emulator) -> None:
+async def test_chat_waiting_for_capacity_is_stopped(
+    chatd_era: str, chatd_emulator: Emulator
+) -> None:
+    # No worker holds the waiting chat: B3 answers the interrupt with `waiting` at once,
+    # B1/B2 pass through `interrupting`; one interrupt settles it either way.
     emu = chatd_emulator
     async with client_for(emu) as client:
         busy = await create(client, emu, f"first {LONG_RUN}")

@@ -30,7 +30,7 @@ async def add(args: Add, ctx: ToolContext) -> dict[str, Any]:
     return {"sum": args.a + args.b, "key": ctx.idempotency_key}
 
 
-@client_tool()
+@client_tool()  # type: ignore[arg-type]
 async def boom(args: Add) -> int:
     """Always fails."""
     raise RuntimeError("kaput")
@@ -100,7 +100,7 @@ def test_bad_declarations() -> None:
     with pytest.raises(TypeError):
         client_tool()(untyped)
     with pytest.raises(TypeError):
-        ClientTool("x", "", dict, untyped)  # type: ignore[arg-type]
+        ClientTool("x", "", dict, untyped)  # type: ignore[type-var]
     assert set(tools_by_name([add, boom])) == {"add", "boom"}
 
 
