@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
+from coder_chat.agent import NoTurnToFollowError
 from coder_chat.core.recovery import (
     JournalView,
     LedgerAction,
@@ -42,8 +43,11 @@ from coder_chat.core.recovery import (
     batch_verdict,
     classify_attempt,
     cut_short_after_interrupt,
+    follow_budget,
+    follows_crashed_attempt,
     horizon_remaining,
     ledger_action,
+    lost_outcomes,
     pin_after_horizon,
     poll_verdict,
     scope_journal,
@@ -51,26 +55,31 @@ from coder_chat.core.recovery import (
 )
 from coder_chat.core.translator import pending_client_calls
 from coder_chat.crash_safe import CrashSafeTool, PureTool, ToolLedgerStore, crash_point
-from coder_chat.errors import CoderApiError, CoderRecoveryError
+from coder_chat.errors import CoderAgentError, CoderRecoveryError, CoderStreamError
 from coder_chat.history import (
     PAGE_SIZE,
+    DynamicToolPart,
     RecoveredTurn,
     count_marker_attempts,
     fetch_turn,
     fetch_until,
     recover_turn_result,
 )
-from coder_chat.models import ToolResult
+from coder_chat.models import Chat, ToolResult
 from coder_chat.rest import ChatClient
+from coder_chat.results import GenerateResult
+from coder_chat.stop import StopResult, stop_chat
 from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
 
 __all__ = [
+    "Follower",
     "JournalRecord",
     "JournalStore",
     "RecoveryOutcome",
     "RecoveryStore",
     "RecoveryTimings",
     "SettleResult",
+    "ToolOutcomeLostError",
     "TurnRecovery",
 ]
 
@@ -127,6 +136,49 @@ class JournalRecord:
 JournalEntryFactory = Callable[..., Any]
 
 
+class Follower(Protocol):
+    """What recovery re-attaches with (``coder_chat.CoderAgent`` fits): an agent on
+    the step's chat with the step's client tools (crash-safe ones bound to the
+    ledger, so a pause whose effect already committed is answered from it)."""
+
+    async def follow(
+        self,
+        *,
+        timeout: float | None = None,
+        user_message_id: int | None = None,
+        marker: str | None = None,
+    ) -> GenerateResult: ...
+
+
+class ToolOutcomeLostError(CoderRecoveryError):
+    """The server closed a client tool call as "Tool execution timed out" although
+    the ledger shows its effect committed (``done``) or may have (``committing``).
+
+    chatd does that when nobody answers a ``requires_action`` pause in time (five
+    minutes): the model is told the tool failed and answers on that basis. The
+    attempt's answer is therefore not returned, and the step is not resubmitted
+    either: a resubmitted prompt lets the model call the tool again under a NEW
+    call id, i.e. a new ledger key, and the effect would be applied twice. The
+    step fails with this error (Prefect does not retry it); an operator decides.
+
+    ``calls``: ``(tool_call_id, tool_name, ledger_state, recorded_output)``.
+    """
+
+    def __init__(self, chat_id: str, marker: str, calls: list[tuple[str, str, str, Any]]) -> None:
+        names = ", ".join(f"{name} {call_id} (ledger {state})" for call_id, name, state, _ in calls)
+        super().__init__(
+            f"chat {chat_id}, step {marker}: the server recorded {names} as "
+            "'Tool execution timed out' but the ledger shows the effect committed (done) or "
+            "may have (committing); the attempt's answer rests on a failure that did not "
+            "happen, so it is not returned, and the step is not resubmitted (the model "
+            "could apply the effect again under a new call id). Decide by hand: the "
+            "recorded outputs are on this error's .calls."
+        )
+        self.chat_id = chat_id
+        self.marker = marker
+        self.calls = calls
+
+
 @dataclass(frozen=True, slots=True)
 class SettleResult:
     """Where the settle-wait left the chat."""
@@ -135,13 +187,22 @@ class SettleResult:
     cut_short: bool
     attempts: int
     horizon_slept_s: float
+    #: Set when the live run is this step's crashed attempt: follow it for this
+    #: many seconds instead of cutting it short (nothing was interrupted).
+    follow_s: float | None = None
 
 
 @dataclass(slots=True)
 class RecoveryOutcome:
-    """What recovery concluded for one step's attempt."""
+    """What recovery concluded for one step's attempt.
 
-    classification: Literal["recovered", "resubmit"]
+    ``followed``: the crashed attempt was still running and was followed to its
+    settle (:attr:`followed` holds what its ``generate()`` would have returned);
+    ``recovered``: it had finished, its result is rebuilt from history;
+    ``resubmit``: it never finished (or was cut short): send the step again.
+    """
+
+    classification: Literal["recovered", "resubmit", "followed"]
     chat_id: str
     marker: str
     status: str
@@ -153,6 +214,12 @@ class RecoveryOutcome:
     decisions: list[RecoveryDecision] = field(default_factory=list)
     #: Time spent sleeping out a journaled send's commit window (deliberate).
     horizon_slept_s: float = 0.0
+    #: The followed attempt's result (``classification == "followed"``).
+    followed: GenerateResult | None = None
+
+
+class _Paused(Exception):
+    """A stop found the chat paused on client tools before its first interrupt."""
 
 
 class TurnRecovery:
@@ -170,6 +237,10 @@ class TurnRecovery:
             (not a hard crash): pins ``cut_short`` in the result check.
         output_model: for structured-output steps, recover the last validating
             ``structured_tool_name`` input instead of the text.
+        follower: re-attach with this agent (:class:`Follower`) when the live
+            run is this step's crashed attempt, instead of interrupting it (see
+            :func:`coder_chat.core.recovery.follows_crashed_attempt`). Without
+            one, such a run is cut short and resubmitted, as in the seed design.
     """
 
     def __init__(
@@ -187,6 +258,7 @@ class TurnRecovery:
         structured_tool_name: str = "structured_output",
         clock: Callable[[], float] = time.time,
         logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        follower: Follower | None = None,
     ) -> None:
         self.client = client
         self.store = store
@@ -200,7 +272,10 @@ class TurnRecovery:
         self.structured_tool_name = structured_tool_name
         self.clock = clock
         self.log = logger or _log
+        self.follower = follower
         self.decisions: list[RecoveryDecision] = []
+        # Set once following found no turn: settle the ordinary way from then on.
+        self._follow_off = False
 
     # ------------------------------------------------------------------ helpers
 
@@ -230,15 +305,47 @@ class TurnRecovery:
             self.journal_entry(state=state, marker=self.marker, attempt=n, at=self.clock()),
         )
 
-    async def _interrupt(self, timeout: float) -> bool:
-        """True when an interrupt was accepted; False on 409 (nothing running)."""
-        try:
-            await self.client.interrupt_chat(self.chat_id, timeout=max(0.001, timeout))
-            return True
-        except CoderApiError as exc:
-            if exc.status == 409:
-                return False
-            raise
+    async def _stop(
+        self,
+        timeout: float,
+        *,
+        journal_cut_short: int | None = None,
+        stop_a_pause: bool = True,
+    ) -> tuple[StopResult, bool]:
+        """Bring the chat to rest with the one stop primitive (``stop_chat``).
+
+        An interrupt of a ``requires_action`` pause makes chatd close the pending
+        calls with synthetic errors and RESUME the model; ``stop_chat`` interrupts
+        that run again instead of leaving it to call a tool anew. With
+        ``journal_cut_short`` (the attempt count) every interrupt is preceded by
+        a "cut-short" journal write, so a crash right after an accepted
+        interrupt leaves the verdict behind. ``stop_a_pause=False``: a pause that
+        appears before the first interrupt is not interrupted (:class:`_Paused`
+        is raised): it is the pending record of tool calls, reconcile it.
+
+        Returns the stop result and whether an interrupt may have landed
+        (accepted, or sent and its answer lost).
+        """
+        sent = 0
+
+        async def before(chat: Chat) -> None:
+            nonlocal sent
+            if not stop_a_pause and sent == 0 and chat.status == "requires_action":
+                raise _Paused
+            if journal_cut_short is not None:
+                await self._journal("cut-short", journal_cut_short)
+                crash_point("recovery.before_interrupt")
+            sent += 1
+
+        result = await stop_chat(
+            self.client,
+            self.chat_id,
+            timeout=max(0.001, timeout),
+            before_interrupt=before,
+            poll_interval=self.timings.poll_interval,
+        )
+        landed = result.interrupts > 0 or (sent > 0 and result.last_error is not None)
+        return result, landed
 
     # ------------------------------------------------------------------ reconcile
 
@@ -301,7 +408,7 @@ class TurnRecovery:
                 "nothing of ours to answer; the pause would hold the chat forever",
             )
             await self._journal("cut-short", attempts)
-            await self._interrupt(timeout)
+            await self._stop(timeout)
             return True
         # ONE write-ahead with the batch's FINAL verdict, before any network call:
         # every crash then either re-reconciles the stable pause or re-drives the
@@ -343,14 +450,40 @@ class TurnRecovery:
             crash_point("recovery.after_submit")
         if unstarted:
             # Only interrupt when the ledger shows no committed effect for the call;
-            # submitted siblings' outcomes stay recorded in history.
-            await self._interrupt(timeout)
+            # submitted siblings' outcomes stay recorded in history. Stopped, not
+            # just interrupted once: the interrupt resumes the model, which may
+            # pause again on a new call (the verdict is already journaled).
+            await self._stop(timeout)
         return unstarted
 
     # ------------------------------------------------------------------ settle-wait
 
+    def _can_follow(self) -> bool:
+        return self.follower is not None and not self._follow_off
+
+    def _follow_revived(self, seen: str, attempts: int) -> SettleResult:
+        """Recorded results revived the step's own run: follow it to its settle
+        rather than only polling it, so a NEW client-tool pause of it is answered
+        with the step's tools (through the ledger) as the dead process would have —
+        instead of cutting the attempt short and resubmitting the whole step,
+        whose earlier rounds the model would then run again under new call ids."""
+        budget = self.timings.settle_budget
+        self._decide(
+            "settle",
+            seen,
+            f"follow the revived run (≤ {budget:.1f}s)",
+            "an answered pause revived this step's own attempt: let it finish, "
+            "answering its next pauses",
+        )
+        return SettleResult("running", False, attempts, 0.0, follow_s=budget)
+
     async def settle(self) -> SettleResult:
-        """Stop what the crash left behind, then wait until the chat settles."""
+        """Stop what the crash left behind, then wait until the chat settles.
+
+        Except when the live run is this step's crashed attempt and a
+        :attr:`follower` is set: then nothing is stopped, and the result says
+        how long to follow it (:attr:`SettleResult.follow_s`).
+        """
         t = self.timings
         probe_deadline = time.monotonic() + t.probe_bound
 
@@ -369,20 +502,47 @@ class TurnRecovery:
             + (f"{entry.state}/{entry.attempt}" if entry is not None else "none")
             + ("" if entry is None else (" (this attempt)" if journaled else " (not this attempt)"))
         )
+        if (
+            self._can_follow()
+            and not self.known_failure
+            and follows_crashed_attempt(probed, entry, self.marker, attempts)
+        ):
+            assert entry is not None
+            budget = follow_budget(entry.at, self.clock(), t.settle_budget)
+            if budget > 0:
+                self._decide(
+                    "settle",
+                    seen,
+                    f"follow (≤ {budget:.1f}s)",
+                    "the live run is this step's crashed attempt (its send landed): "
+                    "re-attach to it; cutting it short would waste its work and let the "
+                    "model repeat tool calls under new ids",
+                )
+                return SettleResult(probed, False, attempts, 0.0, follow_s=budget)
+            self._decide(
+                "settle",
+                seen,
+                "do not follow",
+                "the crashed attempt's turn deadline has passed: stop it",
+            )
         if action is SettleAction.RECONCILE:
             self._decide(
                 "settle", seen, "reconcile", "client-tool pause: reconcile, never interrupt"
             )
             cut_short = await self.reconcile(attempts, timeout=probe_left())
+            if not cut_short and self._can_follow():
+                return self._follow_revived(f"status {probed}, reconciled", attempts)
         elif action is SettleAction.LET_FINISH:
             cut_short = False
+            if self._can_follow():
+                return self._follow_revived(seen, attempts)
             self._decide("settle", seen, "let it finish", "an earlier pass revived the run")
         elif action is SettleAction.REDRIVE_INTERRUPT:
-            accepted = await self._interrupt(probe_left())
+            stopped, landed = await self._stop(probe_left())
             self._decide(
                 "settle",
                 seen,
-                "re-drive interrupt" + (" (accepted)" if accepted else " (409)"),
+                "re-drive interrupt" + (" (accepted)" if landed else " (nothing running)"),
                 "journaled cut-short records intent, not a landed interrupt; verdict stands",
             )
         else:
@@ -393,26 +553,37 @@ class TurnRecovery:
             # the truncated attempt as finished. A matching "submitting" entry is
             # kept as is: its commit-horizon rule must survive a crash here.
             journal_intent = journaled is None
-            if journal_intent:
-                await self._journal("cut-short", attempts)
-                crash_point("recovery.before_interrupt")
-            accepted = await self._interrupt(probe_left())
-            cut_short = cut_short_after_interrupt(accepted, probed)
-            if journal_intent and not cut_short:
-                # "resumed" = this attempt was not cut short: let it finish.
-                await self._journal("resumed", attempts)
-            self._decide(
-                "settle",
-                seen,
-                f"interrupt {'accepted' if accepted else '409'}; cut_short={cut_short}",
-                "a live run was stopped"
-                if accepted
-                else (
-                    "an earlier interrupt was already truncating the attempt"
-                    if cut_short
-                    else "nothing was running"
-                ),
-            )
+            try:
+                stopped, landed = await self._stop(
+                    probe_left(),
+                    journal_cut_short=attempts if journal_intent else None,
+                    stop_a_pause=False,
+                )
+            except _Paused:
+                # The run paused on a client tool between the probe and the stop:
+                # that pause is the pending record of tool calls — reconcile it.
+                self._decide("settle", seen, "reconcile", "the run paused meanwhile")
+                stopped, landed = None, False
+                cut_short = await self.reconcile(attempts, timeout=probe_left())
+            if stopped is not None:
+                cut_short = cut_short_after_interrupt(landed, probed)
+                if journal_intent:
+                    # "resumed" = this attempt was not cut short: let it finish.
+                    # "cut-short" again for an attempt an earlier interrupt was
+                    # truncating (no interrupt of ours journaled it).
+                    await self._journal("cut-short" if cut_short else "resumed", attempts)
+                self._decide(
+                    "settle",
+                    seen,
+                    f"stop: {stopped.interrupts} interrupt(s) accepted; cut_short={cut_short}",
+                    "a live run was stopped"
+                    if landed
+                    else (
+                        "an earlier interrupt was already truncating the attempt"
+                        if cut_short
+                        else "nothing was running"
+                    ),
+                )
         # The crashed attempt's own send may still land: sleep out its commit
         # window, then recount.
         slept = horizon_remaining(journaled, self.clock(), t.commit_horizon)
@@ -470,6 +641,12 @@ class TurnRecovery:
             structured_tool_name=self.structured_tool_name,
         )
         submitted = recovered is not None and recovered.submitted
+        if recovered is not None and settled.status != "requires_action":
+            await self._raise_lost_outcomes(
+                (p.tool_call_id, p.tool_name, p.error_text, True)
+                for p in recovered.parts
+                if isinstance(p, DynamicToolPart) and p.state == "output-error"
+            )
         classification, why = classify_attempt(
             submitted=submitted,
             cut_short=settled.cut_short,
@@ -499,12 +676,16 @@ class TurnRecovery:
         )
 
     async def run(self) -> RecoveryOutcome:
-        """Settle-wait → result check, reconciling again while the run pauses anew."""
+        """Settle-wait → result check, reconciling again while the run pauses anew;
+        or, when the live run is this step's crashed attempt, follow it."""
         slept = 0.0
         for _ in range(self.timings.max_rounds):
             settled = await self.settle()
             slept += settled.horizon_slept_s
-            outcome = await self.check_result(settled)
+            if settled.follow_s is not None:
+                outcome = await self.follow(settled)
+            else:
+                outcome = await self.check_result(settled)
             if outcome is not None:
                 outcome.horizon_slept_s = slept
                 return outcome
@@ -512,6 +693,100 @@ class TurnRecovery:
             f"chat {self.chat_id} kept pausing on client tools for "
             f"{self.timings.max_rounds} reconcile rounds"
         )
+
+    async def follow(self, settled: SettleResult) -> RecoveryOutcome | None:
+        """Re-attach to the crashed attempt's live run and follow it to its settle.
+
+        The follower answers any client-tool pause with the step's tools (a
+        crash-safe call whose effect committed is answered from the ledger), so
+        the result is the one the dead process's ``generate()`` would have
+        returned. ``None``: there was no turn to follow after all (settle again
+        the ordinary way). When the follow ends before the run settles (its
+        turn deadline, a stream failure) the attempt is cut short: journaled
+        "cut-short", stopped, and resubmitted.
+        """
+        assert self.follower is not None and settled.follow_s is not None
+        try:
+            gen = await self.follower.follow(marker=self.marker, timeout=settled.follow_s)
+        except NoTurnToFollowError as exc:
+            self._follow_off = True
+            self._decide("follow", str(exc), "settle instead", "no turn to follow")
+            return None
+        except (CoderAgentError, CoderStreamError, TimeoutError, OSError) as exc:
+            # The follower's teardown already fired a best-effort interrupt (as the
+            # dead generate() would have): the attempt is cut short. Journal that
+            # before bringing the chat to rest, so no later pass trusts a 409.
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            await self._journal("cut-short", settled.attempts)
+            stopped, _ = await self._stop(
+                self.timings.probe_bound, journal_cut_short=settled.attempts
+            )
+            self._decide(
+                "follow",
+                why,
+                f"cut short; stopped ({stopped.status})",
+                "the follow ended before the run settled: resubmit",
+            )
+            return RecoveryOutcome(
+                classification="resubmit",
+                chat_id=self.chat_id,
+                marker=self.marker,
+                status=stopped.status or "unknown",
+                cut_short=True,
+                attempts=settled.attempts,
+                recovered=None,
+                reason="the followed attempt did not settle within its turn deadline",
+                decisions=self.decisions,
+            )
+        await self._raise_lost_outcomes(
+            (c.tool_call_id, c.tool_name, c.output, c.is_error) for c in gen.client_tool_calls
+        )
+        self._decide(
+            "follow",
+            f"settled: finish {gen.finish_reason}, {len(gen.steps)} step(s), "
+            f"{len(gen.client_tool_calls)} client call(s)",
+            "followed",
+            "the crashed attempt finished under the follower: its result, nothing sent",
+        )
+        return RecoveryOutcome(
+            classification="followed",
+            chat_id=self.chat_id,
+            marker=self.marker,
+            status="waiting",
+            cut_short=False,
+            attempts=settled.attempts,
+            recovered=None,
+            reason="followed the crashed attempt's live run to its settle",
+            decisions=self.decisions,
+            followed=gen,
+        )
+
+    async def _raise_lost_outcomes(self, results: Any) -> None:
+        """Raise :class:`ToolOutcomeLostError` when history says a client call timed
+        out although the ledger shows its effect ran (see the error's docstring)."""
+        rows = list(results)
+        states: dict[str, str | None] = {}
+        entries: dict[str, Any] = {}
+        for call_id, _, _output, is_error in rows:
+            if not is_error or call_id in states:
+                continue
+            entry = await self.store.ledger.get(self.chat_id, call_id)
+            states[call_id] = None if entry is None else entry.state
+            entries[call_id] = entry
+        lost = lost_outcomes(rows, states)
+        if not lost:
+            return
+        calls = [
+            (call_id, name, state, getattr(entries[call_id], "output", None))
+            for call_id, name, state in lost
+        ]
+        self._decide(
+            "result",
+            "; ".join(f"{n} {c}: 'timed out' in history, ledger {st}" for c, n, st in lost),
+            "fail the step",
+            "an applied effect recorded as a failure: neither return nor resubmit",
+        )
+        raise ToolOutcomeLostError(self.chat_id, self.marker, calls)
 
     async def journal_resubmission(self, attempts: int) -> None:
         """Write-ahead of a resubmission: ``submitting`` with the current count.

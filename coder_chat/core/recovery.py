@@ -19,7 +19,7 @@ Vocabulary:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, Protocol
@@ -27,7 +27,9 @@ from typing import Any, Literal, Protocol
 from coder_chat.models import AT_REST_STATUSES
 
 __all__ = [
+    "LIVE_RUN_STATUSES",
     "POLL_DONE_STATUSES",
+    "TIMEOUT_REASON",
     "Classification",
     "JournalView",
     "LedgerAction",
@@ -37,8 +39,12 @@ __all__ = [
     "batch_verdict",
     "classify_attempt",
     "cut_short_after_interrupt",
+    "follow_budget",
+    "follows_crashed_attempt",
     "horizon_remaining",
+    "is_timeout_result",
     "ledger_action",
+    "lost_outcomes",
     "pin_after_horizon",
     "poll_verdict",
     "scope_journal",
@@ -236,6 +242,93 @@ def batch_verdict(actions: Iterable[LedgerAction]) -> Literal["resumed", "cut-sh
     if not acts:
         return None
     return "cut-short" if LedgerAction.UNSTARTED in acts else "resumed"
+
+
+# --------------------------------------------------------------------------- following
+
+#: Statuses of a run that is still generating (legacy ``pending``/``paused`` included).
+#: ``interrupting`` is not one: somebody is already stopping it.
+LIVE_RUN_STATUSES = frozenset({"running", "pending", "paused"})
+
+
+def follows_crashed_attempt(
+    status: str, entry: JournalView | None, marker: str, attempts: int
+) -> bool:
+    """True when the live run IS this step's crashed attempt: re-attach, never cut it short.
+
+    Beyond the seed design (which interrupts every live run): the crashed
+    process's send landed — the journal's ``submitting`` entry for this marker
+    holds the count *before* that send and history now has more — and the chat
+    is still generating, so the run is that attempt's own continuation (steps
+    are sequential per chat and only this workflow sends on it; the count is
+    taken from the newest user messages, so a later foreign prompt would reset
+    it to 0). Interrupting it throws away paid model work, and resubmitting the
+    step lets the model call its tools again under NEW call ids, which sidestep
+    the ledger's idempotency keys: an effect that committed runs twice.
+
+    A ``requires_action`` pause is not followed here: the ledger reconcile
+    answers it (it predates this rule and also handles calls that never ran).
+    """
+    return (
+        status in LIVE_RUN_STATUSES
+        and entry is not None
+        and entry.state == "submitting"
+        and entry.marker == marker
+        and attempts > entry.attempt
+    )
+
+
+def follow_budget(started_at: float, now: float, turn_budget: float) -> float:
+    """Seconds left for following a crashed attempt: its own turn deadline.
+
+    The attempt's ``generate()`` was bounded by the turn timeout from its send
+    (the journal's ``at``); following it is bounded the same way, so a crash
+    never extends a turn. Clamped to the turn budget: a writer whose clock ran
+    behind must not stretch it. ``<= 0``: the deadline passed — interrupt.
+    """
+    return min(turn_budget, started_at + turn_budget - now)
+
+
+# --------------------------------------------------------------------------- lost outcomes
+
+#: The synthetic result chatd writes when nobody answered a client-tool pause in
+#: time (the requires_action deadline, 5 minutes): the model is told the tool failed.
+TIMEOUT_REASON = "Tool execution timed out"
+
+
+def is_timeout_result(output: Any, is_error: bool) -> bool:
+    """A client tool result that is chatd's synthetic "timed out" cancellation.
+
+    The server stores it as the JSON string of the reason with ``is_error``; a
+    client that decoded it sees the plain string.
+    """
+    if not is_error:
+        return False
+    if isinstance(output, dict) and set(output) <= {"error", "message"}:
+        output = output.get("error", output.get("message"))
+    if not isinstance(output, str):
+        return False
+    return output.strip().strip('"') == TIMEOUT_REASON
+
+
+def lost_outcomes(
+    results: Iterable[tuple[str, str, Any, bool]], ledger_states: Mapping[str, str | None]
+) -> list[tuple[str, str, str]]:
+    """Calls whose history says "timed out" while the ledger shows the effect ran.
+
+    ``results``: ``(tool_call_id, tool_name, output, is_error)`` of the attempt's
+    client tool results; ``ledger_states``: the ledger state per call id (None:
+    no entry). Returns ``(tool_call_id, tool_name, ledger_state)`` for every
+    call the server closed as timed out although its ledger entry is ``done``
+    (the effect committed) or ``committing`` (it may have): the model's answer
+    rests on a failure that did not happen (or may not have).
+    """
+    out = []
+    for call_id, name, output, is_error in results:
+        state = ledger_states.get(call_id)
+        if state in ("done", "committing") and is_timeout_result(output, is_error):
+            out.append((call_id, name, state))
+    return out
 
 
 # --------------------------------------------------------------------------- result check

@@ -14,6 +14,11 @@ import contextlib
 from dataclasses import dataclass
 
 from prefect import flow
+from pydantic import BaseModel, Field
+
+from coder_chat.history import fetch_turn
+from coder_chat.recovery import TurnRecovery
+from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry, LeaseUnavailableError, workflow_key
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts import registry
@@ -34,12 +39,7 @@ from prefect_coder.flows.parts.unfinished_attempt import (
     recovered_result,
     recovery_timings,
 )
-from prefect_coder.flows.turn.durable_turn import run_turn
-from pydantic import BaseModel, Field
-
-from coder_chat.history import fetch_turn
-from coder_chat.recovery import TurnRecovery
-from coder_chat.rest import ChatClient
+from prefect_coder.flows.turn.durable_turn import run_turn, turn_result
 
 __all__ = ["RecoverTurnReport", "recover_turn"]
 
@@ -139,6 +139,14 @@ async def _inspect(
     resolved = toolset.including(wanted).resolve()
     answer = resolved.answers.get(wanted.output_model) if wanted.output_model else None
     tools = bind_crash_safe(resolved.tools, store.ledger)
+    # Following sends nothing: a crashed attempt still running is followed to its
+    # settle (its client-tool pauses answered through the ledger), not cut short.
+    follower = creds.get_agent(
+        client=client,
+        chat_id=checkpoint.chat_id,
+        last_seen_message_id=checkpoint.last_seen_message_id,
+        tools=tools,
+    )
     recovery = TurnRecovery(
         client,
         store,
@@ -150,11 +158,30 @@ async def _inspect(
         output_model=answer.model if answer is not None else None,
         structured_tool_name=answer.name if answer is not None else "structured_output",
         logger=log,
+        follower=follower,
     )
-    outcome = await recovery.run()
+    try:
+        outcome = await recovery.run()
+    finally:
+        await follower.aclose()
     await publish_recovery(workflow_id, name, outcome, artifacts=settings.artifacts)
     report.reason = outcome.reason
-    if outcome.classification == "recovered":
+    if outcome.followed is not None:
+        report.action = "recovered"
+        structured = None
+        if answer is not None:
+            value = answer.pick(outcome.followed)
+            structured = value.model_dump(mode="json") if value is not None else None
+        report.result = turn_result(
+            outcome.followed,
+            workflow_id=workflow_id,
+            step=name,
+            marker=marker,
+            structured=structured,
+            attempt=max(1, outcome.attempts),
+            generate_ms=0.0,
+        )
+    elif outcome.classification == "recovered":
         report.action = "recovered"
         report.result = recovered_result(workflow_id, wanted, outcome, tools)
     else:

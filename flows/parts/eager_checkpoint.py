@@ -16,11 +16,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from prefect_coder.blocks import JournalEntry, StateStore
-
 from coder_chat.crash_safe import crash_point
 from coder_chat.events import HttpRequest, HttpResponse, TransportEvent, WsDial, WsEvent
 from coder_chat.tools import ToolContext
+from prefect_coder.blocks import JournalEntry, StateStore
 
 __all__ = ["EagerCheckpoint"]
 
@@ -98,6 +97,9 @@ class EagerCheckpoint:
             crash_point("turn.sending")
         elif isinstance(ev, HttpResponse) and ev.op == "createChat" and ev.ok:
             crash_point("turn.after_create")
+        elif isinstance(ev, HttpResponse) and ev.op == "submitToolResults" and ev.ok:
+            # the tool round's results landed; the model continues server-side
+            crash_point("turn.after_tool_results")
         elif isinstance(ev, WsDial) and not self.had_chat and self.written != ev.chat_id:
             with contextlib.suppress(RuntimeError):  # no running loop: nothing to do
                 task = asyncio.get_running_loop().create_task(self.ensure(ev.chat_id))

@@ -9,12 +9,11 @@ without a checkpoint; ``recover-turn`` runs it under the workflow's lease.
 
 from __future__ import annotations
 
+from coder_chat.rest import ChatClient
+from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from prefect_coder.flows.parts.run_log import RunLogger, run_logger
-
-from coder_chat.errors import CoderApiError
-from coder_chat.rest import ChatClient
 
 __all__ = ["strand_workflow_orphans"]
 
@@ -44,11 +43,9 @@ async def strand_workflow_orphans(
         if chat.id == keep or not owned_by(chat.labels, store.tenant):
             continue
         found.append(chat.id)
-        try:
-            await client.interrupt_chat(chat.id, timeout=bound_s)
-        except CoderApiError as exc:
-            if exc.status != 409:  # 409: nothing running — the good case
-                raise
+        # Stopped, not interrupted once: an interrupt of a client-tool pause makes
+        # the server resume the model, which a single interrupt leaves running.
+        await stop_chat(client, chat.id, timeout=bound_s)
         await store.stranded.record(workflow_id, chat.id, "orphan: no checkpoint names it")
         log.warning(
             "orphan chat %s of workflow %s interrupted, recorded for the archive",

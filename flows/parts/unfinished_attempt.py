@@ -28,19 +28,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect.artifacts import acreate_table_artifact
+
+from coder_chat.crash_safe import crash_point
+from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_until
+from coder_chat.recovery import Follower, RecoveryOutcome, RecoveryTimings, TurnRecovery
+from coder_chat.rest import ChatClient
+from coder_chat.results import GenerateResult
+from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
 from prefect_coder.flows.parts.run_log import run_logger
 
-from coder_chat.crash_safe import crash_point
-from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_until
-from coder_chat.recovery import RecoveryOutcome, RecoveryTimings, TurnRecovery
-from coder_chat.rest import ChatClient
-from coder_chat.tools import ClientTool, StructuredOutput
-
 __all__ = [
     "SendPlan",
+    "journal_send",
     "note_failed_attempt",
     "publish_recovery",
     "recover_before_send",
@@ -94,6 +96,9 @@ class SendPlan:
     #: Set when the crashed attempt finished: return it, send nothing.
     result: TurnResult | None = None
     outcome: RecoveryOutcome | None = None
+    #: Set when the crashed attempt was still running and was followed to its
+    #: settle: its ``generate()`` result, nothing sent.
+    followed: GenerateResult | None = None
 
 
 def recovered_result(
@@ -183,12 +188,15 @@ async def recover_before_send(
     timings: RecoveryTimings,
     known_failure: bool,
     artifacts: bool = True,
+    follower: Follower | None = None,
 ) -> SendPlan:
     """Run before every send of ``step`` on a checkpointed chat.
 
     No journal entry for this step's marker proves no send of it ever started
-    (every send is journaled first), so the first send only writes its
-    write-ahead. Otherwise an earlier attempt is unfinished: recover it.
+    (every send is journaled first, a first turn's with its checkpoint), so the
+    first send only writes its write-ahead. Otherwise an earlier attempt is
+    unfinished: recover it — following it with ``follower`` when it is still
+    running (:class:`coder_chat.recovery.TurnRecovery`).
     """
     marker = step_marker(workflow_id, step.name)
     entry = await store.journal.get(chat_id)
@@ -210,9 +218,14 @@ async def recover_before_send(
         output_model=answer.model if answer is not None else None,
         structured_tool_name=answer.name if answer is not None else "structured_output",
         logger=run_logger(__name__),
+        follower=follower,
     )
     outcome = await recovery.run()
     await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    if outcome.classification == "followed":
+        return SendPlan(
+            attempt=max(1, outcome.attempts), outcome=outcome, followed=outcome.followed
+        )
     if outcome.classification == "recovered":
         return SendPlan(
             attempt=max(1, outcome.attempts),
@@ -224,6 +237,18 @@ async def recover_before_send(
     # At least the second try: the journal proves an earlier send of this step
     # started, even when it never landed.
     return SendPlan(attempt=max(2, outcome.attempts + 1), outcome=outcome)
+
+
+async def journal_send(client: ChatClient, store: StateStore, chat_id: str, marker: str) -> int:
+    """The write-ahead of a further send of a step on its chat (e.g. a structured
+    step's re-ask): ``submitting`` with the step's current attempt count, which
+    it returns. Every send on a checkpointed chat is journaled first."""
+    messages, _ = await fetch_until(
+        client, chat_id, lambda ms: count_marker_attempts(ms, marker)[1], timeout=30.0
+    )
+    count = count_marker_attempts(messages, marker)[0]
+    await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=count))
+    return count
 
 
 async def note_failed_attempt(

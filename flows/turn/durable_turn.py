@@ -9,9 +9,9 @@ Walk of one turn (``execute_turn``):
    waited for may have just finished this very step.
 3. Load the checkpoint (chat id + optional cursor); build the agent from it.
 4. On a checkpointed chat: if this step already sent before (the journal names
-   its marker) run crash recovery first (``prefect_coder.flows.parts.unfinished_attempt``: settle-wait, tool
-   ledger reconciliation, result recovery — a finished attempt's result is
-   returned instead of resending), then journal "submitting" (marker, attempt,
+   its marker) run crash recovery first (``parts.unfinished_attempt``:
+   settle-wait, tool ledger reconciliation, result recovery — a finished
+   attempt's result is returned instead of resending), then journal "submitting" (marker, attempt,
    time) BEFORE the send.
 5. ``generate()`` with the marker in the prompt, a per-segment
    ``request_timeout`` and a total deadline.
@@ -30,6 +30,14 @@ from typing import Any
 
 from prefect import task
 from prefect.context import TaskRunContext
+
+from coder_chat.agent import CoderAgent, GenerateResult
+from coder_chat.crash_safe import crash_point
+from coder_chat.errors import CoderAgentError
+from coder_chat.events import TransportEvent, WsDial
+from coder_chat.history import fetch_until
+from coder_chat.stream import StreamOptions
+from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.flows.parts.artifacts import publish_turn_artifact
 from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
@@ -44,23 +52,67 @@ from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.parts.turn_slot import turn_slot
 from prefect_coder.flows.parts.unfinished_attempt import (
+    journal_send,
     note_failed_attempt,
     recover_before_send,
     recovery_timings,
 )
 
-from coder_chat.agent import GenerateResult
-from coder_chat.crash_safe import crash_point
-from coder_chat.events import TransportEvent, WsDial
-from coder_chat.stream import StreamOptions
-from coder_chat.tools import ClientTool, StructuredOutput
-
 __all__ = [
+    "StructuredAnswerError",
     "execute_turn",
     "is_retryable_failure",
     "retry_if_retryable",
     "run_turn",
+    "turn_result",
 ]
+
+
+class StructuredAnswerError(CoderAgentError):
+    """A structured step's model filed no answer that validates, even after the
+    re-ask: the step fails (a ``Completed`` step with ``structured=None`` would
+    pass a missing answer off as a result). Not retried by Prefect: the same
+    prompt on the same chat meets the same model.
+
+    ``step``, ``output_model``, ``chat_id`` and ``attempts`` (sends of the step,
+    the re-ask included) name what failed; the chat keeps the filed calls.
+    """
+
+    def __init__(self, step: str, output_model: str | None, chat_id: str | None, attempts: int):
+        super().__init__(
+            f"step {step!r} asked for {output_model!r} but the model filed no valid answer, "
+            f"also not after the re-ask (chat {chat_id}, {attempts} send(s))"
+        )
+        self.step = step
+        self.output_model = output_model
+        self.chat_id = chat_id
+        self.attempts = attempts
+
+
+async def _prompt_was(agent: CoderAgent, user_message_id: int | None, text: str) -> bool:
+    """Whether the user message that started a turn carries exactly ``text`` (one
+    history read, newest first): tells a recovered or followed re-ask apart."""
+    if user_message_id is None or agent.chat_id is None:
+        return False
+    messages, _ = await fetch_until(
+        agent.client, agent.chat_id, lambda ms: any(m.id <= user_message_id for m in ms)
+    )
+    for m in messages:
+        if m.id == user_message_id:
+            return "".join(p.text or "" for p in m.content if p.type == "text").strip() == text
+    return False
+
+
+async def _needs_reask(
+    agent: CoderAgent, answer: StructuredOutput[Any], gen: GenerateResult | None, reask: str
+) -> bool:
+    """Re-ask a structured step once: no valid answer, an idle chat (``stop``: a
+    busy or paused chat is never re-prompted), and the turn was not the re-ask."""
+    if gen is None:
+        return True  # a recovered attempt without an answer (checked by the caller)
+    if answer.pick(gen) is not None or gen.finish_reason != "stop":
+        return False
+    return not await _prompt_was(agent, gen.user_message_id, reask)
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -109,6 +161,34 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def turn_result(
+    gen: GenerateResult,
+    *,
+    workflow_id: str,
+    step: str,
+    marker: str,
+    structured: dict[str, Any] | None,
+    attempt: int,
+    generate_ms: float,
+) -> TurnResult:
+    """The step's persisted result from a ``generate()`` (or followed) result."""
+    return TurnResult(
+        workflow_id=workflow_id,
+        step=step,
+        marker=marker,
+        chat_id=gen.chat_id,
+        text=gen.text,
+        finish_reason=gen.finish_reason,
+        usage=_usage_dict(gen.usage),
+        user_message_id=gen.user_message_id,
+        message_ids=list(gen.message_ids or []),
+        tool_calls=_tool_records(gen),
+        structured=structured,
+        attempt=attempt,
+        generate_ms=round(generate_ms, 2),
+    )
+
+
 async def _stored_result(key: str) -> TurnResult | None:
     """The step's persisted result, if a concurrent run recorded it meanwhile."""
     ctx = TaskRunContext.get()
@@ -138,14 +218,29 @@ async def _record_after_turn(
     if chat_id:
         # Even a failed turn checkpoints: a first step that failed after creating
         # its chat must keep it reachable, or the retry orphans a live chat.
-        await store.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
-        if failed is not None and not had_chat:
-            # The first send had no chat to journal under; record it now so the
-            # retry knows it is a resubmission and goes through the settle seam.
-            await store.journal.set(
-                chat_id,
-                JournalEntry(state="submitting", marker=marker, attempt=1, at=started_at),
-            )
+        if had_chat:
+            await store.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
+            return
+        # The first send had no chat to journal under. Record it together with the
+        # checkpoint (one transaction), whatever the outcome: otherwise, with the
+        # eager checkpoint off and no crash-safe tool run, a crash between this
+        # write and Prefect persisting the result leaves a checkpoint but no
+        # journal entry, and "no entry ⇒ never sent" would resend a finished step.
+        # A failed send journals attempt 1 so the retry pins cut_short (it must
+        # resubmit); a finished one attempt 0, the count before the send.
+        entry = await store.journal.get(chat_id)
+        async with store.transaction() as tx:
+            await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
+            if failed is not None:
+                await tx.journal.set(
+                    chat_id,
+                    JournalEntry(state="submitting", marker=marker, attempt=1, at=started_at),
+                )
+            elif entry is None or entry.marker != marker:
+                await tx.journal.set(
+                    chat_id,
+                    JournalEntry(state="submitting", marker=marker, attempt=0, at=started_at),
+                )
         return
     # The SDK discarded the session (stream lost on a chat this call created):
     # nothing to resume, but the chat exists and must be retired by the sweep.
@@ -256,11 +351,18 @@ async def _turn_under_lease(
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
     )
     attempt = 1
+    followed: GenerateResult | None = None
+    # A recovered attempt with no valid structured answer: only the re-ask is left.
+    reask_only = False
+    prompt = f"{marker} {step.prompt}"
+    reask = f"{marker} {answer.nudge}" if answer is not None else ""
     try:
+        t_recovery = time.perf_counter()
         if chat_id:
             # Journals the send write-ahead; if this step already sent on this chat
             # and recorded no result, first settles the chat (ledger reconcile before
-            # any interrupt) and recovers a finished attempt instead of resubmitting.
+            # any interrupt), follows the crashed attempt if it is still running, and
+            # recovers a finished attempt instead of resubmitting.
             plan = await recover_before_send(
                 client=agent.client,
                 store=store,
@@ -272,19 +374,41 @@ async def _turn_under_lease(
                 timings=recovery_timings(settings, request_timeout, turn_timeout),
                 known_failure=retry_reason is not None,
                 artifacts=settings.artifacts,
+                follower=agent,
             )
             attempt = plan.attempt
+            followed = plan.followed
             if plan.result is not None:
-                return plan.result
+                if answer is None or plan.result.structured is not None:
+                    return plan.result
+                # The finished attempt filed no valid answer: re-ask, unless it was
+                # the re-ask already (then the step fails, below).
+                if await _prompt_was(agent, plan.result.user_message_id, reask):
+                    raise StructuredAnswerError(step.name, step.output_model, chat_id, attempt)
+                reask_only = True
         else:
             # No checkpoint: an earlier attempt may have left an orphan chat.
             await strand_workflow_orphans(agent.client, store, workflow_id, logger=logger)
-        prompt = f"{marker} {step.prompt}"
         started_at = time.time()
-        t0 = time.perf_counter()
+        # A followed attempt's time is the follow's (inside the recovery above).
+        t0 = t_recovery if followed is not None else time.perf_counter()
         failed: BaseException | None = None
         try:
-            gen = await agent.generate(prompt, timeout=turn_timeout)
+            gen: GenerateResult | None
+            if followed is not None:
+                gen = followed
+            elif reask_only:
+                gen = None
+            else:
+                gen = await agent.generate(prompt, timeout=turn_timeout)
+            if answer is not None and await _needs_reask(agent, answer, gen, reask):
+                # A structured step whose answer did not validate: ask once more
+                # (journaled like every send), as generate_structured does.
+                assert agent.chat_id is not None
+                await journal_send(agent.client, store, agent.chat_id, marker)
+                attempt += 1
+                gen = await agent.generate(reask, timeout=turn_timeout)
+            assert gen is not None
         except BaseException as exc:
             failed = exc
             raise
@@ -324,27 +448,17 @@ async def _turn_under_lease(
         if answer is not None:
             value = answer.pick(gen)
             if value is None:
-                logger.warning(
-                    "step %s asked for %s but the model filed no valid answer",
-                    step.name,
-                    step.output_model,
-                )
-            else:
-                structured = value.model_dump(mode="json")
-        result = TurnResult(
+                # Never "Completed" with structured=None: the caller asked for an answer.
+                raise StructuredAnswerError(step.name, step.output_model, gen.chat_id, attempt)
+            structured = value.model_dump(mode="json")
+        result = turn_result(
+            gen,
             workflow_id=workflow_id,
             step=step.name,
             marker=marker,
-            chat_id=gen.chat_id,
-            text=gen.text,
-            finish_reason=gen.finish_reason,
-            usage=_usage_dict(gen.usage),
-            user_message_id=gen.user_message_id,
-            message_ids=list(gen.message_ids or []),
-            tool_calls=_tool_records(gen),
             structured=structured,
             attempt=attempt,
-            generate_ms=round(generate_ms, 2),
+            generate_ms=generate_ms,
         )
     finally:
         # The agent never owns its client: close one built for this turn only.

@@ -23,11 +23,11 @@ if str(HERE) not in sys.path:
 
 from crash_matrix import STEPS, ForkServer, env_for_children, run_workflow  # noqa: E402
 from payments import Payments, running_payments  # noqa: E402
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
-from prefect_coder.flows.parts.params import WorkflowSettings  # noqa: E402
 from recovery_env import FAST_ENV, TOKEN, PrefectEnv  # noqa: E402
 
 from coder_chat.emulator import Emulator  # noqa: E402
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
+from prefect_coder.flows.parts.params import WorkflowSettings  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

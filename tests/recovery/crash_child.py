@@ -29,10 +29,9 @@ from typing import Any
 
 
 def run_once(crash_at: str, spec: dict[str, Any]) -> int:
+    from coder_chat.crash_safe import add_crash_hook
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
     from prefect_coder.flows.parts.params import Step, WorkflowSettings
-
-    from coder_chat.crash_safe import add_crash_hook
 
     name, _, nth = crash_at.partition(":")
     # "<point>:<n>+<seconds>": SIGKILL that long AFTER the point (e.g. with a request
@@ -67,9 +66,9 @@ def run_once(crash_at: str, spec: dict[str, Any]) -> int:
 def serve() -> int:
     # Import everything a run needs BEFORE forking; start no thread or loop here.
     import payment_tools  # noqa: F401
-    import prefect_coder.flows.deployments.agent_workflow  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
+    import prefect_coder.flows.deployments.agent_workflow  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     running: dict[int, Any] = {}

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,10 +11,10 @@ import os
 from typing import Any
 
 import httpx
-from prefect_coder.flows.parts.registry import register_tool
 from pydantic import BaseModel
 
 from coder_chat.crash_safe import EffectContext, crash_safe_tool
+from prefect_coder.flows.parts.registry import register_tool
 
 
 class Charge(BaseModel):

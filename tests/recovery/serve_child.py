@@ -10,6 +10,7 @@ import yaml
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.events import DeploymentEventTrigger
+
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.recover_turn import recover_turn

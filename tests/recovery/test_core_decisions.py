@@ -15,8 +15,12 @@ from coder_chat.core.recovery import (
     batch_verdict,
     classify_attempt,
     cut_short_after_interrupt,
+    follow_budget,
+    follows_crashed_attempt,
     horizon_remaining,
+    is_timeout_result,
     ledger_action,
+    lost_outcomes,
     pin_after_horizon,
     poll_verdict,
     scope_journal,
@@ -209,3 +213,74 @@ def test_split_marker() -> None:
     assert split_marker("[wf/a] do it", "[wf/a]") == "do it"
     assert split_marker("no marker", "[wf/a]") is None
     assert split_marker("[wf/ab] x", "[wf/a]") is None
+
+
+# ----------------------------------------------------------------------------- following
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "marker", "entry_attempt", "attempts", "follow"),
+    [
+        ("running", "submitting", "[wf/a]", 0, 1, True),  # first send landed, still running
+        ("running", "submitting", "[wf/a]", 1, 2, True),  # a resubmission landed
+        ("pending", "submitting", "[wf/a]", 1, 3, True),  # legacy status; a duplicate landed
+        ("running", "submitting", "[wf/a]", 1, 1, False),  # the send never landed
+        ("running", "submitting", "[wf/b]", 0, 1, False),  # another step's entry
+        ("running", "cut-short", "[wf/a]", 0, 1, False),  # a verdict, not a send
+        ("running", "resumed", "[wf/a]", 0, 1, False),
+        ("requires_action", "submitting", "[wf/a]", 0, 1, False),  # reconciled instead
+        ("interrupting", "submitting", "[wf/a]", 0, 1, False),  # somebody stops it
+        ("waiting", "submitting", "[wf/a]", 0, 1, False),  # settled: the result check
+    ],
+)
+def test_follow_only_this_steps_landed_live_attempt(
+    status: str, state: str, marker: str, entry_attempt: int, attempts: int, follow: bool
+) -> None:
+    entry = Entry(state, marker, entry_attempt)
+    assert follows_crashed_attempt(status, entry, "[wf/a]", attempts) is follow
+
+
+def test_no_entry_is_never_followed() -> None:
+    assert not follows_crashed_attempt("running", None, "[wf/a]", 1)
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6), st.floats(1, 1e4))
+def test_follow_budget_is_the_attempts_own_deadline(at: float, now: float, turn: float) -> None:
+    left = follow_budget(at, now, turn)
+    assert left <= turn  # a clock running behind never stretches the turn
+    assert left == pytest.approx(min(turn, at + turn - now))
+    assert (left > 0) == (at + turn - now > 0)
+
+
+# ----------------------------------------------------------------------------- lost outcomes
+
+
+@pytest.mark.parametrize(
+    ("output", "is_error", "timed_out"),
+    [
+        ('"Tool execution timed out"', True, True),  # as stored: the JSON string
+        ("Tool execution timed out", True, True),
+        ({"error": "Tool execution timed out"}, True, True),
+        ("Tool execution timed out", False, False),  # not an error: a tool's own text
+        ('"Tool execution interrupted by user"', True, False),
+        ({"charged_cents": 100}, True, False),
+        (None, True, False),
+    ],
+)
+def test_timeout_result(output: object, is_error: bool, timed_out: bool) -> None:
+    assert is_timeout_result(output, is_error) is timed_out
+
+
+def test_lost_outcomes_need_a_timeout_and_a_ledger_effect() -> None:
+    t = '"Tool execution timed out"'
+    results = [
+        ("c1", "charge", t, True),  # done: the effect committed
+        ("c2", "charge", t, True),  # committing: it may have
+        ("c3", "charge", t, True),  # no entry: it never ran — the timeout is true
+        ("c4", "charge", {"ok": 1}, False),  # answered normally
+    ]
+    states = {"c1": "done", "c2": "committing", "c3": None, "c4": "done"}
+    assert lost_outcomes(results, states) == [
+        ("c1", "charge", "done"),
+        ("c2", "charge", "committing"),
+    ]

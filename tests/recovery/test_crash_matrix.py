@@ -27,11 +27,11 @@ from crash_matrix import (
     user_texts,
 )
 from payments import Payments
-from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 from recovery_env import PrefectEnv
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 
 LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
 

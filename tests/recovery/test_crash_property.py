@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from payments import Payments
-from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings
 from test_crash_matrix import check
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import WorkflowSettings
 
 FIRST = [
     "turn.before_create:1",

@@ -25,13 +25,13 @@ from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
-from prefect_coder.flows.deployments.agent_turn import agent_turn
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.toolset import Toolset
 from recovery_env import HERE, ROOT, PrefectEnv
 from test_crash_matrix import LIVE, check
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.toolset import Toolset
 
 DEPLOYMENTS = ["agent-workflow", "agent-turn", "recover-turn"]
 

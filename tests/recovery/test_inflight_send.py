@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 HORIZON_S = 6.0
 LATE_COMMIT_S = 3.0

@@ -8,10 +8,10 @@ from typing import Any
 from crash_matrix import STEPS, ForkServer, child_spec
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 
 
 async def test_nothing_to_recover(settings: WorkflowSettings, workflow_id: str) -> None:
@@ -71,6 +71,7 @@ async def test_recovery_decisions_are_published_as_a_table_artifact(
     data: Any = mine[0].data
     rows: list[dict[str, str]] = json.loads(data) if isinstance(data, str) else data
     stages = [r["stage"] for r in rows]
-    assert stages[0] == "settle" and "reconcile" in stages and stages[-1] == "result"
+    # the pause answered from the ledger, then the revived run followed to its settle
+    assert stages[0] == "settle" and "reconcile" in stages and stages[-1] == "follow"
     assert all(r["seen"] and r["decided"] and r["why"] for r in rows)
     assert any("submit-recorded" in r["decided"] for r in rows)

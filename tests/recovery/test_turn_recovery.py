@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from payment_tools import charge_card
 from payments import Payments
-from prefect_coder.blocks import JournalEntry, StateStore
 from pydantic import BaseModel
 
 from coder_chat.crash_safe import pure
@@ -26,6 +25,7 @@ from coder_chat.models import (
 from coder_chat.recovery import RecoveryStore, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from coder_chat.tools import ClientTool, ToolContext, client_tool, structured_output
+from prefect_coder.blocks import JournalEntry, StateStore
 
 FAST = RecoveryTimings(probe_bound=5.0, settle_budget=10.0, poll_interval=0.02, commit_horizon=0.5)
 

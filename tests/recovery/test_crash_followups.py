@@ -1,0 +1,310 @@
+"""Crash-matrix rows of issue 11, each crashed by a real SIGKILL of the process running
+the workflow (forked from the warm server) and recovered at once by a plain rerun:
+
+* a long model continuation after a tool result: the rerun follows the crashed
+  attempt (no interrupt, no resubmission, the continuation's next client tool is
+  answered once through the ledger);
+* a pause whose resumed model pauses again: recovery stops it (double interrupt)
+  instead of waiting out its budget;
+* an applied effect the server recorded as "timed out": the step fails with
+  ``ToolOutcomeLostError`` instead of returning the model's answer;
+* ``eager_checkpoint: false``: a finished first step is recovered, never resent;
+* a structured step whose answers never validate: the re-ask, then a typed failure.
+
+Counts come from the emulator's event log (user messages, status transitions) and
+the payments service (effects per idempotency key); no wall-clock assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from crash_matrix import STEPS, ForkServer, chats_of, child_spec, directive, run_workflow
+from payments import Payments
+
+from coder_chat.emulator import Emulator
+from coder_chat.recovery import ToolOutcomeLostError
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.turn.durable_turn import StructuredAnswerError
+
+#: How long the scripted model keeps generating after the crash: long enough that the
+#: rerun (lease lapse + flow start) finds it running on a loaded machine, short
+#: enough to keep the file fast. The follow waits for it; nothing else sleeps.
+CONTINUATION_S = 6.0
+LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
+
+
+def _charge(cents: int, text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "text": text,
+        "deltas": 4,
+        "delay": 0.01,
+        "tool_calls": [{"name": "charge_card", "args": {"amount_cents": cents}}],
+        **extra,
+    }
+
+
+def _pay(*steps: dict[str, Any]) -> Step:
+    return Step(
+        name="pay",
+        prompt="Charge the rest." + directive({"steps": list(steps)}),
+        tools=["charge_card"],
+    )
+
+
+def _main_chat(emu: Emulator, workflow_id: str) -> str:
+    chats = chats_of(emu, workflow_id)
+    assert len(chats) == 1, chats
+    return str(chats[0]["id"])
+
+
+def _user_turns(emu: Emulator, chat_id: str, marker: str) -> list[str]:
+    """User messages of the chat carrying ``marker``: ids from the event log, texts
+    from the stored rows."""
+    ids = {
+        e["details"]["id"]
+        for e in emu.event_log(["message"])
+        if e["chat_id"] == chat_id and e["details"]["role"] == "user"
+    }
+    out = []
+    for m in emu.messages(chat_id, include_system=False):
+        if m["id"] in ids:
+            text = "".join(p.get("text", "") for p in m.get("content") or [])
+            if marker in text:
+                out.append(text)
+    return out
+
+
+def _interrupts(emu: Emulator, chat_id: str) -> int:
+    """Interrupts the server accepted on the chat (status → interrupting, or a paused
+    chat's pending calls closed as "interrupted by user")."""
+    status = [
+        e
+        for e in emu.event_log(["status"])
+        if e["chat_id"] == chat_id and e["details"]["new"] == "interrupting"
+    ]
+    synthetic = [
+        p
+        for m in emu.messages(chat_id, include_system=False)
+        for p in m.get("content") or []
+        if p.get("type") == "tool-result" and "interrupted by user" in str(p.get("result"))
+    ]
+    return len(status) + len(synthetic)
+
+
+def _charge_calls(emu: Emulator, chat_id: str) -> list[str]:
+    return [
+        p["tool_call_id"]
+        for m in emu.messages(chat_id, include_system=False)
+        for p in m.get("content") or []
+        if p.get("type") == "tool-call" and p.get("tool_name") == "charge_card"
+    ]
+
+
+def _transcript(emu: Emulator, chat_id: str) -> list[str]:
+    """A compact history, for assertion messages."""
+    out = []
+    for m in emu.messages(chat_id, include_system=False):
+        for p in m.get("content") or []:
+            kind = p.get("type")
+            if kind == "text":
+                out.append(f"{m['id']} {m['role']}: {p.get('text', '')[:40]}")
+            elif kind in ("tool-call", "tool-result"):
+                detail = p.get("args") if kind == "tool-call" else p.get("result")
+                out.append(f"{m['id']} {kind} {p.get('tool_call_id')} {str(detail)[:40]}")
+    return out
+
+
+def _effects(payments: Payments, chat_id: str) -> dict[str, int]:
+    return payments.effects_with_prefix(f"/{chat_id}/")
+
+
+async def _at_rest(emu: Emulator, chat_id: str) -> None:
+    for _ in range(200):
+        if emu.chat(chat_id)["status"] not in LIVE:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(emu.chat(chat_id)["status"])
+
+
+async def _crash(server: ForkServer, point: str, workflow_id: str, spec: str) -> None:
+    rc = await server.run(point, spec)
+    assert rc == -9, (point, rc, server.stderr_tail())
+
+
+async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitted(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+    baseline: list[str],
+) -> None:
+    # pay: a charge, then a long continuation that calls a second client tool.
+    steps = [
+        STEPS[0],
+        _pay(
+            _charge(250, "Charging the rest now."),
+            _charge(30, "Now the fee.", sleep=CONTINUATION_S),
+            {"text": "All paid.", "deltas": 3, "delay": 0.01},
+        ),
+    ]
+    spec = child_spec(workflow_id, settings, steps=steps)
+    # SIGKILL right after pay's first tool results landed: the model keeps going.
+    await _crash(fork_server, "turn.after_tool_results:2", workflow_id, spec)
+    chat = _main_chat(emu, workflow_id)
+    assert emu.chat(chat)["status"] == "running"  # the crashed attempt lives on
+    results = await run_workflow(workflow_id, steps, settings)
+    assert [r.text for r in results] == [baseline[0], "All paid."]
+    pay = step_marker(workflow_id, "pay")
+    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
+    assert _interrupts(emu, chat) == 0  # the paid continuation was not cut short
+    calls = _charge_calls(emu, chat)
+    assert len(calls) == 3  # plan's, pay's, the continuation's: no repeated call
+    effects = _effects(payments, chat)
+    assert sorted(effects.values()) == [1, 1, 1], effects  # each effect once, own key
+    # the continuation's pause was answered by the follower, with the step's result
+    assert [c.name for c in results[1].tool_calls] == ["charge_card", "charge_card"]
+    await _at_rest(emu, chat)
+
+
+def _two_rounds() -> list[Step]:
+    """plan as in the matrix; pay: two client tool rounds, then the answer."""
+    return [
+        STEPS[0],
+        _pay(
+            _charge(250, "Charging the rest now."),
+            _charge(30, "Now the fee."),
+            {"text": "All paid.", "deltas": 3, "delay": 0.01},
+        ),
+    ]
+
+
+async def test_a_pause_whose_resumed_model_pauses_again_is_stopped(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+    baseline: list[str],
+) -> None:
+    steps = _two_rounds()
+    spec = child_spec(workflow_id, settings, steps=steps)
+    # SIGKILL while pay streams: its first call then pauses with no ledger entry
+    # (it never ran), so recovery cuts the attempt short. An interrupt of the pause
+    # resumes the model, which calls the next tool: it must be stopped again.
+    await _crash(fork_server, "turn.mid_stream:2", workflow_id, spec)
+    chat = _main_chat(emu, workflow_id)
+    await emu.await_status(chat, "requires_action")
+    results = await run_workflow(workflow_id, steps, settings)
+    assert [r.text for r in results] == [baseline[0], "All paid."]
+    pay = step_marker(workflow_id, "pay")
+    assert len(_user_turns(emu, chat, pay)) == 2  # the cut-short attempt + the resubmission
+    effects = _effects(payments, chat)
+    # plan's charge and the resubmitted attempt's two: the stopped calls never ran
+    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
+    await _at_rest(emu, chat)
+
+
+async def test_a_revived_runs_next_pause_is_answered_by_following(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+    baseline: list[str],
+) -> None:
+    steps = _two_rounds()
+    spec = child_spec(workflow_id, settings, steps=steps)
+    # SIGKILL inside pay's first tool after its write-ahead: recovery re-drives it
+    # (same key) and submits; the revived run then pauses on the fee, which the
+    # follower answers instead of cutting the attempt short.
+    await _crash(fork_server, "tool.before_effect:2", workflow_id, spec)
+    chat = _main_chat(emu, workflow_id)
+    results = await run_workflow(workflow_id, steps, settings)
+    assert [r.text for r in results] == [baseline[0], "All paid."]
+    pay = step_marker(workflow_id, "pay")
+    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
+    assert _interrupts(emu, chat) == 0
+    assert len(_charge_calls(emu, chat)) == 3
+    effects = _effects(payments, chat)
+    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
+    await _at_rest(emu, chat)
+
+
+async def test_an_applied_effect_recorded_as_timed_out_fails_the_step(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+) -> None:
+    spec = child_spec(workflow_id, settings)
+    # SIGKILL after pay's effect committed and the ledger says done, before submission.
+    await _crash(fork_server, "tool.after_done:2", workflow_id, spec)
+    chat = _main_chat(emu, workflow_id)
+    # Nobody answers the pause in time: chatd writes "Tool execution timed out" and
+    # the model answers on that basis.
+    assert emu.expire_requires_action(chat)
+    await emu.await_status(chat, "waiting")
+    with pytest.raises(ToolOutcomeLostError) as info:
+        await run_workflow(workflow_id, STEPS, settings)
+    err = info.value
+    assert err.chat_id == chat
+    assert [(name, state) for _, name, state, _ in err.calls] == [("charge_card", "done")]
+    assert err.calls[0][3] == {"charged_cents": 250, "status": "charged"}
+    pay = step_marker(workflow_id, "pay")
+    assert len(_user_turns(emu, chat, pay)) == 1  # not resubmitted
+    effects = _effects(payments, chat)
+    assert sorted(effects.values()) == [1, 1], effects  # plan's and pay's, once each
+    await _at_rest(emu, chat)
+
+
+async def test_without_the_eager_checkpoint_a_finished_first_step_is_not_resent(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+) -> None:
+    # A first step that runs no crash-safe tool: nothing but the turn's own
+    # checkpoint records its send.
+    hello = Step(
+        name="plan",
+        prompt="Say hello." + directive({"text": "Hello there.", "deltas": 3, "delay": 0.01}),
+    )
+    steps = [hello, STEPS[1]]
+    lazy = settings.model_copy(update={"eager_checkpoint": False})
+    spec = child_spec(workflow_id, lazy, steps=steps)
+    # SIGKILL between the finally checkpoint and Prefect persisting the result.
+    await _crash(fork_server, "turn.before_persist:1", workflow_id, spec)
+    results = await run_workflow(workflow_id, steps, lazy)
+    assert results[0].text == "Hello there."
+    assert results[0].generate_ms == 0  # recovered from history
+    chat = _main_chat(emu, workflow_id)
+    assert len(_user_turns(emu, chat, step_marker(workflow_id, "plan"))) == 1
+    assert len(_user_turns(emu, chat, step_marker(workflow_id, "pay"))) == 1
+    assert sorted(_effects(payments, chat).values()) == [1]
+
+
+async def test_a_structured_step_that_never_validates_fails_after_the_reask(
+    settings: WorkflowSettings, workflow_id: str, emu: Emulator
+) -> None:
+    steps = [
+        Step(
+            name="propose",
+            prompt="Propose a fix." + directive({"structured_output": {"summary": 3}}),
+            output_model="fix_plan",
+        )
+    ]
+    with pytest.raises(StructuredAnswerError) as info:
+        await run_workflow(workflow_id, steps, settings)
+    assert info.value.step == "propose"
+    assert info.value.output_model == "fix_plan"
+    chat = info.value.chat_id
+    assert chat is not None
+    turns = _user_turns(emu, chat, step_marker(workflow_id, "propose"))
+    assert len(turns) == 2  # the prompt, then exactly one re-ask
+    assert "#emu" not in turns[1]
