@@ -11,7 +11,9 @@ chat route the agent, the sweeps and the blocks need. Notes for users:
   experimental prefix. The first non-404 response (2xx or error) locks the
   prefix it came from for the client's lifetime; two 404s raise the v2 error
   and do not lock; network errors never lock. :meth:`ChatClient.ensure_prefix`
-  is the WebSocket preflight (``GET /api/v2/chats?limit=1``).
+  is the WebSocket preflight (``GET /api/v2/chats?limit=1``). Builds B1/B2 serve
+  both prefixes and B3 only v2, where the experimental retry is a 404 too: a B3
+  client therefore never locks the experimental prefix.
 * **Auth.** Header ``Coder-Session-Token`` on every request (never in a URL).
   The token is a ``SecretStr`` inside the client; ``repr``/``str`` of the
   client, of its errors and of its transport events never contain it.

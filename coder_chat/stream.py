@@ -57,7 +57,9 @@ Design:
   a redial also passes it (``after_revision`` for B2, ``history_version`` for
   B3), so the server re-sends only messages revised since; it still re-sends any
   revision committed during the gap. B1 reports none and is redialed by
-  ``after_id`` alone. With no locked REST prefix
+  ``after_id`` alone, and so is a reader whose cursor a server refused (HTTP 400
+  on a dial that carried it: that dial consumes the budget, the next one goes
+  without the cursor). With no locked REST prefix
   each dial is preceded by the ``GET /api/v2/chats`` preflight (op
   ``streamEvents``). The websockets library logger is kept below DEBUG: its
   debug output would print the handshake headers.
@@ -322,6 +324,9 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
         self._emitter = emitter if emitter is not None else client.emitter
         self._paused = False
         self._attempt = 0
+        # Cleared when the server refuses a dial that carried a revision cursor (400):
+        # from then on this reader resumes by after_id alone, as on B1.
+        self._send_revision = True
 
     @property
     def paused(self) -> bool:
@@ -367,7 +372,7 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
             if failure is not None:
                 last_failure = failure
             url = self._client.stream_url(
-                self.chat_id, self.after_id, history_version=replay.history_version
+                self.chat_id, self.after_id, history_version=self._revision(replay)
             )
             if replay.untrackable_outstanding:
                 raise CoderStreamError(
@@ -390,6 +395,9 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
                 )
             self._emit_redial(attempt, decision.consecutive_failures, decision.backoff_ms)
             await asyncio.sleep(decision.backoff_ms / 1000.0)
+
+    def _revision(self, replay: ReplayFilter) -> int | None:
+        return replay.history_version if self._send_revision else None
 
     def _emit_redial(self, attempt: int, failures: int, backoff_ms: int) -> None:
         self._emitter.emit(
@@ -432,9 +440,8 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
                 await self._client.ensure_prefix(op="streamEvents")
             except (CoderTransportError, TimeoutError, OSError) as exc:
                 preflight_error = exc
-        url = self._client.stream_url(
-            self.chat_id, self.after_id, history_version=replay.history_version
-        )
+        revision = self._revision(replay)
+        url = self._client.stream_url(self.chat_id, self.after_id, history_version=revision)
         path = self._client.stream_path(self.chat_id)
         self._emitter.emit(
             lambda: WsDial(chat_id=self.chat_id, reader=self.reader_id, attempt=attempt, url=url)
@@ -452,6 +459,12 @@ class ChatStreamReader(_PumpedReader[ChatStreamEvent]):
             message, detail = _upgrade_envelope(exc.response.body, status)
             self._ws_error(attempt, f"upgrade rejected with HTTP {status}: {message}")
             self._ws_close(attempt, None, None)
+            if status == 400 and revision is not None:
+                # A build that rejects the revision cursor we learnt from it (B3:
+                # "Invalid history_version parameter.") must not end the turn: the
+                # cursor is an optimisation, after_id alone is always correct.
+                self._send_revision = False
+                return False, CoderApiError(status, "GET", path, message, detail)
             if 400 <= status < 500 and status not in TRANSIENT_UPGRADE_STATUSES:
                 raise _Terminal(CoderApiError(status, "GET", path, message, detail)) from None
             return False, CoderApiError(status, "GET", path, message, detail)

@@ -101,6 +101,37 @@ async def test_replay_after_drop_is_delivered_exactly_once(scripted: Any, events
     assert {e.reader for e in events.of("ws:dial")} == {reader.reader_id}
 
 
+async def test_revision_cursor_from_status_and_dropped_when_refused(
+    scripted: Any, events: Any
+) -> None:
+    """A redial passes the status event's history_version back under both build names;
+    a server that refuses it (400) is redialed by after_id alone, not failed."""
+    running = {
+        "type": "status",
+        "chat_id": CHAT,
+        "status": {"status": "running", "history_version": 4},
+    }
+    scripted.add(
+        scripted.conn(
+            frames=[[msg(11, "user", "hi"), running, part(1, "a", hv=4, ga=1)]], end="abort"
+        ),
+        scripted.conn(refuse=400, refuse_body={"message": "Invalid history_version parameter."}),
+        scripted.conn(frames=[[running, part(1, "a", hv=4, ga=1), part(2, "b", hv=4, ga=1)]]),
+    )
+    async with ChatClient(scripted.base_url, TOKEN, on_transport_event=events) as client:
+        reader = ChatStreamReader(client, CHAT, after_id=10, options=FAST)
+        got = await take(reader, 3 + 2)
+        await reader.aclose()
+    assert texts(got) == ["a", "b"]
+    base = f"/api/v2/chats/{CHAT}/stream?after_id=10"
+    assert [d.path for d in scripted.dials] == [
+        base,
+        base + "&after_revision=4&history_version=4",
+        base,
+    ]
+    assert [r.consecutive_failures for r in events.of("ws:redial")] == [1, 2]
+
+
 async def test_budget_exhaustion_raises_stream_error(scripted: Any, events: Any) -> None:
     scripted.default_status = 503
     async with ChatClient(scripted.base_url, TOKEN, on_transport_event=events) as client:
