@@ -51,7 +51,7 @@ from typing import Any, Protocol, TypeVar, get_type_hints
 from pydantic import BaseModel
 
 from coder_chat.errors import CoderError
-from coder_chat.tools import ClientTool, ToolContext
+from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
 
 __all__ = [
     "CrashSafeTool",
@@ -62,6 +62,8 @@ __all__ = [
     "add_crash_hook",
     "crash_point",
     "crash_safe_tool",
+    "ledgered",
+    "needs_ledger",
     "pure",
 ]
 
@@ -302,3 +304,43 @@ class PureTool(ClientTool[M]):
 def pure(tool: ClientTool[M]) -> PureTool[M]:
     """Declare ``tool`` side-effect free: safe for recovery to re-run (see :class:`PureTool`)."""
     return PureTool(tool.name, tool.description, tool.input_model, tool.fn)
+
+
+def needs_ledger(tool: ClientTool[Any]) -> bool:
+    """Whether ``tool`` runs behind the write-ahead ledger in a durable workflow:
+    every client tool does, unless it is declared side-effect free
+    (:func:`pure`, ``structured_output``) or already is a :class:`CrashSafeTool`."""
+    return not isinstance(tool, CrashSafeTool | PureTool | StructuredOutput)
+
+
+def ledgered(tool: ClientTool[M]) -> CrashSafeTool[M]:
+    """A plain client tool behind the write-ahead ledger (bind a ledger before use).
+
+    The tool keeps its ``fn(input, ctx: ToolContext)`` signature; its
+    ``ctx.idempotency_key`` becomes the ledger key (tenant/chat/call), so the
+    effect sees the same key live and when recovery re-drives a ``committing``
+    call after a crash. The default re-drive is the tool itself, with that key:
+    an effect that honours the key replays as a no-op.
+    """
+    if isinstance(tool, CrashSafeTool):
+        return tool
+    fn = tool.fn
+
+    async def effect(value: M, ectx: EffectContext) -> Any:
+        ctx = ToolContext(
+            tool_call_id=ectx.tool_call_id,
+            chat_id=ectx.chat_id,
+            tool_name=ectx.tool_name,
+            ledger_key=ectx.idempotency_key,
+        )
+        output = await fn(value, ctx)
+        if isinstance(output, BaseModel):
+            return output.model_dump(mode="json")
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError):
+            # As the plain tool loop does: the model gets the text, the ledger JSON.
+            return str(output)
+        return output
+
+    return CrashSafeTool(tool.name, tool.description, tool.input_model, effect)

@@ -53,11 +53,16 @@ class ToolContext:
     tool_call_id: str
     chat_id: str
     tool_name: str
+    #: The write-ahead ledger's key when the tool runs behind one
+    #: (:func:`coder_chat.crash_safe.ledgered`): tenant, chat and call.
+    ledger_key: str | None = None
 
     @property
     def idempotency_key(self) -> str:
-        """``"<chat_id>/<tool_call_id>"`` — hand this to effects that accept one."""
-        return f"{self.chat_id}/{self.tool_call_id}"
+        """The key to hand effects that accept one: the ledger's key when the tool
+        runs behind the write-ahead ledger (the same key on a re-drive after a
+        crash), else ``"<chat_id>/<tool_call_id>"``."""
+        return self.ledger_key or f"{self.chat_id}/{self.tool_call_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from prefect_coder.flows.parts.registry import output_model, registered_tool
 from pydantic import BaseModel, Field
 
 from coder_chat.tools import ToolContext
+from prefect_coder.flows.parts.registry import output_model, registered_tool
 
 __all__ = ["BuildQuery", "FixPlan", "Note", "lookup_build", "record_note"]
 
@@ -34,6 +34,7 @@ class Note(BaseModel):
 @registered_tool(
     name="lookup_build",
     description="Look up a CI build: its status, the failing test and a log excerpt.",
+    pure=True,  # a lookup: no ledger; recovery may simply run it again
 )
 async def lookup_build(args: BuildQuery, ctx: ToolContext) -> dict[str, object]:
     """A canned CI answer derived from the build id (deterministic for tests)."""
@@ -48,7 +49,11 @@ async def lookup_build(args: BuildQuery, ctx: ToolContext) -> dict[str, object]:
 
 @registered_tool(name="record_note", description="Record a short note for the humans.")
 async def record_note(args: Note, ctx: ToolContext) -> dict[str, object]:
-    """Acknowledge a note; keyed by the call's idempotency key (no side effect)."""
+    """Acknowledge a note, keyed by the call's idempotency key.
+
+    Not declared pure, so it runs behind the tool ledger like any effectful tool:
+    ``ctx.idempotency_key`` is the ledger key (tenant/chat/call), stable across a
+    crash and its recovery."""
     return {"recorded": True, "key": ctx.idempotency_key, "words": len(args.body.split())}
 
 

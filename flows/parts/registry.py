@@ -2,10 +2,16 @@
 refer to them by name.
 
 A deployment parameter is JSON: it cannot carry a Python function. Tools and
-output models therefore register under a name in the worker's process (import
-time of a module listed in ``WorkflowSettings.tool_modules``), and each step
-names what it needs. Unknown names fail in :func:`prefect_coder.flows.parts.params.validate_steps`
-before any chat exists.
+output models therefore register under a name in the worker's process, at import
+time of a tool module, and each step names what it needs. Tool modules come from
+one worker-wide setting shared by every deployment — the ``prefect_coder.tools``
+entry-point group of installed packages, or ``PREFECT_CODER_TOOL_MODULES`` —
+merged with a run's own ``WorkflowSettings.tool_modules``
+(:func:`load_tool_modules`). Unknown names fail in
+:func:`prefect_coder.flows.parts.params.validate_steps` before any chat exists.
+
+Every registered tool runs behind the write-ahead tool ledger in a durable
+workflow (crash-safe by default); ``pure=True`` declares one side-effect free.
 
 Usage::
 
@@ -15,7 +21,7 @@ Usage::
     class Args(BaseModel):
         build_id: str
 
-    @registered_tool(name="lookup_build", description="Fetch a CI build's status.")
+    @registered_tool(name="lookup_build", description="Fetch a CI build's status.", pure=True)
     async def lookup_build(args: Args, ctx) -> dict:
         ...
 
@@ -27,17 +33,23 @@ Usage::
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from importlib import metadata
+from typing import Any, TypeVar
 
-from prefect_coder.flows.parts.errors import WorkflowParameterError
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from coder_chat.tools import ClientTool
+from coder_chat import crash_safe
+from coder_chat.tools import ClientTool, client_tool
+from prefect_coder.flows.parts.errors import WorkflowParameterError
 
 __all__ = [
+    "TOOLS_ENTRY_POINT_GROUP",
+    "TOOL_MODULES_ENV",
+    "env_tool_modules",
     "get_output_model",
     "get_tool",
     "load_tool_modules",
@@ -46,8 +58,14 @@ __all__ = [
     "register_output_model",
     "register_tool",
     "registered_tool",
+    "shared_tool_sources",
     "tool_names",
 ]
+
+#: Worker environment variable: tool modules every flow of this worker imports.
+TOOL_MODULES_ENV = "PREFECT_CODER_TOOL_MODULES"
+#: Entry-point group: installed packages declare their tool modules here.
+TOOLS_ENTRY_POINT_GROUP = "prefect_coder.tools"
 
 M = TypeVar("M", bound=type[BaseModel])
 
@@ -71,13 +89,21 @@ def register_tool(tool: ClientTool, *, replace: bool = False) -> ClientTool:
 
 
 def registered_tool(
-    *, name: str, description: str
+    *, name: str, description: str, pure: bool = False
 ) -> Callable[[Callable[..., Awaitable[Any]]], ClientTool]:
-    """Decorator: build a client tool with ``coder_chat.tools.client_tool`` and register it."""
-    from coder_chat.tools import client_tool
+    """Decorator: build a client tool with ``coder_chat.tools.client_tool`` and register it.
+
+    In a durable workflow every registered tool runs behind the write-ahead tool
+    ledger (crash-safe by default; see :func:`prefect_coder.flows.parts.toolset.bind_crash_safe`):
+    ``ctx.idempotency_key`` is the ledger key and stays the same when recovery
+    re-drives a call whose process died after the effect. Pass ``pure=True`` for a
+    side-effect-free tool (a lookup, a computation): it skips the ledger, and
+    recovery answers a pause it left behind by running it again.
+    """
 
     def wrap(fn: Callable[..., Awaitable[Any]]) -> ClientTool:
-        return register_tool(client_tool(name=name, description=description)(fn))
+        tool: ClientTool = client_tool(name=name, description=description)(fn)
+        return register_tool(crash_safe.pure(tool) if pure else tool)
 
     return wrap
 
@@ -124,14 +150,69 @@ def output_model_names() -> set[str]:
         return set(_models)
 
 
+def _split_modules(raw: str) -> list[str]:
+    return [m for m in re.split(r"[\s,]+", raw) if m]
+
+
+def env_tool_modules() -> list[str]:
+    """The modules named by ``PREFECT_CODER_TOOL_MODULES`` (comma or space separated)."""
+    return _split_modules(os.environ.get(TOOL_MODULES_ENV, ""))
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=TOOLS_ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def shared_tool_sources() -> list[str]:
+    """Where this worker's shared tool modules come from, for logs and reports:
+    ``PREFECT_CODER_TOOL_MODULES`` entries, then ``entry point <name> = <value>``."""
+    return [*env_tool_modules(), *(f"entry point {ep.name} = {ep.value}" for ep in _entry_points())]
+
+
 def load_tool_modules(modules: Sequence[str], *, field: str = "settings.tool_modules") -> None:
-    """Import the modules that register tools; a missing module is a parameter error."""
+    """Import every module that registers tools; a missing one is a parameter error.
+
+    Three sources, merged, so a user's tools are known to *every* flow — the
+    workflow, ``agent-turn``, ``recover-turn`` and the sweeps, which must offer and
+    reconcile the same tools — without repeating them in each deployment's
+    parameters:
+
+    1. ``modules`` — the run's own ``settings.tool_modules``;
+    2. ``PREFECT_CODER_TOOL_MODULES`` on the worker (or the work pool's job
+       variables ``env``): comma- or space-separated module names;
+    3. the ``prefect_coder.tools`` entry-point group of every installed package
+       (``[project.entry-points."prefect_coder.tools"] mytools = "mytools"``):
+       installing the package on the worker is the whole setup.
+
+    Importing a module twice is a no-op (Python caches it; registering the same
+    tool object again is allowed).
+    """
     for i, module in enumerate(modules):
+        _import(module, f"{field}[{i}]", "fix the module path or install its package on the worker")
+    for module in env_tool_modules():
+        _import(
+            module,
+            TOOL_MODULES_ENV,
+            f"fix {TOOL_MODULES_ENV} on the worker / work pool, or install the module's package",
+        )
+    for ep in _entry_points():
+        where = f"entry point {ep.name!r} of group {TOOLS_ENTRY_POINT_GROUP!r}"
         try:
-            importlib.import_module(module)
-        except ImportError as exc:
+            ep.load()
+        except Exception as exc:
             raise WorkflowParameterError(
-                f"{field}[{i}]",
-                f"module {module!r} cannot be imported ({exc})",
-                "install the package that defines your tools on the worker, or fix the module path",
+                where,
+                f"{ep.value!r} cannot be loaded ({type(exc).__name__}: {exc})",
+                "fix the package that declares the entry point, or uninstall it from the worker",
             ) from None
+
+
+def _import(module: str, field: str, fix: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise WorkflowParameterError(
+            field,
+            f"module {module!r} cannot be imported ({exc})",
+            f"install the package that defines your tools on the worker, or {fix}",
+        ) from None

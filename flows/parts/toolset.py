@@ -17,12 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.params import Step
 from pydantic import BaseModel, ConfigDict, Field
 
-from coder_chat.crash_safe import BeforeEffect, CrashSafeTool, ToolLedgerStore
+from coder_chat.crash_safe import (
+    BeforeEffect,
+    CrashSafeTool,
+    ToolLedgerStore,
+    ledgered,
+    needs_ledger,
+)
 from coder_chat.tools import STRUCTURED_OUTPUT_TOOL, ClientTool, StructuredOutput, structured_output
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.params import Step
 
 __all__ = ["ResolvedTools", "Toolset", "bind_crash_safe"]
 
@@ -89,10 +95,25 @@ def bind_crash_safe(
     *,
     before_effect: BeforeEffect | None = None,
 ) -> list[ClientTool[Any]]:
-    """``tools`` with every crash-safe tool bound to ``ledger`` (a turn passes its
-    eager checkpoint's ``before_effect``: the chat must be findable before any
-    effect)."""
-    return [
-        t.bind(ledger, before_effect=before_effect) if isinstance(t, CrashSafeTool) else t
-        for t in tools
-    ]
+    """``tools`` as a durable workflow runs them: every client tool behind the
+    write-ahead ledger, bound to ``ledger``.
+
+    Crash-safe by default: a plain registered tool is wrapped
+    (:func:`coder_chat.crash_safe.ledgered`), so a crash after its effect leaves a
+    ``committing`` entry that recovery re-drives with the *same* idempotency key
+    — instead of finding no entry, cutting the attempt short and letting the
+    resubmitted turn call the tool again under a new key. Tools declared side-effect
+    free (``@registered_tool(..., pure=True)``, :func:`coder_chat.crash_safe.pure`,
+    structured-output answers) run as they are: recovery simply runs them again.
+
+    A turn passes its eager checkpoint's ``before_effect``: the chat must be
+    findable before any effect.
+    """
+    out: list[ClientTool[Any]] = []
+    for tool in tools:
+        if needs_ledger(tool):
+            tool = ledgered(tool)
+        if isinstance(tool, CrashSafeTool):
+            tool = tool.bind(ledger, before_effect=before_effect)
+        out.append(tool)
+    return out
