@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
-from prefect_coder.flows.parts.errors import WorkflowParameterError
 from pydantic import BaseModel, ConfigDict, Field
+
+from prefect_coder.flows.parts.errors import WorkflowParameterError
 
 __all__ = [
     "Step",
@@ -149,7 +150,11 @@ class WorkflowSettings(BaseModel):
     artifacts: bool = Field(default=True, description="Publish a markdown artifact per turn.")
     tool_modules: list[str] = Field(
         default_factory=lambda: ["prefect_coder.flows.demo_tools"],
-        description="Python modules imported first; they register tools and output models.",
+        description=(
+            "Python modules imported first; they register tools and output models. Merged "
+            "with the worker's shared tool modules: PREFECT_CODER_TOOL_MODULES and the "
+            "'prefect_coder.tools' entry points of installed packages."
+        ),
     )
 
 
@@ -241,16 +246,18 @@ def validate_steps(
                     f"{where}.tools[{j}]",
                     f"no client tool named {tool!r} is registered "
                     f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
-                    "register it with @prefect_coder.flows.parts.registry.registered_tool in a module listed "
-                    "in settings.tool_modules, or fix the name",
+                    "register it with @prefect_coder.flows.parts.registry.registered_tool in a tool "
+                    "module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a "
+                    "'prefect_coder.tools' entry point), or fix the name",
                 )
         if step.output_model is not None and step.output_model not in output_model_names:
             raise WorkflowParameterError(
                 f"{where}.output_model",
                 f"no output model named {step.output_model!r} is registered "
                 f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
-                "register it with @prefect_coder.flows.parts.registry.output_model in a module listed in "
-                "settings.tool_modules, or fix the name",
+                "register it with @prefect_coder.flows.parts.registry.output_model in a tool module "
+                "(settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a 'prefect_coder.tools' "
+                "entry point), or fix the name",
             )
 
 
@@ -267,12 +274,14 @@ def validate_toolset(
             raise WorkflowParameterError(
                 f"{field}.tools[{j}]",
                 f"no client tool named {tool!r} is registered",
-                "register it in a module listed in settings.tool_modules, or fix the name",
+                "register it in a tool module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES "
+                "or a 'prefect_coder.tools' entry point), or fix the name",
             )
     for j, model in enumerate(getattr(toolset, "output_models", [])):
         if model not in output_model_names:
             raise WorkflowParameterError(
                 f"{field}.output_models[{j}]",
                 f"no output model named {model!r} is registered",
-                "register it in a module listed in settings.tool_modules, or fix the name",
+                "register it in a tool module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES "
+                "or a 'prefect_coder.tools' entry point), or fix the name",
             )
