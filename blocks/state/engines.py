@@ -200,10 +200,20 @@ def pop_engine(url: URL, password: str | None) -> AsyncEngine | None:
 
 @asynccontextmanager
 async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
-    """One pooled PostgreSQL connection, one transaction: committed on success, rolled back on error."""
+    """One pooled PostgreSQL connection; a write runs in one transaction (committed on
+    success, rolled back on error).
+
+    A read runs in autocommit: under PostgreSQL's READ COMMITTED every statement takes
+    its own snapshot whether or not a transaction wraps it, so BEGIN and COMMIT would
+    add two round trips per read and no guarantee (measured: they were most of a read's
+    cost on a loaded machine).
+    """
     async with engine.connect() as conn:
-        if write:
-            await conn.execution_options(**{_WRITE_OPTION: True})
+        if not write:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+            return
+        await conn.execution_options(**{_WRITE_OPTION: True})
         async with conn.begin():
             yield conn
 
