@@ -538,13 +538,20 @@ class TurnRecovery:
                 return self._follow_revived(seen, attempts)
             self._decide("settle", seen, "let it finish", "an earlier pass revived the run")
         elif action is SettleAction.REDRIVE_INTERRUPT:
-            stopped, landed = await self._stop(probe_left())
-            self._decide(
-                "settle",
-                seen,
-                "re-drive interrupt" + (" (accepted)" if landed else " (nothing running)"),
-                "journaled cut-short records intent, not a landed interrupt; verdict stands",
-            )
+            try:
+                _, landed = await self._stop(probe_left(), stop_a_pause=False)
+            except _Paused:
+                # A pause appeared since the probe: it is the pending record of
+                # tool calls — reconcile it, never interrupt it away.
+                self._decide("settle", seen, "reconcile", "the run paused meanwhile")
+                cut_short = await self.reconcile(attempts, timeout=probe_left())
+            else:
+                self._decide(
+                    "settle",
+                    seen,
+                    "re-drive interrupt" + (" (accepted)" if landed else " (nothing running)"),
+                    "journaled cut-short records intent, not a landed interrupt; verdict stands",
+                )
         else:
             # Beyond the seed design: journal the interrupt's intent BEFORE it, and
             # the "not cut short" conclusion of a 409 after it. Otherwise a pass
@@ -717,10 +724,19 @@ class TurnRecovery:
             # dead generate() would have): the attempt is cut short. Journal that
             # before bringing the chat to rest, so no later pass trusts a 409.
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._follow_off = True
             await self._journal("cut-short", settled.attempts)
-            stopped, _ = await self._stop(
-                self.timings.probe_bound, journal_cut_short=settled.attempts
-            )
+            try:
+                stopped, _ = await self._stop(
+                    self.timings.probe_bound,
+                    journal_cut_short=settled.attempts,
+                    stop_a_pause=False,
+                )
+            except _Paused:
+                # Left paused (e.g. the deadline hit while a tool ran): the pause
+                # may be the only record of a committed effect — reconcile it.
+                self._decide("follow", why, "settle again", "the chat is paused on tools")
+                return None
             self._decide(
                 "follow",
                 why,
