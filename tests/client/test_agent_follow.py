@@ -308,7 +308,7 @@ async def test_follow_mid_turn_rebuilds_the_finished_round_and_streams_the_rest(
     assert [(s.ending, s.finish_reason) for s in settles] == [("clean", "stop")]
 
 
-@pytest.mark.parametrize("chatd_era", ["b1", "b3"])  # content match vs queued_message_id
+# chatd_era: B1 matches the promoted prompt by content, B2/B3 by queued_message_id.
 async def test_follow_a_prompt_a_dead_process_left_queued(
     emu: Emulator, events: Any, chatd_era: str
 ) -> None:
