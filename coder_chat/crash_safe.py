@@ -31,6 +31,11 @@ Usage::
 
     agent = CoderAgent(..., tools=[charge_card.bind(store.ledger)])
 
+A plain :class:`~coder_chat.tools.ClientTool` goes behind the same ledger with
+:func:`ledgered` (its ``ctx.idempotency_key`` becomes the ledger key); durable
+runners wrap every tool for which :func:`needs_ledger` holds, so tools are
+crash-safe unless declared side-effect free with :func:`pure`.
+
 ``coder_chat`` imports no store: anything with the :class:`ToolLedgerStore`
 shape works (``blocks.StateStore().ledger`` does).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from flow_helpers import ROOT, emu_directive, user_messages
 
 from coder_chat.crash_safe import CrashSafeTool, PureTool
 from coder_chat.emulator import Emulator
+from coder_chat.tools import ToolContext
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts import registry
@@ -102,10 +104,25 @@ async def test_plain_tool_killed_after_its_effect_applies_it_once(
     assert len(archived) == 1
 
 
-async def test_registered_tools_are_ledgered_unless_declared_pure(store: StateStore) -> None:
+async def test_registered_tools_are_ledgered_unless_declared_pure(
+    store: StateStore, tmp_path: Path, monkeypatch: Any
+) -> None:
+    db = tmp_path / "effects.db"
+    monkeypatch.setenv("EFFECT_DB", str(db))
     registry.load_tool_modules(TOOL_MODULES)
     plain, lookup = registry.get_tool("bump_counter"), registry.get_tool("lookup_build")
     assert not isinstance(plain, CrashSafeTool) and isinstance(lookup, PureTool)
     bound_plain, bound_lookup = bind_crash_safe([plain, lookup], store.ledger)
     assert isinstance(bound_plain, CrashSafeTool) and bound_plain.ledger is store.ledger
     assert bound_lookup is lookup  # pure=True: no ledger, recovery re-runs it
+
+    # Live: write-ahead, the tool sees the ledger key, "done" with its output after.
+    chat_id, call_id = f"chat-{uuid.uuid4().hex[:8]}", "call-1"
+    ctx = ToolContext(tool_call_id=call_id, chat_id=chat_id, tool_name="bump_counter")
+    outcome = await bound_plain.run({"amount": 3}, ctx)
+    assert not outcome.is_error and outcome.output == {"bumped": 3}
+    calls, effects = effect_rows(str(db))
+    key = store.ledger.idempotency_key(chat_id, call_id)
+    assert calls[-1][0] == key and (key, 3) in effects
+    entry = await store.ledger.get(chat_id, call_id)
+    assert entry is not None and entry.state == "done" and entry.output == {"bumped": 3}

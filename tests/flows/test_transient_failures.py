@@ -133,3 +133,18 @@ async def test_a_stall_is_an_http_timeout_and_a_final_transient_failure_keeps_th
     # The late message is in history: recovery read it before sending again.
     assert _markers(emu, chat_id) in ([one, two, three], [one, two, two, three])
     assert _archived(emu, chat_id) == 1
+
+
+async def test_a_stalled_send_is_retried_by_the_task_within_the_run(
+    emu: Emulator, settings: WorkflowSettings, workflow_id: str, short_http_block: str
+) -> None:
+    # Prefect files a raised TimeoutError as "TimedOut" but still asks the retry
+    # condition: the httpx timeout is retried, through recovery.
+    settings = settings.model_copy(update={"retries": 1, "credentials_block": short_http_block})
+    emu.faults.delay_commit(1.0, count=1, method="POST", path="/messages")
+    results = await _run(emu, settings, workflow_id)
+    assert [r.text for r in results] == ["one done", "two done", "three done"]
+    chat_id = results[0].chat_id
+    one, two, three = (step_marker(workflow_id, s) for s in ("one", "two", "three"))
+    assert _markers(emu, chat_id) in ([one, two, three], [one, two, two, three])
+    assert _archived(emu, chat_id) == 1
