@@ -707,10 +707,11 @@ class TurnRecovery:
         The follower answers any client-tool pause with the step's tools (a
         crash-safe call whose effect committed is answered from the ledger), so
         the result is the one the dead process's ``generate()`` would have
-        returned. ``None``: there was no turn to follow after all (settle again
-        the ordinary way). When the follow ends before the run settles (its
-        turn deadline, a stream failure) the attempt is cut short: journaled
-        "cut-short", stopped, and resubmitted.
+        returned. ``None``: settle again the ordinary way — there was no turn
+        to follow after all, or a failed follow left the chat paused on tools
+        (reconciled, never interrupted away). When the follow ends before the
+        run settles (its turn deadline, a stream failure) the attempt is cut
+        short: journaled "cut-short", stopped, and resubmitted.
         """
         assert self.follower is not None and settled.follow_s is not None
         try:
