@@ -52,8 +52,10 @@ class RecoverTurnReport(BaseModel):
     chat_id: str | None = None
     action: str = Field(
         description=(
-            "'nothing'; 'recovered' (a finished attempt's result, nothing sent); 'ran' "
-            "(run_turn completed the step: stored result or resubmission); "
+            "'nothing'; 'recovered' (a finished attempt's result, nothing sent; with "
+            "resubmit=False also a still-running attempt followed to its settle); 'ran' "
+            "(run_turn completed the step: a followed attempt, a stored result or a "
+            "resubmission); "
             "'would-resubmit' (resubmit=False and the attempt never finished)."
         )
     )
