@@ -24,13 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.labels import chat_labels
-from prefect_coder.flows.parts.sweep_run import SweepOptions, run_orphan_sweep
-
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
 from coder_chat.rest import ChatClient
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.parts.labels import chat_labels
+from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.parts.sweep_run import run_orphan_sweep
 
 TENANT = "bench"
 

@@ -49,7 +49,10 @@ def module_files(root: Path, packages: dict[str, str]) -> dict[str, Path]:
     for folder, name in packages.items():
         base = root / folder
         for path in sorted(base.rglob("*.py")):
-            parts = path.relative_to(base).with_suffix("").parts
+            rel = path.relative_to(base)
+            if any((base / up).is_symlink() for up in rel.parents):
+                continue  # prefect_coder/flows -> ../flows: read once, as its own folder
+            parts = rel.with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join((name, *parts))] = path

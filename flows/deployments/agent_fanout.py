@@ -12,11 +12,12 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.logging import get_run_logger
+from pydantic import BaseModel, ConfigDict, Field
+
 from prefect_coder.flows.parts.errors import WorkflowParameterError
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
 from prefect_coder.flows.parts.retire import retire_workflow_chat
 from prefect_coder.flows.workflow.steps import prepare, run_steps
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["FanoutItem", "FanoutOutcome", "agent_fanout", "fanout_workflow"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+
 from prefect_coder.flows.parts.background import drain as drain_background
 from prefect_coder.flows.parts.errors import WorkflowParameterError
 from prefect_coder.flows.parts.params import Step, WorkflowSettings

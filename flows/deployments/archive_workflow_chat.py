@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.parts.resources import load_resources
 from prefect_coder.flows.parts.retire import ArchiveOutcome

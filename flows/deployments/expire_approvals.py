@@ -21,6 +21,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.logging import get_run_logger
 from prefect.states import Failed
+
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.workflow.end_of_life import archive_on_failure
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from prefect import flow
+
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.run_log import run_logger
-from prefect_coder.flows.parts.sweep_run import (
-    SweepOptions,
+from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.parts.sweep_reconcile import reconcile_with_ledger
+from prefect_coder.flows.parts.sweep_report import (
     SweepReport,
+    emit_sweep_summary,
+    publish_sweep_artifact,
+)
+from prefect_coder.flows.parts.sweep_run import (
     check_seconds,
     default_grace_s,
-    emit_sweep_summary,
     load_sweep_resources,
-    publish_sweep_artifact,
-    reconcile_with_ledger,
     run_orphan_sweep,
 )
 

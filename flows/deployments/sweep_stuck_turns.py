@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from prefect import flow
+
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.parts.sweep_reconcile import reconcile_with_ledger
+from prefect_coder.flows.parts.sweep_report import (
+    SweepReport,
+    emit_sweep_summary,
+    publish_sweep_artifact,
+)
 from prefect_coder.flows.parts.sweep_run import (
     DEFAULT_ACTION_BUDGET_S,
-    SweepOptions,
-    SweepReport,
     check_seconds,
     default_turn_budget_s,
-    emit_sweep_summary,
     load_sweep_resources,
-    publish_sweep_artifact,
-    reconcile_with_ledger,
     run_stuck_sweep,
 )
 

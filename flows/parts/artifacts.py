@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect.artifacts import MarkdownArtifact
 from prefect.utilities.context import get_task_and_flow_run_ids
+
 from prefect_coder.flows.parts.background import spawn
 from prefect_coder.flows.parts.results import TurnResult
 

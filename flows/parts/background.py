@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["drain", "spawn"]
 
-_log = logging.getLogger("prefect_coder.flows.parts.background")
+_log = logging.getLogger(__name__)
 _pending: set[asyncio.Task[Any]] = set()
 
 

@@ -47,8 +47,7 @@ __all__ = [
 COLLECTION = "prefect-coder"
 LABEL_COLLECTION = "prefect-coder/collection"
 LABEL_TENANT = "prefect-coder/tenant"
-#: Same key as ``prefect_coder.flows.recovery.WORKFLOW_LABEL``: the turn's own first-turn orphan
-#: check filters by it too.
+#: The turn's own first-turn orphan check (``parts.orphan_check``) filters by it too.
 LABEL_WORKFLOW = "prefect-coder/workflow"
 LABEL_FLOW_RUN = "prefect-coder/flow-run-id"
 
@@ -94,10 +93,8 @@ def chat_labels(tenant: str, workflow_id: str, flow_run_id: object | None = None
 def current_flow_run_id() -> str | None:
     """The id of the Prefect flow run this code runs in, if any (lazy Prefect import,
     so the rest of this module stays usable without Prefect's engine)."""
-    try:
-        from prefect.context import FlowRunContext, TaskRunContext
-    except ImportError:  # pragma: no cover - Prefect is a dependency
-        return None
+    from prefect.context import FlowRunContext, TaskRunContext
+
     task_ctx = TaskRunContext.get()
     if task_ctx is not None and task_ctx.task_run.flow_run_id is not None:
         return str(task_ctx.task_run.flow_run_id)

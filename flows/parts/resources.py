@@ -15,6 +15,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import cast
 
+from pydantic import ValidationError
+
+from coder_chat.rest import ChatClient
 from prefect_coder.blocks import (
     ChatStateStore,
     CoderCredentials,
@@ -26,9 +29,6 @@ from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
-from pydantic import ValidationError
-
-from coder_chat.rest import ChatClient
 
 __all__ = [
     "TurnResources",
@@ -166,8 +166,5 @@ async def hold_workflow_lease(
 async def shared_client(resources: TurnResources) -> AsyncIterator[TurnResources]:
     """``resources`` with one ``ChatClient`` for all turns of a flow run (closed on exit)."""
     router = TransportRouter()
-    client = resources.credentials.get_client(on_transport_event=router)
-    try:
+    async with resources.credentials.get_client(on_transport_event=router) as client:
         yield dataclasses.replace(resources, client=client, router=router)
-    finally:
-        await client.aclose()

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import contextlib
 
+from pydantic import BaseModel, Field
+
+from coder_chat.errors import CoderApiError, CoderChatError
+from coder_chat.stop import stop_chat
 from prefect_coder.blocks import CoderCredentials
 from prefect_coder.flows.parts.observe import TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease
-from prefect_coder.flows.parts.run_log import RunLogger, run_logger
-from pydantic import BaseModel, Field
-
-from coder_chat.errors import CoderApiError
+from prefect_coder.flows.parts.run_log import run_logger
 
 __all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
 
-#: Bound of the interrupt before the archive (durable design: 15 s; a 409 is fine).
+#: Bound of stopping the run before the archive (durable design: 15 s; a 409 is fine).
 INTERRUPT_BOUND_S = 15.0
+#: Added to it for the archive, which the server refuses (409) while a run winds down.
+ARCHIVE_SETTLE_S = 15.0
+#: Pause between the polls and archive retries while a run winds down.
+POLL_S = 1.0
 
 
 class ArchiveOutcome(BaseModel):
@@ -37,15 +42,12 @@ class ArchiveOutcome(BaseModel):
 
 
 async def _retire_one(
-    credentials: CoderCredentials,
-    chat_id: str,
-    interrupt_bound_s: float,
-    logger: RunLogger,
+    credentials: CoderCredentials, chat_id: str, interrupt_bound_s: float, poll_s: float
 ) -> str:
-    """Interrupt + archive one chat; returns "archived", "already" or "gone"."""
-    async with credentials.open_agent(chat_id=chat_id) as agent:
+    """Stop and archive one chat; returns "archived", "already" or "gone"."""
+    async with credentials.get_client() as client:
         try:
-            chat = await agent.client.get_chat(chat_id, timeout=interrupt_bound_s)
+            chat = await client.get_chat(chat_id, timeout=interrupt_bound_s)
         except CoderApiError as exc:
             if exc.status == 404:
                 return "gone"
@@ -53,17 +55,21 @@ async def _retire_one(
         if chat.archived:
             # A re-run of a finished workflow reaches its final step again.
             return "already"
-        # A crashed step may have left a run live: stop it first, bounded. On an
-        # already-settled chat the interrupt answers 409: fine.
-        try:
-            await agent.interrupt(timeout=interrupt_bound_s)
-        except CoderApiError as exc:
-            if exc.status != 409:
-                logger.warning("interrupt of chat %s failed: %s", chat_id, exc)
-        except TimeoutError:
-            logger.warning("interrupt of chat %s timed out after %.0fs", chat_id, interrupt_bound_s)
-        # archive() retries 409s while an interrupted run winds down.
-        await agent.archive()
+        # A crashed step may have left a run live (or a pause, which needs two
+        # interrupts): stop_chat brings it to rest, then archives, retrying 409s
+        # while the run winds down — all within one bound.
+        bound = interrupt_bound_s + ARCHIVE_SETTLE_S
+        stopped = await stop_chat(
+            client, chat_id, timeout=bound, archive=True, poll_interval=poll_s
+        )
+    if not stopped.archived:
+        why = f"; last error: {stopped.last_error}" if stopped.last_error else ""
+        raise CoderChatError(
+            f"chat {chat_id} was not archived within {bound:g}s "
+            f"(last status {stopped.status}){why}",
+            kind="archive_incomplete",
+            retryable=True,
+        )
     return "archived"
 
 
@@ -104,7 +110,7 @@ async def retire_workflow_chat(
             c for c in stranded if c != outcome.chat_id
         ]
         for chat_id in targets:
-            verdict = await _retire_one(resources.credentials, chat_id, interrupt_bound_s, logger)
+            verdict = await _retire_one(resources.credentials, chat_id, interrupt_bound_s, POLL_S)
             await store.forget_chat(chat_id)
             if verdict == "archived":
                 outcome.archived_chat_ids.append(chat_id)

@@ -1,7 +1,7 @@
 """What the sweeps do with each chat, and why — pure decisions, no I/O.
 
-The shell (:mod:`prefect_coder.flows.sweeps`) lists the chats this collection labelled, reads
-the state store once, and asks these functions what to do with every chat; each
+The shell (:mod:`prefect_coder.flows.parts.sweep_run`) lists the chats this collection
+labelled, reads the state store once, and asks these functions what to do with every chat; each
 answer carries its reason, which ends up in the run's table artifact.
 
 **Orphan sweep** (durable design, "Recover after a crash": *sweep every chat no

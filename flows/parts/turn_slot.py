@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Running
+
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state.leases import default_holder
 from prefect_coder.blocks.state.schema import leases as lease_table

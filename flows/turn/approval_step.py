@@ -18,11 +18,23 @@ key so that a later re-run of the workflow does not ask again.
 * reject: archive the chat (unless ``keep_chat``) and end the workflow
   (``Completed``, the last result is the rejection).
 
+What a person typed is never dropped without a word: the form starts with the
+next step's prompt filled in, and a prompt changed there while the decision
+stays on "approve" counts as an edit (:func:`resolve_decision`; the run's log
+says so and the stored decision is ``edit``).
+
+Prefect's engine logs a suspended run's exit ("Finished in state Suspended")
+at ERROR, although nothing failed. The step says at INFO, before suspending,
+that the run waits for a decision and where to give it, and lowers that one
+engine line to INFO (:class:`SuspendedIsNotAnError`); every other line keeps
+its level.
+
 Suspending needs a deployment (Prefect refuses to suspend a run without one,
 and a subflow cannot suspend). The timeout is the step's ``timeout_s``
 (default 24 h); when it passes, Prefect's server marks the run ``Failed``
 ("The flow was paused and never resumed.") without running any of our code, so
-:func:`expire_approvals` (a flow, scheduled in ``prefect.yaml``) applies the
+``expire_approvals`` (:mod:`prefect_coder.flows.deployments.expire_approvals`,
+scheduled in ``prefect.yaml``) applies the
 workflow's failure handler to such runs: it archives their chats.
 """
 
@@ -37,17 +49,22 @@ from prefect.context import FlowRunContext
 from prefect.flow_runs import asuspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
+from prefect.runtime import flow_run as current_flow_run
+from pydantic import BaseModel, Field
+
 from prefect_coder.flows.parts.params import Step
 from prefect_coder.flows.parts.results import result_key
-from pydantic import BaseModel, Field
+from prefect_coder.flows.parts.run_log import RunLogger
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ApprovalInput",
     "ApprovalResult",
+    "SuspendedIsNotAnError",
     "approval_key",
     "await_approval",
     "record_approval",
+    "resolve_decision",
 ]
 
 #: How long an approval waits when its step sets no ``timeout_s``.
@@ -59,10 +76,14 @@ class ApprovalInput(RunInput):
 
     decision: Literal["approve", "reject", "edit"] = Field(
         default="approve",
-        description="approve: continue; edit: continue with next_prompt; reject: archive the chat.",
+        description=(
+            "approve: continue (a changed next_prompt counts as an edit); "
+            "edit: continue with next_prompt; reject: archive the chat."
+        ),
     )
     next_prompt: str | None = Field(
-        default=None, description="With 'edit': the next step's new prompt."
+        default=None,
+        description="The next step's prompt; change it to edit (under approve or edit).",
     )
     comment: str | None = Field(default=None, description="Optional note, kept in the result.")
 
@@ -77,6 +98,52 @@ class ApprovalResult(BaseModel):
     next_prompt: str | None = None
     comment: str | None = None
     decided_at: str
+
+
+class SuspendedIsNotAnError(logging.Filter):
+    """Lowers Prefect's "Finished in state Suspended(...)" / "Paused(...)" line to INFO.
+
+    The engine logs every non-completed exit at ERROR; a run suspended for an
+    approval is waiting, not failing, and a red line there sends people looking
+    for a fault. Only that exact engine line is touched.
+    """
+
+    _PREFIXES = ("Finished in state Suspended(", "Finished in state Paused(")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.getMessage().startswith(self._PREFIXES):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_ENGINE_LOGGER = "prefect.flow_runs"
+
+
+def _lower_suspended_exit_line() -> None:
+    engine = logging.getLogger(_ENGINE_LOGGER)
+    if not any(isinstance(f, SuspendedIsNotAnError) for f in engine.filters):
+        engine.addFilter(SuspendedIsNotAnError())
+
+
+def resolve_decision(
+    answer: ApprovalInput, written_prompt: str | None
+) -> tuple[Literal["approve", "reject", "edit"], str | None]:
+    """The decision to act on and the next step's prompt (``None``: as written).
+
+    * "edit" with an empty prompt keeps the prompt as written (an approval);
+    * "approve" with a prompt that differs from the written one is an edit —
+      the form starts filled with the written prompt, so a difference is what the
+      person typed, and it is never thrown away silently;
+    * "reject" ignores the prompt field.
+    """
+    typed = (answer.next_prompt or "").strip()
+    if answer.decision == "reject":
+        return "reject", None
+    if answer.decision == "edit":
+        return ("edit", answer.next_prompt) if typed else ("approve", None)
+    if typed and typed != (written_prompt or "").strip():
+        return "edit", answer.next_prompt
+    return "approve", None
 
 
 def approval_key(workflow_id: str, step_name: str) -> str:
@@ -130,7 +197,8 @@ def _description(
         lines += ["This is the last step: approving ends the workflow."]
     lines += [
         "",
-        "Choose **approve**, **reject** (archives the chat) or **edit** (set next_prompt).",
+        "Choose **approve**, **reject** (archives the chat) or **edit** (set next_prompt);"
+        " a next_prompt changed under **approve** is taken as an edit.",
     ]
     return "\n".join(lines)
 
@@ -148,7 +216,7 @@ async def await_approval(
     The first call raises Prefect's ``Pause`` signal (the process exits); the
     call in the resumed run returns the submitted input.
     """
-    logger: logging.Logger | logging.LoggerAdapter[Any] = get_run_logger()
+    logger: RunLogger = get_run_logger()
     stored = await _stored_decision(workflow_id, step.name)
     if stored is not None:
         logger.info("approval %s was decided before: %s", step.name, stored.decision)
@@ -158,23 +226,30 @@ async def await_approval(
         decision="approve",
         next_prompt=next_step.prompt if next_step is not None else None,
     )
+    timeout_s = int(step.timeout_s or DEFAULT_TIMEOUT_S)
+    where = current_flow_run.get_flow_run_ui_url() or "the run's page in the Prefect UI"
     logger.info(
-        "waiting for approval %s: suspending (resume from the Prefect UI within %ss)",
+        "approval %s: this run now waits for a decision (approve, edit or reject) for up to "
+        "%ss; give it with the Resume button at %s",
         step.name,
-        int(step.timeout_s or DEFAULT_TIMEOUT_S),
+        timeout_s,
+        where,
     )
+    _lower_suspended_exit_line()
     answer = cast(
         ApprovalInput,
         await asuspend_flow_run(
-            wait_for_input=form,
-            timeout=int(step.timeout_s or DEFAULT_TIMEOUT_S),
-            key=f"approval-{step.name}",
+            wait_for_input=form, timeout=timeout_s, key=f"approval-{step.name}"
         ),
     )
-    decision = answer.decision
-    next_prompt = answer.next_prompt if decision == "edit" else None
-    if decision == "edit" and not (next_prompt or "").strip():
-        decision = "approve"  # an edit without a prompt keeps the prompt as written
+    written = next_step.prompt if next_step is not None else None
+    decision, next_prompt = resolve_decision(answer, written)
+    if decision == "edit" and answer.decision == "approve":
+        logger.info(
+            "approval %s: the next prompt was changed in the form under 'approve': "
+            "treated as an edit",
+            step.name,
+        )
     result = ApprovalResult(
         workflow_id=workflow_id,
         step=step.name,

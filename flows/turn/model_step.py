@@ -26,12 +26,12 @@ from typing import Any, Literal
 from prefect import task
 from prefect.logging import get_run_logger
 from prefect.states import State
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
 from pydantic import BaseModel, Field
 
 from coder_chat.gateway import GatewayClient, GatewayError
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
 
 __all__ = ["ModelStepResult", "model_result_key", "model_step", "render_prompt"]
 
@@ -106,8 +106,7 @@ async def execute_model_step(
         raise ValueError(f"step {step.name!r}: a model step needs `model` (the gateway's name)")
     prompt = render_prompt(step.prompt, previous)
     timeout = settings.request_timeout_s or resources.credentials.request_timeout
-    gateway = gateway_for(resources)
-    try:
+    async with gateway_for(resources) as gateway:
         if step.output_model:
             output = registry.get_output_model(step.output_model)
             reply = await gateway.structured(
@@ -140,8 +139,6 @@ async def execute_model_step(
             usage=plain.usage,
             duration_ms=plain.duration_ms,
         )
-    finally:
-        await gateway.aclose()
 
 
 @task(

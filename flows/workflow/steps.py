@@ -16,6 +16,7 @@ import json
 from typing import Any, cast
 
 from prefect.utilities.annotations import quote
+
 from prefect_coder.flows.parts import registry
 from prefect_coder.flows.parts.background import drain as drain_background
 from prefect_coder.flows.parts.errors import WorkflowParameterError

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 from fleet_env import TOKEN
-from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from test_fleet import _settings, _step
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 
 
 def test_cli_defaults_to_the_real_servers_capacity() -> None:

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from prefect_coder.blocks import ChatStateStore, StateStore
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.sweep_run import SweepOptions
 
 from coder_chat.rest import ChatClient
+from prefect_coder.blocks import ChatStateStore, StateStore
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.sweep_options import SweepOptions
 
 _FLOWS_TESTS = Path(__file__).resolve().parents[1] / "flows"
 if str(_FLOWS_TESTS) not in sys.path:

@@ -6,11 +6,10 @@ import asyncio
 import json
 from typing import Any
 
-from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.labels import chat_labels
-
 from coder_chat.models import ChatInputPart, CreateChatRequest, DynamicToolDefinition
 from coder_chat.rest import ChatClient
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.parts.labels import chat_labels
 
 ORG_FIELD = "organization_id"
 

@@ -26,7 +26,8 @@ def test_prefect_yaml_schedules_both_sweeps_with_valid_parameters() -> None:
         assert [s.cron for s in d.schedules or []] == [cron]
         assert d.concurrency_limit is not None and d.concurrency_limit.limit == 1  # type: ignore[union-attr]
         assert d.entrypoint is not None
-        flow = load_flow_from_entrypoint(str(ROOT / d.entrypoint))
+        # module entrypoints (prefect_coder.flows.deployments.<name>:<flow>)
+        flow = load_flow_from_entrypoint(d.entrypoint)
         assert flow.name == name
         # every parameter the deployment sets is one the flow takes, and validates
         flow.validate_parameters(d.parameters)

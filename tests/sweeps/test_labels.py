@@ -6,6 +6,7 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from prefect_coder.flows.parts.labels import (
     COLLECTION,
     LABEL_COLLECTION,

@@ -8,6 +8,12 @@ import time
 
 import pytest
 from flow_helpers import say, user_messages
+from sweep_helpers import directive, new_chat, ours, snapshot, wait_status
+
+from coder_chat.emulator import Emulator
+from coder_chat.errors import CoderStreamError
+from coder_chat.rest import ChatClient
+from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore, workflow_key
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
@@ -19,14 +25,12 @@ from prefect_coder.flows.parts.labels import (
     chat_labels,
 )
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.sweep_run import SweepOptions, run_orphan_sweep
-from sweep_helpers import directive, new_chat, ours, snapshot, wait_status
+from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.parts.sweep_run import run_orphan_sweep
 
-from coder_chat.emulator import Emulator
-from coder_chat.errors import CoderStreamError
-from coder_chat.rest import ChatClient
-
-SLOW = {"text": "working slowly", "deltas": 50, "delay": 0.1}
+# Long enough to still be running after a sweep on a loaded machine; every test
+# retires its SLOW chats, so the length costs no time.
+SLOW = {"text": "working slowly. " * 40, "deltas": 600, "delay": 0.1}
 
 
 def _chats_of(emu: Emulator, marker: str) -> list[str]:
@@ -250,10 +254,8 @@ async def test_chats_not_created_by_this_collection_are_never_touched(
 
 
 async def _retire(client: ChatClient, chat_id: str) -> None:
-    from prefect_coder.flows.parts.sweep_run import archive_settled, stop_run
-
-    await stop_run(client, chat_id, bound_s=5, request_timeout_s=5)
-    await archive_settled(client, chat_id, settle_s=5, retry_s=0.05, request_timeout_s=5)
+    stopped = await stop_chat(client, chat_id, timeout=10, archive=True, poll_interval=0.05)
+    assert stopped.archived, stopped
 
 
 async def test_listing_pages_through_every_chat_and_publishes_a_table_artifact(

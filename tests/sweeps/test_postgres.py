@@ -4,14 +4,14 @@ decisions, leases and forgetting as on SQLite."""
 from __future__ import annotations
 
 import pytest
+from sweep_helpers import new_chat, ours, wait_status
+
+from coder_chat.rest import ChatClient
 from prefect_coder.blocks import ChatStateStore, StateStore, workflow_key
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
 from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.sweep_run import SweepOptions
-from sweep_helpers import new_chat, ours, wait_status
-
-from coder_chat.rest import ChatClient
+from prefect_coder.flows.parts.sweep_options import SweepOptions
 
 
 @pytest.fixture

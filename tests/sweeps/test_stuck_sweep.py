@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
-from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
-from prefect_coder.flows.parts.sweep_run import SweepOptions
 from sweep_helpers import new_chat, ours, snapshot, wait_status
 
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
+from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
+from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
+from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
+from prefect_coder.flows.parts.sweep_options import SweepOptions
 
 SLEEPY = {"sleep": 30, "text": "never gets here"}
 NOTE = {
