@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from flow_helpers import ROOT, TOKEN
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
-from prefect_coder.flows.parts.params import WorkflowSettings
 
 from coder_chat.emulator import Emulator
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.flows.parts.params import WorkflowSettings
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from pydantic import BaseModel
+
+from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
+from coder_chat.events import HttpRequest, SegmentSettle, WsRedial
 from prefect_coder.flows.parts import registry
 from prefect_coder.flows.parts.artifacts import artifact_key, render_turn_markdown
 from prefect_coder.flows.parts.errors import WorkflowParameterError
@@ -19,10 +23,6 @@ from prefect_coder.flows.parts.params import (
 )
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
 from prefect_coder.flows.parts.retry import is_retryable_failure
-from pydantic import BaseModel
-
-from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
-from coder_chat.events import HttpRequest, SegmentSettle, WsRedial
 
 TOOLS = {"lookup_build"}
 MODELS = {"fix_plan"}

@@ -9,11 +9,11 @@ from pathlib import Path
 from flow_helpers import TOKEN, emu_directive, say
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.sorting import LogSort
+
+from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore
 from prefect_coder.flows.parts.artifacts import artifact_key
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
-
-from coder_chat.emulator import Emulator
 
 
 def _read_all(root: Path, pattern: str) -> list[str]:

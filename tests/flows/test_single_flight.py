@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 from flow_helpers import ROOT, emu_directive, user_messages
+
+from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, workflow_key
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.results import TurnResult
-
-from coder_chat.emulator import Emulator
 
 CHILD = """
 import asyncio, sys

@@ -7,6 +7,9 @@ import asyncio
 
 import pytest
 from flow_helpers import emu_directive, run_child, say, user_messages
+
+from coder_chat.emulator import Emulator
+from coder_chat.errors import CoderChatError, CoderStreamError
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
@@ -14,9 +17,6 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.resources import load_resources
 from prefect_coder.flows.parts.results import TurnResult
 from prefect_coder.flows.turn.durable_turn import execute_turn
-
-from coder_chat.emulator import Emulator
-from coder_chat.errors import CoderChatError, CoderStreamError
 
 
 def _chat_of(emu: Emulator, marker: str) -> str:

@@ -5,13 +5,13 @@ at the end (and in the failure handler)."""
 from __future__ import annotations
 
 from flow_helpers import emu_directive, say, user_messages
+
+from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.archive_workflow_chat import archive_workflow_chat
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-
-from coder_chat.emulator import Emulator
 
 
 def _archive_events(emu: Emulator, chat_id: str) -> list[dict]:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 from model_env import TOKEN
+
+from coder_chat.emulator import Emulator
+from coder_chat.gateway import GatewayAuthError
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
 from prefect_coder.flows.parts.results import TurnResult
 from prefect_coder.flows.turn.approval_step import ApprovalResult
 from prefect_coder.flows.turn.model_step import ModelStepResult
-
-from coder_chat.emulator import Emulator
-from coder_chat.gateway import GatewayAuthError
 
 
 async def _settings(emu: Emulator, tmp_path: Path, **creds: object) -> WorkflowSettings:
