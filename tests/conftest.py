@@ -243,6 +243,7 @@ def prefect_harness(
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import (
+        PREFECT_CLIENT_RETRY_JITTER_FACTOR,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOGGING_LEVEL,
         PREFECT_RESULTS_LOCAL_STORAGE_PATH,
@@ -259,6 +260,12 @@ def prefect_harness(
             PREFECT_LOGGING_LEVEL: "WARNING",
             # Offline test machines: the telemetry service only logs DNS errors.
             PREFECT_SERVER_ANALYTICS_ENABLED: False,
+            # Prefect's client retries (a busy server's 503/429) jitter with the global
+            # `random` module, from its log and event worker threads. Hypothesis checks
+            # that the global random state does not change while it draws an example,
+            # and such a retry in the middle of a draw made it warn "Do not use the
+            # `random` module inside strategies". No jitter: no use of `random` there.
+            PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
         }
     ):
         # Generous: the server migrates a fresh schema at start, slow on a loaded machine.
