@@ -37,7 +37,7 @@ async def _until_queued_for_capacity(emu: Emulator, chat_id: str) -> None:
 
 def test_default_era(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ERA_ENV, raising=False)
-    assert Emulator().era == DEFAULT_ERA == "b2"  # until the client tests run on b3
+    assert Emulator().era == DEFAULT_ERA == "b3"  # the newest build
     monkeypatch.setenv(ERA_ENV, "b3")  # a whole suite against another build, no edits
     assert Emulator().era == "b3"
     assert Emulator(era="b1").era == "b1"  # an explicit era wins
