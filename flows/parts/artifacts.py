@@ -23,11 +23,14 @@ __all__ = ["artifact_key", "publish_turn_artifact", "render_turn_markdown"]
 _NOT_KEY = re.compile(r"[^a-z0-9-]+")
 
 
-def artifact_key(workflow_id: str, step_name: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+def artifact_key(
+    workflow_id: str, step_name: str, *, kind: str = "turn", slug_len: int = 80
+) -> str:
+    """The stable key of a step's ``kind`` artifact (``coder-<kind>-<slug>-<digest>``):
+    Prefect artifact keys allow lowercase letters, digits and dashes only."""
     digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
-    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:80]
-    return f"coder-turn-{slug}-{digest}"
+    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:slug_len]
+    return f"coder-{kind}-{slug}-{digest}"
 
 
 def _fence(text: str) -> str:

@@ -22,11 +22,11 @@ from prefect.events import emit_event
 
 from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
 
-__all__ = ["Observation", "TransportRouter", "TurnObserver", "chat_resource", "describe"]
+__all__ = ["OperatorNote", "TransportRouter", "TurnObserver", "chat_resource", "describe"]
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class OperatorNote:
     """What one transport event means for the operator."""
 
     level: int
@@ -35,12 +35,12 @@ class Observation:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-def describe(ev: TransportEvent) -> Observation | None:
+def describe(ev: TransportEvent) -> OperatorNote | None:
     """Classify a transport event; ``None`` for the per-frame noise we do not log."""
     if isinstance(ev, WsRedial):
         # Early warning: the server keeps generating and nothing is lost yet, but
         # the turn fails when consecutive failures reach the cap.
-        return Observation(
+        return OperatorNote(
             logging.WARNING,
             f"stream redial {ev.consecutive_failures}/{ev.max_consecutive_failures} on chat "
             f"{ev.chat_id} (connection {ev.reader}.{ev.attempt} ended), next dial in "
@@ -65,7 +65,7 @@ def describe(ev: TransportEvent) -> Observation | None:
         if ev.ending == "clean":
             # A log line only: clean settles are the bulk of all events, and the
             # turn's own coder.turn.settled event already counts its segments.
-            return Observation(
+            return OperatorNote(
                 logging.INFO,
                 f"segment {ev.segment} settled: status={ev.status or '-'} "
                 f"finish={ev.finish_reason} in {ev.duration_ms:.0f} ms",
@@ -75,7 +75,7 @@ def describe(ev: TransportEvent) -> Observation | None:
         if ev.ending == "failure":
             err = ev.error or {}
             payload["error"] = {"name": err.get("name"), "message": err.get("message")}
-            return Observation(
+            return OperatorNote(
                 logging.WARNING,
                 f"segment {ev.segment} failed after {ev.duration_ms:.0f} ms: "
                 f"{err.get('name')}: {err.get('message')}"
@@ -83,16 +83,16 @@ def describe(ev: TransportEvent) -> Observation | None:
                 "coder.segment.failed",
                 payload,
             )
-        return Observation(
+        return OperatorNote(
             logging.INFO,
             f"segment {ev.segment} torn down after {ev.duration_ms:.0f} ms",
             "coder.segment.teardown",
             payload,
         )
     if isinstance(ev, WsError):
-        return Observation(logging.DEBUG, f"stream error on chat {ev.chat_id}: {ev.message}")
+        return OperatorNote(logging.DEBUG, f"stream error on chat {ev.chat_id}: {ev.message}")
     if isinstance(ev, SegmentStart):
-        return Observation(logging.DEBUG, f"segment {ev.segment} started")
+        return OperatorNote(logging.DEBUG, f"segment {ev.segment} started")
     return None
 
 

@@ -49,15 +49,17 @@ class TurnResult(BaseModel):
     generate_ms: float = Field(0.0, description="Wall time spent inside generate().")
 
 
-def result_key(workflow_id: str, step_name: str) -> str:
-    """Storage key of a step's result: readable, filesystem- and lock-safe, unique.
+def result_key(workflow_id: str, step_name: str, *, kind: str = "turn") -> str:
+    """Storage key of a step's ``kind`` result (``turn``, ``model``, ``approval``):
+    readable, filesystem- and lock-safe, unique.
 
     Lock keys may not contain "/" and ids may contain ':' or '@', so unsafe
     characters are replaced and a short hash of the exact pair keeps distinct
     pairs apart.
     """
     digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:12]
-    return f"coder-turn-{_UNSAFE.sub('_', workflow_id)}--{_UNSAFE.sub('_', step_name)}-{digest}"
+    safe_id, safe_step = _UNSAFE.sub("_", workflow_id), _UNSAFE.sub("_", step_name)
+    return f"coder-{kind}-{safe_id}--{safe_step}-{digest}"
 
 
 def turn_cache_key(_context: object, parameters: dict[str, Any]) -> str:

@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 #: A sweep whose bounds were not given derives them from the turn timeout.
-DEFAULT_ACTION_BUDGET_S = 600.0
+DEFAULT_ACTION_BUDGET_S = 120.0  # + the 1-min schedule < chatd's 300 s pause timeout
 
 
 async def _finish(sweeper: SweepActor, started: float, actions: list[SweepDecision]) -> SweepReport:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +34,7 @@ from coder_chat.rest import ChatClient
 from coder_chat.results import GenerateResult
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.flows.parts.artifacts import artifact_key
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
 from prefect_coder.flows.parts.run_log import run_logger
@@ -49,8 +48,6 @@ __all__ = [
     "recovered_result",
     "recovery_timings",
 ]
-
-_NOT_KEY = re.compile(r"[^a-z0-9-]+")
 
 
 def _env_float(name: str) -> float | None:
@@ -140,12 +137,6 @@ def recovered_result(
     )
 
 
-def _artifact_key(workflow_id: str, step_name: str) -> str:
-    digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
-    slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:70]
-    return f"coder-recovery-{slug}-{digest}"
-
-
 async def publish_recovery(
     workflow_id: str, step_name: str, outcome: RecoveryOutcome, *, artifacts: bool = True
 ) -> None:
@@ -165,7 +156,7 @@ async def publish_recovery(
         return
     try:
         await acreate_table_artifact(
-            key=_artifact_key(workflow_id, step_name),
+            key=artifact_key(workflow_id, step_name, kind="recovery", slug_len=70),
             table=[d.row() for d in outcome.decisions],
             description=(
                 f"Crash recovery of step `{step_name}` of `{workflow_id}` on chat "

@@ -148,7 +148,7 @@ def resolve_decision(
 
 def approval_key(workflow_id: str, step_name: str) -> str:
     """Storage key of an approval decision (stable across runs)."""
-    return "coder-approval-" + result_key(workflow_id, step_name)[len("coder-turn-") :]
+    return result_key(workflow_id, step_name, kind="approval")
 
 
 def _approval_cache_key(_context: object, parameters: dict[str, Any]) -> str:

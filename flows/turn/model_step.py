@@ -19,8 +19,6 @@ structured JSON if it had one, else its text).
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Any, Literal
 
 from prefect import task
@@ -32,10 +30,9 @@ from coder_chat.gateway import GatewayClient, GatewayError
 from prefect_coder.flows.parts import registry
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
 from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.results import result_key
 
 __all__ = ["ModelStepResult", "model_result_key", "model_step", "render_prompt"]
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 class ModelStepResult(BaseModel):
@@ -55,8 +52,7 @@ class ModelStepResult(BaseModel):
 
 def model_result_key(workflow_id: str, step_name: str) -> str:
     """Storage key of a model step's result (stable across runs, lock-safe)."""
-    digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:12]
-    return f"coder-model-{_UNSAFE.sub('_', workflow_id)}--{_UNSAFE.sub('_', step_name)}-{digest}"
+    return result_key(workflow_id, step_name, kind="model")
 
 
 def _cache_key(_context: object, parameters: dict[str, Any]) -> str:
