@@ -8,11 +8,11 @@ import socket
 import uuid
 
 import pytest
-from prefect_coder.blocks import CoderCredentials
 from pydantic import SecretStr, ValidationError
 
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderApiError, CoderTransportError
+from prefect_coder.blocks import CoderCredentials
 
 ORG = "0a1b2c3d-0000-4000-8000-123456789abc"
 TOKEN = "tok-SUPER-SECRET-0123456789"

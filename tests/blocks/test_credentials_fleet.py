@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from prefect_coder.blocks import CoderCredentials
 from pydantic import ValidationError
+
+from prefect_coder.blocks import CoderCredentials
 
 ORG = "0a1b2c3d-0000-4000-8000-123456789abc"
 
