@@ -12,7 +12,7 @@ from flow_helpers import ROOT
 from prefect.cli.deploy._models import PrefectYamlModel
 from prefect.flows import load_flow_from_entrypoint
 
-SWEEPS = {"sweep-orphans": "*/15 * * * *", "sweep-stuck-turns": "*/5 * * * *"}
+SWEEPS = {"sweep-orphans": "*/15 * * * *", "sweep-stuck-turns": "* * * * *"}
 
 
 def _config() -> PrefectYamlModel:
