@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shlex
@@ -117,6 +118,11 @@ def prompts(n: int) -> list[str]:
     return [f"turn {i} #emu " + json.dumps({"text": f"answer {i}"}) for i in range(n)]
 
 
+# Process CPU per turn (ms), per run: wall-clock overheads swing with the load of a
+# shared machine; the process's own CPU time per turn much less.
+CPU_MS: dict[str, list[float]] = collections.defaultdict(list)
+
+
 async def raw_turns(emu: object, n: int) -> list[float]:
     from coder_chat.agent import CoderAgent
 
@@ -127,10 +133,12 @@ async def raw_turns(emu: object, n: int) -> list[float]:
         organization_id=emu.organization_id,  # type: ignore[attr-defined]
         request_timeout=30,
     ) as agent:
+        cpu0 = time.process_time()
         for p in prompts(n):
             t0 = time.perf_counter()
             await agent.generate(p, timeout=60)
             out.append((time.perf_counter() - t0) * 1000)
+        CPU_MS["raw"].append((time.process_time() - cpu0) * 1000 / n)
     return out
 
 
@@ -146,8 +154,10 @@ async def durable_turns(
     settings = WorkflowSettings(credentials_block=coder, store_block=store_block, keep_chat=True)
     steps = [Step(name=f"t{i:02d}", prompt=p) for i, p in enumerate(prompts(n))]
     wf = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
+    cpu0 = time.process_time()
     state = await agent_workflow(wf, steps, settings, return_state=True)
     results = await state.aresult()
+    CPU_MS[f"durable:{store_block}"].append((time.process_time() - cpu0) * 1000 / n)
     # The server records task runs from events, asynchronously: on a loaded machine the
     # flow can finish before all of its turns are recorded. Poll, with a bound.
     deadline = time.monotonic() + poll_timeout
@@ -239,6 +249,7 @@ class Peer:
         self.steps = steps
 
     async def plain_steps(self, n: int) -> list[float]:
+        cpu0 = time.process_time()
         out = []
         for i in range(n):
             t0 = time.perf_counter()
@@ -246,10 +257,14 @@ class Peer:
             out.append((time.perf_counter() - t0) * 1000)
         # TestModel calls every tool once, then answers: one tool call per step.
         assert any(p.part_kind == "tool-call" for m in result.all_messages() for p in m.parts)
+        CPU_MS["peer:plain"].append((time.process_time() - cpu0) * 1000 / n)
         return out
 
     async def durable_steps(self, n: int) -> list[float]:
-        return list(await self.steps(n))
+        cpu0 = time.process_time()
+        out = list(await self.steps(n))
+        CPU_MS["peer:durable"].append((time.process_time() - cpu0) * 1000 / n)
+        return out
 
 
 def peer_version() -> str:
@@ -285,6 +300,7 @@ async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: 
         if peer is not None:
             await peer.plain_steps(3)
             await peer.durable_steps(3)
+        CPU_MS.clear()
         pooled: dict[str, tuple[list[float], list[float], list[float]]] = {
             label: ([], [], []) for label, _ in backends
         }
@@ -326,6 +342,20 @@ async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: 
                 ratio = summary[label]["overhead_median_ms"] / row["overhead_median_ms"]
                 summary[label]["ratio_to_peer"] = ratio
                 print(f"ratio ours/peer ({label}): {ratio:.2f}x  (goal <= 0.5x)")
+        raw_cpu = statistics.median(CPU_MS["raw"])
+        for label, block in backends:
+            over_cpu = statistics.median(CPU_MS[f"durable:{block}"]) - raw_cpu
+            summary[label]["cpu_overhead_ms_per_turn"] = over_cpu
+            print(f"{label:10s} process CPU overhead per turn {over_cpu:5.1f} ms (median of runs)")
+        if peer is not None:
+            peer_cpu = statistics.median(CPU_MS["peer:durable"]) - statistics.median(
+                CPU_MS["peer:plain"]
+            )
+            summary["peer"]["cpu_overhead_ms_per_step"] = peer_cpu
+            print(f"{'peer':10s} process CPU overhead per step {peer_cpu:5.1f} ms (median of runs)")
+            for label, _ in backends:
+                ratio = summary[label]["cpu_overhead_ms_per_turn"] / peer_cpu
+                print(f"CPU ratio ours/peer ({label}): {ratio:.2f}x")
         print(json.dumps(summary, indent=2))
 
 
