@@ -8,11 +8,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import create_async_engine
+
 from prefect_coder.blocks import JournalEntry, StateStore, StateStoreConfigError
 from prefect_coder.blocks.state import default_sqlite_path
 from prefect_coder.blocks.state.schema import ALL_TABLES
-from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import create_async_engine
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ async def test_secret_scan_every_row(store: StateStore, store_url: str, backend:
     await s.ledger.complete("chat-1", "call-1", {"receipt": "r-1"})
     await s.stranded.record("wf-1", "chat-2", "CoderStreamError")
     async with s.lease("chat:chat-1", ttl=5):
-        dump = []
+        dump: list[str] = []
         engine = create_async_engine(store_url)
         async with engine.connect() as conn:
             for table in ALL_TABLES:

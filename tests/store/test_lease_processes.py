@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from prefect_coder.blocks import StateStore
 
 WORKER = str(Path(__file__).with_name("lease_worker.py"))
@@ -79,7 +80,7 @@ def pool() -> Iterator[Pool]:
 async def test_processes_contend_exactly_one_holder(
     store: StateStore, store_url: str, pool: Pool
 ) -> None:
-    cmd = {"op": "contend", "url": store_url, "tenant": store.tenant}
+    cmd: dict[str, object] = {"op": "contend", "url": store_url, "tenant": store.tenant}
     cmd |= {"key_once": "once", "key_cm": "cm", "hold": 0.05}
     for p in pool.contenders:
         pool.send(p, json.dumps(cmd))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prefect_coder.blocks import StateStore
+
+from prefect_coder.blocks import LedgerEntry, StateStore
 
 
 async def test_begin_is_write_ahead_and_never_overwrites(store: StateStore) -> None:
@@ -111,4 +112,5 @@ async def test_concurrent_begin_and_complete_never_regress_done(store: StateStor
     )
     for r in results:
         entry = r[0] if isinstance(r, tuple) else r
+        assert isinstance(entry, LedgerEntry)
         assert entry.state == "done" and entry.output == "the outcome"
