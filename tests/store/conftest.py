@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from prefect_coder.blocks import StateStore
 
 BACKENDS = ["sqlite", "postgresql"]

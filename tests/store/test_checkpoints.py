@@ -6,8 +6,9 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from prefect_coder.blocks import StateStore
 from pydantic import ValidationError
+
+from prefect_coder.blocks import StateStore
 
 
 async def test_get_missing_is_none(store: StateStore) -> None:

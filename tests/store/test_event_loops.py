@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import asyncpg
+
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import engines
 

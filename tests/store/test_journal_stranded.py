@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from prefect_coder.blocks import JournalEntry, StateStore
 from pydantic import ValidationError
+
+from prefect_coder.blocks import JournalEntry, StateStore
 
 
 async def test_journal_get_set_supersede_clear(store: StateStore) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+
 from prefect_coder.blocks import LeaseUnavailableError, StateStore, chat_key, workflow_key
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
 from prefect_coder.blocks import SchemaVersionError, StateStore
 from prefect_coder.blocks.state import SCHEMA_VERSION
 from prefect_coder.blocks.state.schema import ALL_TABLES
-from sqlalchemy.ext.asyncio import create_async_engine
 
 
 @pytest.fixture

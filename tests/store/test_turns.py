@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+
 from prefect_coder.blocks import JournalEntry, StateStore
 
 
