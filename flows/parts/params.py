@@ -127,7 +127,10 @@ class WorkflowSettings(BaseModel):
     retries: int = Field(
         default=2,
         ge=0,
-        description="Task retries of a turn, for retryable failures only.",
+        description=(
+            "Task retries of a turn, for transient failures only (segment timeout, 5xx, "
+            "429, a reset connection, an httpx timeout); each retry recovers before it sends."
+        ),
     )
     retry_delay_s: float = Field(default=5.0, ge=0, description="Delay before a turn retry.")
     settle_wait_s: float = Field(

@@ -139,9 +139,15 @@ async def test_a_stalled_send_is_retried_by_the_task_within_the_run(
     emu: Emulator, settings: WorkflowSettings, workflow_id: str, short_http_block: str
 ) -> None:
     # Prefect files a raised TimeoutError as "TimedOut" but still asks the retry
-    # condition: the httpx timeout is retried, through recovery.
-    settings = settings.model_copy(update={"retries": 1, "credentials_block": short_http_block})
-    emu.faults.delay_commit(1.0, count=1, method="POST", path="/messages")
+    # condition: the httpx timeout is retried, through recovery. The stalled POST
+    # commits (0.8 s) before the retry starts (1.5 s): the retry's recovery finds
+    # the landed message in history and never sends blindly. (A retry that starts
+    # while the stalled send is still in flight at the server is the documented
+    # at-least-once window of a send.)
+    settings = settings.model_copy(
+        update={"retries": 1, "retry_delay_s": 1.5, "credentials_block": short_http_block}
+    )
+    emu.faults.delay_commit(0.8, count=1, method="POST", path="/messages")
     results = await _run(emu, settings, workflow_id)
     assert [r.text for r in results] == ["one done", "two done", "three done"]
     chat_id = results[0].chat_id
