@@ -6,6 +6,7 @@ the persisted results. Flow runs are executed the way a process worker does it:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -15,17 +16,26 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+import yaml
 from approval_env import TOKEN
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.events import DeploymentEventTrigger
 from prefect.flow_runs import aresume_flow_run
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Failed
+
+from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE, expire_approvals
 from prefect_coder.flows.parts.params import WorkflowSettings
-
-from coder_chat.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,14 +76,15 @@ async def _start(
     return run.id, wf
 
 
-def _execute(run_id: UUID, results: Path) -> None:
-    """Run the flow run in a fresh process, like a process worker (blocks until it exits)."""
+def _execute(run_id: UUID, results: Path, log_level: str = "WARNING") -> str:
+    """Run the flow run in a fresh process, like a process worker (blocks until it exits);
+    returns what the process printed on stderr."""
     env = dict(
         os.environ,
         PREFECT__FLOW_RUN_ID=str(run_id),
         PREFECT_API_URL=str(PREFECT_API_URL.value()),
         PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results),
-        PREFECT_LOGGING_LEVEL="WARNING",
+        PREFECT_LOGGING_LEVEL=log_level,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY="",
         PYTHONPATH=str(ROOT),
     )
@@ -88,6 +99,7 @@ def _execute(run_id: UUID, results: Path) -> None:
     )
     assert TOKEN not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
 
 
 async def _run(run_id: UUID) -> FlowRun:
@@ -119,7 +131,11 @@ async def _suspend(
     deployment_id: UUID, emu: Emulator, tmp_path: Path, prefect_server: Path, steps: list[dict]
 ) -> tuple[UUID, str]:
     run_id, wf = await _start(deployment_id, emu, tmp_path, steps)
-    await asyncio.to_thread(_execute, run_id, prefect_server)
+    stderr = await asyncio.to_thread(_execute, run_id, prefect_server)
+    # Waiting for a person is not an error: Prefect's "Finished in state Suspended"
+    # line (ERROR in its engine) is lowered to INFO.
+    exit_lines = [line for line in stderr.splitlines() if "Finished in state Suspended" in line]
+    assert exit_lines and not [line for line in exit_lines if "ERROR" in line], stderr[-2000:]
     run = await _run(run_id)
     assert run.state is not None
     assert run.state.type == StateType.PAUSED and run.state.name == "Suspended"
@@ -170,6 +186,43 @@ async def test_edit_replaces_the_next_prompt(
     assert len(texts) == 2 and "Apply the draft, skip docs" in texts[1]
 
 
+async def test_prompt_changed_under_approve_is_an_edit(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    """What a person typed is never dropped: the form comes filled with the next
+    prompt, and a change there under "approve" is sent and recorded as an edit."""
+    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    await aresume_flow_run(
+        run_id, run_input={"decision": "approve", "next_prompt": "Apply the draft, carefully"}
+    )
+    await asyncio.to_thread(_execute, run_id, prefect_server)
+    run = await _run(run_id)
+    assert run.state is not None and run.state.type == StateType.COMPLETED
+    texts = _user_texts(emu)
+    assert len(texts) == 2 and "Apply the draft, carefully" in texts[1]
+    review = _as_dict((await run.state.aresult())[1])
+    assert review["decision"] == "edit"
+    assert review["next_prompt"] == "Apply the draft, carefully"
+
+
+async def test_suspending_says_where_to_decide_and_logs_no_error(
+    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+) -> None:
+    run_id, _ = await _start(deployment_id, emu, tmp_path, STEPS)
+    await asyncio.to_thread(_execute, run_id, prefect_server, "INFO")
+    async with get_client() as client:
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+        )
+    assert logs, "the run shipped no logs"
+    waiting = [entry for entry in logs if "waits for a decision" in entry.message]
+    assert waiting and waiting[0].level == logging.INFO
+    assert f"/flow-run/{run_id}" in waiting[0].message  # where to decide
+    suspended = [entry for entry in logs if "Finished in state Suspended" in entry.message]
+    assert suspended and all(entry.level == logging.INFO for entry in suspended)
+    assert not [entry for entry in logs if entry.level >= logging.ERROR]
+
+
 async def test_reject_archives_the_chat_and_stops(
     prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
 ) -> None:
@@ -203,3 +256,41 @@ async def test_timeout_follows_the_failure_handler(
     assert [c["archived"] for c in emu.chats()] == [True]
     # Idempotent: a second sweep does nothing.
     assert str(run_id) not in await expire_approvals()
+
+
+async def test_only_an_expired_approval_triggers_expire_approvals(prefect_server: Path) -> None:
+    """The prefect.yaml trigger of ``expire-approvals`` fires for the failure an
+    expired approval produces and for no other failed ``agent-workflow`` run, and a
+    collision queues the run instead of dropping it."""
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    [expire] = [d for d in spec["deployments"] if d["name"] == "expire-approvals"]
+    assert expire["concurrency_limit"]["collision_strategy"] == "ENQUEUE"
+    name = f"expire-approvals-{uuid.uuid4().hex[:6]}"
+    expire_id = await (
+        await expire_approvals.to_deployment(
+            name=name, triggers=[DeploymentEventTrigger(**t) for t in expire["triggers"]]
+        )
+    ).apply()
+    workflow_id = await (await agent_workflow.to_deployment(name="agent-workflow")).apply()
+    params = {"workflow_id": "wf-expiry", "steps": [{"name": "a", "prompt": "p"}]}
+    async with get_client() as client:
+
+        async def fail_a_run(message: str) -> None:
+            run = await client.create_flow_run_from_deployment(workflow_id, parameters=params)
+            await client.set_flow_run_state(run.id, Failed(message=message), force=True)
+
+        async def triggered() -> list[FlowRun]:
+            return await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[expire_id]))
+            )
+
+        await fail_a_run("Flow run encountered an exception: boom")
+        await fail_a_run(EXPIRED_MESSAGE)
+        deadline = asyncio.get_running_loop().time() + 90
+        while not await triggered():
+            assert asyncio.get_running_loop().time() < deadline, "the trigger never fired"
+            await asyncio.sleep(0.5)
+        # The triggers service reads events in order: the earlier, unrelated failure was
+        # evaluated first. Give a late action a moment to show before counting.
+        await asyncio.sleep(2)
+        assert len(await triggered()) == 1
