@@ -80,7 +80,7 @@ def test_a_resubmission_retires_the_earlier_verdict_by_itself() -> None:
 # ----------------------------------------------------------------------------- settle branch
 
 
-@pytest.mark.parametrize(("status", "state"), itertools.product(STATUSES, [None, *STATES]))
+@pytest.mark.parametrize(("status", "state"), list(itertools.product(STATUSES, [None, *STATES])))
 def test_settle_branch_table(status: str, state: str | None) -> None:
     journaled = None if state is None else Entry(state, "[wf/a]", 1)
     action = settle_action(status, journaled)
@@ -143,7 +143,7 @@ def test_first_send_that_never_landed_does_not_pin() -> None:
 # ----------------------------------------------------------------------------- settle poll
 
 
-@pytest.mark.parametrize(("status", "cut"), itertools.product(STATUSES, [True, False]))
+@pytest.mark.parametrize(("status", "cut"), list(itertools.product(STATUSES, [True, False])))
 def test_poll_exits(status: str, cut: bool) -> None:
     v = poll_verdict(status, cut)
     if status in ("waiting", "completed", "error"):
