@@ -48,6 +48,6 @@ async def test_structured_answer_is_recovered_not_resubmitted(
     assert sum(marker in t for t in user_texts(emu, results[0].chat_id)) == 1
     if point == "turn.before_persist:1":
         assert results[0].generate_ms == 0  # recovered from history, nothing sent
-    else:
-        # the pause answered (the pure ack replayed), then the revived run followed
-        assert results[0].generate_ms > 0
+    # after_checkpoint: the checkpoint is written off the stream's dial, so the kill
+    # lands either before the pauses were answered (the ack replayed, the revived run
+    # followed) or after the turn finished (recovered) — both send nothing (above).
