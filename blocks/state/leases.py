@@ -5,7 +5,10 @@ sessions are single-flight system-wide. A lease is a row with a holder and an
 expiry on the *database* clock. Acquiring is ONE atomic statement (insert, or
 take over a row whose lease has expired, or re-enter our own), so exactly one
 caller wins on SQLite and PostgreSQL alike. A holder that crashes stops
-renewing and its lease lapses after ``ttl`` seconds.
+renewing and its lease lapses after ``ttl`` seconds — or sooner: a caller that
+knows the holder is gone (the flows layer asks Prefect whether the holder's run
+ended) takes the row over with :meth:`Leases.take_over`, a compare-and-set on
+the holder, without waiting for the expiry.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +32,10 @@ from .records import Lease, from_epoch
 from .schema import leases as t
 
 logger = logging.getLogger("prefect_coder.blocks.state.leases")
+
+#: ``hold(..., holder_gone=...)``: given the live lease that blocks us, True when its
+#: holder is known to be gone for good (then it is taken over at once).
+HolderGone = Callable[[Lease], Awaitable[bool]]
 
 
 def default_holder() -> str:
@@ -125,6 +132,32 @@ class Leases:
             row = (await conn.execute(stmt)).one_or_none()
         return None if row is None else _row(row)
 
+    async def take_over(
+        self, key: str, expected_holder: str, new_holder: str, ttl: float
+    ) -> Lease | None:
+        """Take the lease from ``expected_holder`` now, live or not; None if it moved on.
+
+        A compare-and-set on the holder: the row changes only if ``expected_holder``
+        still holds it, so two waiters that both judged the same dead holder never
+        both win (the loser sees None), and a holder that re-entered meanwhile under
+        another id is not robbed. The fence grows, like any takeover. Call it only
+        when the holder is known to be gone (e.g. its Prefect run is Crashed): a live
+        holder loses the lease at its next renewal.
+        """
+        _check_ttl(ttl)
+        if not key or not expected_holder or not new_holder:
+            raise ValueError("key, expected_holder and new_holder: all required and non-empty")
+        now = self._ops.now()
+        stmt = (
+            sa.update(t)
+            .where(t.c.tenant == self._ops.tenant, t.c.key == key, t.c.holder == expected_holder)
+            .values(holder=new_holder, fence=t.c.fence + 1, acquired_at=now, expires_at=now + ttl)
+            .returning(*t.c)
+        )
+        async with self._ops.write() as conn:
+            row = (await conn.execute(stmt)).one_or_none()
+        return None if row is None else _row(row)
+
     async def renew(self, key: str, holder: str, ttl: float) -> Lease | None:
         """Push the expiry to now + ttl if ``holder`` still holds the key; None if lost.
 
@@ -184,8 +217,13 @@ class Leases:
         wait: float = 60.0,
         poll_interval: float = 0.1,
         renew_interval: float | None = None,
+        holder_gone: HolderGone | None = None,
     ) -> AsyncIterator[HeldLease]:
         """Acquire ``key`` (polling up to ``wait`` s), renew it in the background, release on exit.
+
+        ``holder_gone``, when given, is asked about the live holder that blocks us;
+        if it answers True the lease is taken over at once (``take_over``) instead
+        of waiting out the dead holder's ttl. Its errors count as "don't know".
 
         Raises LeaseUnavailableError naming the current holder if ``wait`` runs out.
         Renewal runs every ``renew_interval`` (default ttl/3). If a renewal finds the
@@ -199,6 +237,8 @@ class Leases:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             got = await self.acquire(key, holder, ttl)
+            if got is None and holder_gone is not None:
+                got = await self._take_if_gone(key, holder, ttl, holder_gone)
             if got is not None:
                 break
             left = deadline - time.monotonic()
@@ -226,6 +266,30 @@ class Leases:
                     await self.release(key, holder)
                 except Exception:  # the lease then lapses after ttl on its own
                     logger.warning("could not release lease %r; it lapses after its ttl", key)
+
+    async def _take_if_gone(
+        self, key: str, holder: str, ttl: float, holder_gone: HolderGone
+    ) -> Lease | None:
+        current = await self.get(key)
+        if current is None:
+            return None  # lapsed meanwhile: the next acquire gets it
+        blocking = current[0]
+        try:
+            gone = await holder_gone(blocking)
+        except Exception:
+            logger.debug("holder_gone(%r) failed; waiting instead", blocking.holder, exc_info=True)
+            return None
+        if not gone:
+            return None
+        got = await self.take_over(key, blocking.holder, holder, ttl)
+        if got is not None:
+            logger.warning(
+                "lease %r taken over from %r, whose run is over (%.1fs before its expiry)",
+                key,
+                blocking.holder,
+                current[1],
+            )
+        return got
 
     async def _renew_loop(self, handle: HeldLease, ttl: float, every: float) -> None:
         last_ok = time.monotonic()

@@ -28,7 +28,7 @@ from ._ops import StoreConnection
 from .checkpoints import Checkpoints
 from .errors import StateStoreConfigError
 from .journal import Journal
-from .leases import HeldLease, Leases
+from .leases import HeldLease, HolderGone, Leases
 from .ledger import ToolLedger
 from .schema import ensure_schema
 from .stranded import StrandedChats
@@ -219,6 +219,7 @@ class StateStore:
         wait: float = 60.0,
         poll_interval: float = 0.1,
         renew_interval: float | None = None,
+        holder_gone: HolderGone | None = None,
     ) -> AbstractAsyncContextManager[HeldLease]:
         """Hold a lease for a block of code; see ``Leases.hold``."""
         return self.leases.hold(
@@ -228,6 +229,7 @@ class StateStore:
             wait=wait,
             poll_interval=poll_interval,
             renew_interval=renew_interval,
+            holder_gone=holder_gone,
         )
 
     async def forget_chat(self, chat_id: str) -> None:

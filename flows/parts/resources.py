@@ -27,6 +27,7 @@ from prefect_coder.blocks import (
 )
 from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.parts.holders import holder_run_over, run_holder
 from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
 
@@ -144,13 +145,19 @@ async def hold_workflow_lease(
     single-flight server-side, and a second prompt would queue behind the live
     run and burn its own timeout. The lease lives in the shared store, so this
     holds across worker processes and machines; it is renewed in the
-    background and lapses ``settings.lease_ttl_s`` after a holder crashed.
+    background and lapses ``settings.lease_ttl_s`` after a holder crashed —
+    or at once when the holder's flow run (named in the holder id) is already
+    in a final state in Prefect (Crashed, Failed, Cancelled, Completed).
     """
     async with contextlib.AsyncExitStack() as stack:
         try:
             held = await stack.enter_async_context(
                 store.lease(
-                    workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
+                    workflow_key(workflow_id),
+                    holder=run_holder(),
+                    ttl=settings.lease_ttl_s,
+                    wait=settings.lease_wait_s,
+                    holder_gone=holder_run_over,
                 )
             )
         except LeaseUnavailableError as exc:

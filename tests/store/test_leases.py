@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from prefect_coder.blocks import LeaseUnavailableError, StateStore, chat_key, workflow_key
+from prefect_coder.blocks import Lease, LeaseUnavailableError, StateStore, chat_key, workflow_key
 
 
 async def test_acquire_renew_release(store: StateStore) -> None:
@@ -136,3 +136,37 @@ async def test_lost_lease_flag_set_by_renewal(store: StateStore) -> None:
             held.raise_if_lost()
     live = await store.leases.get("k2")
     assert live is not None and live[0].holder == "B"
+
+
+async def test_take_over_is_a_compare_and_set_on_the_holder(store: StateStore) -> None:
+    a = await store.leases.acquire("k", "A", ttl=600)
+    assert a is not None
+    # Two waiters judged "A" gone: exactly one gets it, before A's expiry.
+    won = await asyncio.gather(*(store.leases.take_over("k", "A", w, ttl=5) for w in "BC"))
+    winners = [w for w in won if w is not None]
+    assert len(winners) == 1
+    got = winners[0]
+    assert got.fence == a.fence + 1 and got.acquired_at < a.expires_at
+    assert await store.leases.take_over("k", "A", "D", ttl=5) is None  # A no longer holds it
+    assert await store.leases.renew("k", "A", ttl=5) is None  # A has lost it
+    live = await store.leases.get("k")
+    assert live is not None and live[0].holder == got.holder
+
+
+async def test_hold_takes_over_from_a_holder_known_gone(store: StateStore) -> None:
+    a = await store.leases.acquire("k", "dead", ttl=600)
+    assert a is not None
+    asked: list[str] = []
+
+    async def gone(lease: Lease) -> bool:
+        asked.append(lease.holder)
+        return lease.holder == "dead"
+
+    async with store.lease("k", holder="B", ttl=5, wait=5, holder_gone=gone) as held:
+        assert held.lease.acquired_at < a.expires_at and held.fence == a.fence + 1
+        assert asked == ["dead"]
+        # A live holder that is not "gone" is waited for, not taken over.
+        with pytest.raises(LeaseUnavailableError):
+            async with store.lease("k", holder="C", ttl=5, wait=0.2, holder_gone=gone):
+                pytest.fail("took a lease whose holder is alive")
+    assert "B" in asked

@@ -1,0 +1,98 @@
+"""Lease holders that name their Prefect flow run, and "is that holder's run over?".
+
+A workflow lease or turn slot whose holder died keeps blocking others until its
+ttl lapses. When the holder id carries the holder's flow-run id, a waiter can
+ask Prefect about that run: if it is Crashed, Failed, Cancelled or Completed the
+holder is gone for good (a run in a final state never resumes under the same
+holder — a retry or recovery is a new attempt with a new holder id) and the
+store's ``take_over`` hands the lease over at once. The store stays
+Prefect-free: it only gets a ``holder_gone`` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
+
+from prefect_coder.blocks import Lease
+from prefect_coder.blocks.state.leases import default_holder
+
+__all__ = ["RUN_MARK", "holder_over", "holder_run_id", "holder_run_over", "run_holder"]
+
+#: ``<host>:<pid>:<rand>@run=<flow-run id>``
+RUN_MARK = "@run="
+_OVER = {StateType.CRASHED, StateType.FAILED, StateType.CANCELLED, StateType.COMPLETED}
+#: Seconds a "still running" answer is reused: waiters poll every 50-100 ms, and one
+#: API call per poll per waiter would load the server for nothing.
+RECHECK_S = 1.0
+_known_over: set[str] = set()
+_checked: dict[str, float] = {}
+
+
+def _current_run_id() -> str | None:
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        return str(ctx.flow_run.id)
+    # A flow-run process started by a worker (``python -m prefect.engine``) before
+    # the flow's context exists, or a task run in a thread without it.
+    return os.environ.get("PREFECT__FLOW_RUN_ID") or None
+
+
+def run_holder() -> str:
+    """A holder id for this call that names the current flow run, if there is one."""
+    run_id = _current_run_id()
+    base = default_holder()
+    return f"{base}{RUN_MARK}{run_id}" if run_id else base
+
+
+def holder_run_id(holder: str) -> uuid.UUID | None:
+    """The flow-run id a holder id names, or None (an old holder, or outside a run)."""
+    _, mark, rest = holder.partition(RUN_MARK)
+    if not mark:
+        return None
+    try:
+        return uuid.UUID(rest)
+    except ValueError:
+        return None
+
+
+async def holder_run_over(lease: Lease) -> bool:
+    """True when ``lease``'s holder names a flow run that is in a final state.
+
+    Unknown (no run id, run not found, API error) is False: then the lease's ttl
+    decides, as before. The ``holder_gone`` callback of ``store.lease``.
+    """
+    return await holder_over(lease.holder)
+
+
+async def holder_over(holder: str) -> bool:
+    """``holder_run_over`` for a bare holder id."""
+    run_id = holder_run_id(holder)
+    if run_id is None:
+        return False
+    key = str(run_id)
+    if key in _known_over:
+        return True
+    now = time.monotonic()
+    if now - _checked.get(key, -RECHECK_S) < RECHECK_S:
+        return False
+    if len(_checked) > 10_000:  # a long-lived worker: forget old answers
+        _checked.clear()
+    _checked[key] = now
+    try:
+        async with get_client() as client:
+            run = await client.read_flow_run(run_id)
+    except Exception:
+        logging.getLogger(__name__).debug("could not read flow run %s", key, exc_info=True)
+        return False
+    if run.state is not None and run.state.type in _OVER:
+        _known_over.add(key)
+        _checked.pop(key, None)
+        return True
+    return False
