@@ -1,0 +1,137 @@
+"""A dead holder whose Prefect run is already over gives up its workflow lease and turn
+slot at once: a real process holding both is killed with SIGKILL, its run is marked
+Crashed (what the zombie automation does for a lost host), and the next holder gets
+both before the dead holder's ttl (read from the rows, not timed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.states import Crashed, Running
+
+from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.flows.parts.errors import WorkflowBusyError
+from prefect_coder.flows.parts.holders import holder_run_id, holder_run_over
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.resources import hold_workflow_lease
+from prefect_coder.flows.parts.turn_slot import TurnSlotUnavailableError, slot_key, turn_slot
+
+ROOT = Path(__file__).resolve().parents[2]
+TTL = 600.0  # far longer than the test: only a takeover can free the rows in time
+
+_HOLDER = """
+import asyncio, sys
+from prefect_coder.blocks import StateStore
+from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.parts.resources import hold_workflow_lease
+from prefect_coder.flows.parts.turn_slot import turn_slot
+
+async def main():
+    url, tenant, wf, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    store = StateStore(url, tenant=tenant)
+    settings = WorkflowSettings(lease_ttl_s=ttl, lease_wait_s=5)
+    async with hold_workflow_lease(wf, store, settings), turn_slot(store, 1, wait=5, ttl=ttl):
+        print("HELD", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@flow(name="hostloss-holder")
+def _holder_flow() -> None:
+    """Only its runs are used: a flow run for the killed holder to belong to."""
+
+
+async def _start_holder(
+    api_url: str, store_url: str, tenant: str, workflow_id: str, run_id: str
+) -> asyncio.subprocess.Process:
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        PREFECT_API_URL=api_url,
+        PREFECT__FLOW_RUN_ID=run_id,
+        PREFECT_LOGGING_LEVEL="WARNING",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, store_url, tenant, workflow_id, str(TTL),
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    assert line.strip() == b"HELD"
+    return proc
+
+
+async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
+    prefect_harness: Any, store_url: str, tenant: str
+) -> None:
+    workflow_id = f"hl-{uuid.uuid4().hex[:8]}"
+    async with get_client() as client:
+        run = await client.create_flow_run(_holder_flow)
+        await client.set_flow_run_state(run.id, Running(), force=True)
+    proc = await _start_holder(
+        str(prefect_harness.api_url), store_url, tenant, workflow_id, str(run.id)
+    )
+    store = StateStore(store_url, tenant=tenant)
+    settings = WorkflowSettings(lease_ttl_s=5, lease_wait_s=0.3)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # a real crash: no release, no renewals
+        await proc.wait()
+        lease = await store.leases.get(workflow_key(workflow_id))
+        slot = await store.leases.get(slot_key(0))
+        assert lease is not None and slot is not None
+        old_lease, old_slot = lease[0], slot[0]
+        # The holders name the dead process's flow run.
+        assert holder_run_id(old_lease.holder) == run.id
+        assert holder_run_id(old_slot.holder) == run.id
+
+        # While Prefect still shows the run Running, its rows are respected.
+        with pytest.raises(WorkflowBusyError):
+            async with hold_workflow_lease(workflow_id, store, settings):
+                pytest.fail("took the lease of a run Prefect shows Running")
+        with pytest.raises(TurnSlotUnavailableError):
+            async with turn_slot(store, 1, wait=0.3, ttl=5):
+                pytest.fail("took the slot of a run Prefect shows Running")
+
+        async with get_client() as client:  # what the zombie automation does
+            await client.set_flow_run_state(run.id, Crashed(), force=True)
+        settings = WorkflowSettings(lease_ttl_s=5, lease_wait_s=30)
+        # ``holder_run_over`` reuses a "still running" answer for up to 1 s.
+        async with hold_workflow_lease(workflow_id, store, settings) as held:
+            assert held.holder != old_lease.holder
+            assert held.fence == old_lease.fence + 1
+            assert held.lease.acquired_at < old_lease.expires_at
+            async with turn_slot(store, 1, wait=30, ttl=5) as index:
+                assert index == 0
+                now = await store.leases.get(slot_key(0))
+                assert now is not None
+                assert now[0].holder != old_slot.holder
+                assert now[0].fence == old_slot.fence + 1
+                assert now[0].acquired_at < old_slot.expires_at
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await store.aclose()
+
+
+async def test_a_holder_without_a_run_waits_out_its_ttl(store_url: str, tenant: str) -> None:
+    # Old holder ids (no run) are never taken over early: the ttl decides, as before.
+    store = StateStore(store_url, tenant=tenant)
+    try:
+        assert await store.leases.acquire(workflow_key("w"), "host:1:abcd", ttl=TTL)
+        with pytest.raises(LeaseUnavailableError):
+            async with store.lease(workflow_key("w"), wait=0.2, holder_gone=holder_run_over):
+                pytest.fail("took a live lease")
+    finally:
+        await store.aclose()
