@@ -28,6 +28,7 @@ from typing import Any
 from prefect.artifacts import acreate_table_artifact
 
 from coder_chat.crash_safe import crash_point
+from coder_chat.errors import CoderTransportError
 from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_until
 from coder_chat.recovery import Follower, RecoveryOutcome, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
@@ -197,6 +198,15 @@ async def recover_before_send(
         # journaled this marker).
         await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=0))
         return SendPlan(attempt=1)
+    if known_failure and entry.state == "submitting":
+        # The failed attempt left its write-ahead in place: its send was not in
+        # history after the failure (note_failed_attempt), so the SDK's
+        # best-effort interrupt, fired before that read, cannot have cut a run of
+        # it short. A late landing is a whole run: follow or recover it, never pin
+        # it cut short (that would resend the step next to it). The journal write
+        # itself failing leaves the same entry; then the interrupt's own calls
+        # most likely failed with it.
+        known_failure = False
     recovery = TurnRecovery(
         client,
         store,
@@ -243,7 +253,11 @@ async def journal_send(client: ChatClient, store: StateStore, chat_id: str, mark
 
 
 async def note_failed_attempt(
-    client: ChatClient, store: StateStore, chat_id: str | None, marker: str
+    client: ChatClient,
+    store: StateStore,
+    chat_id: str | None,
+    marker: str,
+    failure: BaseException | None = None,
 ) -> None:
     """After a *known* failure of a send (timeout, abort, error), journal the tail
     attempt "cut-short" so that a later recovery — in another flow run, without
@@ -252,15 +266,30 @@ async def note_failed_attempt(
     looked. Scoped by (marker, count) like every entry: if the send never landed,
     the verdict applies to the attempt the step was resubmitting over, which was
     cut short or errored anyway. Best-effort and bounded; shielded, because it also
-    runs while the turn is being cancelled."""
+    runs while the turn is being cancelled.
+
+    One exception: a send whose request may still be in flight at the server (a
+    transport failure that was not retry-safe: a reset or timed-out POST) and
+    that history does not show yet keeps its ``submitting`` write-ahead. Its
+    timestamp starts the commit horizon, so the retry sleeps the window out and
+    finds the late-landing message (and follows it) instead of sending the step
+    a second time next to it."""
     if not chat_id:
         return
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.shield(_note_failed_attempt(client, store, chat_id, marker))
+        await asyncio.shield(_note_failed_attempt(client, store, chat_id, marker, failure))
+
+
+def _may_still_land(failure: BaseException | None) -> bool:
+    return isinstance(failure, CoderTransportError) and not failure.retry_safe
 
 
 async def _note_failed_attempt(
-    client: ChatClient, store: StateStore, chat_id: str, marker: str
+    client: ChatClient,
+    store: StateStore,
+    chat_id: str,
+    marker: str,
+    failure: BaseException | None,
 ) -> None:
     try:
         messages, _ = await fetch_until(
@@ -270,6 +299,21 @@ async def _note_failed_attempt(
             timeout=5.0,
         )
         count = count_marker_attempts(messages, marker)[0]
+        if _may_still_land(failure):
+            entry = await store.journal.get(chat_id)
+            if (
+                entry is not None
+                and entry.marker == marker
+                and entry.state == "submitting"
+                and entry.attempt == count
+            ):
+                run_logger(__name__).info(
+                    "the send of %s may still land on chat %s: its write-ahead stays, "
+                    "a retry waits out its commit window",
+                    marker,
+                    chat_id,
+                )
+                return
         await store.journal.set(
             chat_id, JournalEntry(state="cut-short", marker=marker, attempt=count)
         )
