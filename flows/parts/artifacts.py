@@ -18,7 +18,7 @@ from prefect.utilities.context import get_task_and_flow_run_ids
 from prefect_coder.flows.parts.background import spawn
 from prefect_coder.flows.parts.results import TurnResult
 
-__all__ = ["artifact_key", "publish_turn_artifact", "render_turn_markdown"]
+__all__ = ["artifact_key", "chat_web_url", "publish_turn_artifact", "render_turn_markdown"]
 
 _NOT_KEY = re.compile(r"[^a-z0-9-]+")
 
@@ -31,6 +31,16 @@ def artifact_key(
     digest = hashlib.sha256(f"{workflow_id}\x00{step_name}".encode()).hexdigest()[:8]
     slug = _NOT_KEY.sub("-", f"{workflow_id}-{step_name}".lower()).strip("-")[:slug_len]
     return f"coder-{kind}-{slug}-{digest}"
+
+
+def chat_web_url(base_url: str | None, chat_id: str | None) -> str | None:
+    """The chat's page in the Coder web UI (``/agents/<chat id>``, the route of
+    coder/coder's ``site/src/router.tsx``), or ``None`` without a base URL or chat.
+
+    Built from the deployment's base URL only: it never carries the token."""
+    if not base_url or not chat_id:
+        return None
+    return f"{base_url.rstrip('/')}/agents/{chat_id}"
 
 
 def _fence(text: str) -> str:
@@ -47,12 +57,15 @@ def _cell(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def render_turn_markdown(result: TurnResult, prompt: str) -> str:
-    """Markdown for one finished turn."""
+def render_turn_markdown(result: TurnResult, prompt: str, *, base_url: str | None = None) -> str:
+    """Markdown for one finished turn; with ``base_url`` the chat links to its
+    page in the Coder web UI."""
+    url = chat_web_url(base_url, result.chat_id)
+    chat = f"[`{result.chat_id}`]({url})" if url else f"`{result.chat_id}`"
     lines = [
         f"# Turn `{result.step}` of workflow `{result.workflow_id}`",
         "",
-        f"- chat: `{result.chat_id}`",
+        f"- chat: {chat}",
         f"- finish reason: `{result.finish_reason}`",
         f"- attempt: {result.attempt}",
         f"- generate time: {result.generate_ms:.0f} ms",
@@ -90,14 +103,14 @@ def render_turn_markdown(result: TurnResult, prompt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def publish_turn_artifact(result: TurnResult, prompt: str) -> None:
+def publish_turn_artifact(result: TurnResult, prompt: str, *, base_url: str | None = None) -> None:
     """Create the turn's markdown artifact for the current task run, in the
     background (see :mod:`prefect_coder.flows.parts.background`)."""
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
     artifact = MarkdownArtifact(
         key=artifact_key(result.workflow_id, result.step),
         description=f"Coder turn {result.workflow_id}/{result.step}",
-        markdown=render_turn_markdown(result, prompt),
+        markdown=render_turn_markdown(result, prompt, base_url=base_url),
         task_run_id=task_run_id,
         flow_run_id=flow_run_id,
     )

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.events import emit_event
 
 from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
+
+if TYPE_CHECKING:
+    from prefect_coder.flows.parts.live_progress import LiveProgress
 
 __all__ = ["OperatorNote", "TransportRouter", "TurnObserver", "chat_resource", "describe"]
 
@@ -113,11 +116,15 @@ class TurnObserver:
         step: str,
         logger: logging.Logger | logging.LoggerAdapter[Any],
         chat_id: str | None = None,
+        progress: LiveProgress | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         self.step = step
         self.logger = logger
         self.chat_id = chat_id
+        # The turn's live artifact: fed every event, finished by the turn's
+        # coder.turn.settled / coder.turn.failed event.
+        self.progress = progress
         self.redials = 0
         self.segments = 0
 
@@ -125,6 +132,11 @@ class TurnObserver:
         chat_id = getattr(ev, "chat_id", None)
         if chat_id:
             self.chat_id = chat_id
+        if self.progress is not None:
+            try:
+                self.progress(ev)
+            except Exception:  # observability must never break a turn
+                self.logger.debug("live progress failed on %s", ev.type, exc_info=True)
         obs = describe(ev)
         if obs is None:
             return
@@ -138,6 +150,15 @@ class TurnObserver:
 
     def emit(self, event: str, payload: dict[str, Any]) -> None:
         """Emit a Prefect event about this turn (errors are logged, never raised)."""
+        if self.progress is not None and event in ("coder.turn.settled", "coder.turn.failed"):
+            if event == "coder.turn.settled":
+                outcome = f"settled, finish reason `{payload.get('finish_reason')}`"
+            else:
+                outcome = f"failed: {payload.get('error')}: {payload.get('message', '')}"
+            try:
+                self.progress.finish(outcome)
+            except Exception:  # observability must never break a turn
+                self.logger.debug("could not finish the live progress", exc_info=True)
         try:
             emit_event(
                 event,

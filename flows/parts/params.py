@@ -45,7 +45,19 @@ class Step(BaseModel):
             "With the workflow id it keys the step's stored result."
         )
     )
-    prompt: str = Field(description="The user prompt sent for this step.")
+    prompt: str = Field(
+        description=(
+            "The user prompt sent for this step. Against the demo's emulated Coder the "
+            "model only answers 'Echo: <prompt>' unless the prompt ends with a '#emu' "
+            "script (docs/emulator.md). A tool call (the step offers 'record_note'): "
+            '`Note it. #emu [{"tool_calls": [{"name": "record_note", "args": {"title": '
+            '"t", "body": "b"}}]}, {"text": "noted"}]`. A structured answer (output_model '
+            '\'fix_plan\'): `Plan it. #emu {"structured_output": {"summary": "pin the '
+            'dependency", "files": ["pyproject.toml"], "risk": "low"}}`. '
+            'A slow turn (watch its live artifact): `Wait. #emu {"sleep": 20, "text": '
+            '"done"}`. Real Coder models know nothing of #emu: leave it out there.'
+        )
+    )
     tools: list[str] = Field(
         default_factory=list,
         description="Names of registered client tools this step offers the model.",
@@ -150,7 +162,14 @@ class WorkflowSettings(BaseModel):
             "crash window the orphan sweep covers; a retry then resumes that chat)."
         ),
     )
-    artifacts: bool = Field(default=True, description="Publish a markdown artifact per turn.")
+    artifacts: bool = Field(
+        default=True,
+        description=(
+            "Publish a markdown artifact per turn, and a live one updated while the "
+            "turn runs (streamed text, tool calls, retries, chat status; at most one "
+            "update per PREFECT_CODER_PROGRESS_INTERVAL_S, default 2 s)."
+        ),
+    )
     tool_modules: list[str] = Field(
         default_factory=lambda: ["prefect_coder.flows.demo_tools"],
         description=(

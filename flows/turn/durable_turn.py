@@ -42,6 +42,7 @@ from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.flows.parts.artifacts import publish_turn_artifact
 from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
+from prefect_coder.flows.parts.live_progress import LiveProgress
 from prefect_coder.flows.parts.observe import TurnObserver
 from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
@@ -317,7 +318,18 @@ async def _turn_under_lease(
     creds = resources.credentials
     checkpoint = await store.checkpoints.get(workflow_id)
     chat_id = checkpoint.chat_id if checkpoint else None
-    observer = TurnObserver(workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id)
+    # The live artifact (flows/parts/live_progress.py): fed by the observer, published
+    # off the hot path, finished by the observer's settled/failed event.
+    progress = (
+        LiveProgress(
+            workflow_id=workflow_id, step=step.name, base_url=creds.base_url, note=retry_reason
+        )
+        if settings.artifacts
+        else None
+    )
+    observer = TurnObserver(
+        workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id, progress=progress
+    )
     request_timeout = settings.request_timeout_s or creds.request_timeout
     turn_timeout = settings.turn_timeout_s or creds.turn_timeout
     # Crash recovery (flows/parts/eager_checkpoint.py, orphan_check.py): a first turn's chat is checkpointed as
@@ -492,7 +504,7 @@ async def _turn_under_lease(
     )
     if settings.artifacts:
         try:
-            publish_turn_artifact(result, prompt)
+            publish_turn_artifact(result, prompt, base_url=creds.base_url)
         except Exception:
             logger.warning("could not publish the turn artifact", exc_info=True)
     crash_point("turn.before_persist")
