@@ -269,7 +269,7 @@ def prefect_harness(
         }
     ):
         # Generous: the server migrates a fresh schema at start, slow on a loaded machine.
-        with _prefect_test_server(database, startup_timeout=120) as api_url:
+        with _prefect_test_server(database, startup_timeout=300) as api_url:
             yield PrefectHarness(api_url, results, database)
             EventsWorker.drain_all(timeout=10)
             APILogWorker.drain_all(timeout=10)

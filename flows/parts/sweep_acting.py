@@ -29,6 +29,7 @@ from prefect_coder.flows.parts.sweep_plan import (
 )
 from prefect_coder.flows.parts.sweep_reconcile import Reconciler, ReconcileRequest
 from prefect_coder.flows.parts.sweep_report import SweepReport, emit_chat_event
+from prefect_coder.flows.parts.unfinished_attempt import journal_cut_short
 
 __all__ = ["ChatNotArchivedError", "SweepActor", "bring_to_rest"]
 
@@ -38,7 +39,13 @@ class ChatNotArchivedError(RuntimeError):
 
 
 async def bring_to_rest(
-    client: ChatClient, chat_id: str, *, bound_s: float, poll_s: float, archive: bool
+    client: ChatClient,
+    chat_id: str,
+    *,
+    bound_s: float,
+    poll_s: float,
+    archive: bool,
+    store: StateStore | None = None,
 ) -> str:
     """Stop the chat's run (and archive it) with :func:`coder_chat.stop.stop_chat`
     within ``bound_s``; returns the row's outcome: each interrupt and the status
@@ -48,10 +55,16 @@ async def bring_to_rest(
     calls and the model continues); ``stop_chat`` knows the server's rules. A chat
     to archive that is not archived within the bound raises
     :class:`ChatNotArchivedError`: the row fails and its records are kept.
+
+    With ``store``, the first interrupt of a checkpointed chat is journaled
+    (``cut-short``) before it is sent, so the workflow's own recovery never
+    takes the attempt it truncates for a finished one.
     """
     seen: list[str] = []
 
     async def note(chat: Chat) -> None:
+        if store is not None and not seen:
+            await journal_cut_short(client, store, chat_id)
         seen.append(chat.status)
 
     result = await stop_chat(
@@ -243,6 +256,7 @@ class SweepActor:
                 bound_s=opts.interrupt_bound_s + (opts.archive_settle_s if retire else 0.0),
                 poll_s=opts.archive_retry_s,
                 archive=retire,
+                store=self.store,
             )
         )
         if retire:

@@ -42,6 +42,7 @@ from prefect_coder.flows.parts.run_log import run_logger
 
 __all__ = [
     "SendPlan",
+    "journal_cut_short",
     "journal_send",
     "note_failed_attempt",
     "publish_recovery",
@@ -244,12 +245,34 @@ async def journal_send(client: ChatClient, store: StateStore, chat_id: str, mark
     """The write-ahead of a further send of a step on its chat (e.g. a structured
     step's re-ask): ``submitting`` with the step's current attempt count, which
     it returns. Every send on a checkpointed chat is journaled first."""
-    messages, _ = await fetch_until(
-        client, chat_id, lambda ms: count_marker_attempts(ms, marker)[1], timeout=30.0
-    )
-    count = count_marker_attempts(messages, marker)[0]
+    count = await _marker_count(client, chat_id, marker, bound_s=30.0)
     await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=count))
     return count
+
+
+async def _marker_count(client: ChatClient, chat_id: str, marker: str, *, bound_s: float) -> int:
+    """How many user messages of the chat carry ``marker`` (history read to the end)."""
+    messages, _ = await fetch_until(
+        client, chat_id, lambda ms: count_marker_attempts(ms, marker)[1], timeout=bound_s
+    )
+    return count_marker_attempts(messages, marker)[0]
+
+
+async def journal_cut_short(client: ChatClient, store: StateStore, chat_id: str) -> bool:
+    """Before somebody else's interrupt of a checkpointed chat (a sweep), journal
+    the step's tail attempt ``cut-short``; returns whether the chat had a journal.
+
+    Without it, the workflow's own recovery later sends an interrupt of its own,
+    gets 409 (the sweep already stopped the run) and would take the truncated
+    attempt for a finished one, returning it as the step's answer."""
+    entry = await store.journal.get(chat_id)
+    if entry is None:
+        return False
+    count = await _marker_count(client, chat_id, entry.marker, bound_s=5.0)
+    await store.journal.set(
+        chat_id, JournalEntry(state="cut-short", marker=entry.marker, attempt=count)
+    )
+    return True
 
 
 async def note_failed_attempt(
@@ -292,13 +315,7 @@ async def _note_failed_attempt(
     failure: BaseException | None,
 ) -> None:
     try:
-        messages, _ = await fetch_until(
-            client,
-            chat_id,
-            lambda ms: count_marker_attempts(ms, marker)[1],
-            timeout=5.0,
-        )
-        count = count_marker_attempts(messages, marker)[0]
+        count = await _marker_count(client, chat_id, marker, bound_s=5.0)
         if _may_still_land(failure):
             entry = await store.journal.get(chat_id)
             if (

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from prefect.blocks.core import Block
 from prefect.utilities.dispatch import get_registry_for_type
-from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
 import prefect_coder
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,3 +63,25 @@ def test_installed_names_cannot_collide() -> None:
 def test_emulator_plugin_is_opt_in() -> None:
     """The emulator's pytest plugin is not registered for every pytest session."""
     assert not [e for e in entry_points(group="pytest11") if e.value.startswith("coder_chat")]
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject lists the packages explicitly (flows/ and blocks/ are mapped under
+    prefect_coder): a new sub-package missing from the list would be left out of a
+    wheel while an editable install still finds it."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    names = {
+        "coder_chat": "coder_chat",
+        "flows": "prefect_coder.flows",
+        "blocks": "prefect_coder.blocks",
+    }
+    found = {"prefect_coder"}
+    for folder, dotted in names.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join([dotted, *rel]))
+    assert found == listed

@@ -83,6 +83,34 @@ async def test_a_run_stuck_past_the_turn_budget_is_interrupted_and_announced(
     assert events[-1]["payload"]["status"] == "running"
 
 
+async def test_a_sweep_journals_cut_short_before_it_interrupts_a_checkpointed_turn(
+    client: ChatClient,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+) -> None:
+    """The workflow's own recovery must never take the attempt a sweep truncated for
+    a finished one: the sweep's interrupt of a checkpointed chat is journaled first."""
+    marker = step_marker(workflow_id, "slow")
+    stuck = await new_chat(
+        client, labels=ours(tenant, workflow_id), prompt=f"{marker} take long", script=SLEEPY
+    )
+    await wait_status(client, stuck, "running")
+    await store.checkpoints.set(workflow_id, stuck)
+    await store.journal.set(stuck, JournalEntry(state="submitting", marker=marker, attempt=0))
+    await asyncio.sleep(0.4)
+    report = await sweep_stuck_turns(
+        settings, turn_budget_s=0.3, action_budget_s=60, options=options
+    )
+    [row] = report.rows
+    assert row.decision == "interrupt" and row.outcome.startswith("interrupted")
+    entry = await store.journal.get(stuck)
+    assert entry is not None
+    assert (entry.state, entry.marker, entry.attempt) == ("cut-short", marker, 1)
+
+
 async def test_a_pause_nobody_answers_is_interrupted_until_it_stops(
     client: ChatClient,
     settings: WorkflowSettings,
