@@ -100,9 +100,8 @@ B3: Final = Era(
 ERAS: Final[dict[str, Era]] = {e.name: e for e in (B1, B2, B3)}
 ERA_NAMES: Final = tuple(ERAS)
 NEWEST: Final = "b3"
-# The default stays at B2 (what the emulator always played) until every client test runs
-# on B3: one of them fakes an old server (v2 404 → experimental fallback), which B3 cannot
-# be. Flip to NEWEST then; everything else (CLI, fixtures, docs table) follows.
+# The newest build by default: what a new deployment runs. Tests that fake an older
+# server pin their era explicitly.
 DEFAULT_ERA: Final = NEWEST
 
 
