@@ -33,7 +33,7 @@ EXPIRED_MESSAGE = "The flow was paused and never resumed."
 HANDLED_TAG = "coder-approval-expired-handled"
 
 
-@flow(name="expire-approvals")
+@flow(name="expire-approvals", flow_run_name="expire-approvals")
 async def expire_approvals(limit: int = 200) -> list[str]:
     """Apply the workflow failure handler to ``agent-workflow`` runs whose approval
     timed out; returns the flow-run ids handled.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.parts.run_log import run_logger
 from prefect_coder.flows.parts.sweep_options import SweepOptions
 from prefect_coder.flows.parts.sweep_reconcile import reconcile_with_ledger
@@ -25,7 +25,7 @@ __all__ = ["sweep_orphans"]
 
 @flow(name="sweep-orphans", flow_run_name="sweep-orphans")
 async def sweep_orphans(
-    settings: WorkflowSettings | None = None,
+    settings: SweepSettings | None = None,
     dry_run: bool = False,
     grace_s: float | None = None,
     options: SweepOptions | None = None,
@@ -40,14 +40,17 @@ async def sweep_orphans(
     archived here. Publishes a table artifact.
 
     Args:
-        settings: credentials and store blocks (as for the workflows).
+        settings: credentials and store blocks, lease bounds, tool modules (a
+            workflow's settings are accepted too; their turn-only keys are ignored).
         dry_run: decide and report, change nothing.
         grace_s: minimum age (``created_at``) of an unaccounted chat before it is
             retired; protects a live first turn. Default: twice the turn timeout.
         options: concurrency, page size, interrupt/archive bounds.
     """
     check_seconds("grace_s", grace_s, allow_zero=True)
-    settings, resources, turn_timeout = await load_sweep_resources(settings)
+    sweep_settings, resources, turn_timeout = await load_sweep_resources(
+        (settings or SweepSettings()).workflow_settings()
+    )
     opts = options or SweepOptions()
     grace = grace_s if grace_s is not None else default_grace_s(turn_timeout)
     logger = run_logger(__name__)
@@ -66,7 +69,7 @@ async def sweep_orphans(
             dry_run=dry_run,
             options=opts,
             reconciler=reconcile_with_ledger,
-            tool_modules=tuple(settings.tool_modules),
+            tool_modules=tuple(sweep_settings.tool_modules),
         )
     await publish_sweep_artifact(report, f"Grace period {grace:g}s.", opts.max_table_rows)
     if opts.emit_events:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.parts.run_log import run_logger
 from prefect_coder.flows.parts.sweep_options import SweepOptions
 from prefect_coder.flows.parts.sweep_reconcile import reconcile_with_ledger
@@ -26,7 +26,7 @@ __all__ = ["sweep_stuck_turns"]
 
 @flow(name="sweep-stuck-turns", flow_run_name="sweep-stuck-turns")
 async def sweep_stuck_turns(
-    settings: WorkflowSettings | None = None,
+    settings: SweepSettings | None = None,
     dry_run: bool = False,
     turn_budget_s: float | None = None,
     action_budget_s: float = DEFAULT_ACTION_BUDGET_S,
@@ -42,7 +42,8 @@ async def sweep_stuck_turns(
     artifact; a chat whose workflow has a live run is reported, not touched.
 
     Args:
-        settings: credentials and store blocks (as for the workflows).
+        settings: credentials and store blocks, lease bounds, tool modules (a
+            workflow's settings are accepted too; their turn-only keys are ignored).
         dry_run: decide, report and emit, change nothing.
         turn_budget_s: default: the turn timeout plus 60 s.
         action_budget_s: how long a client-tool pause may wait for its answer.
@@ -50,7 +51,9 @@ async def sweep_stuck_turns(
     """
     check_seconds("turn_budget_s", turn_budget_s, allow_zero=False)
     check_seconds("action_budget_s", action_budget_s, allow_zero=False)
-    settings, resources, turn_timeout = await load_sweep_resources(settings)
+    sweep_settings, resources, turn_timeout = await load_sweep_resources(
+        (settings or SweepSettings()).workflow_settings()
+    )
     opts = options or SweepOptions()
     budget = turn_budget_s if turn_budget_s is not None else default_turn_budget_s(turn_timeout)
     async with resources.credentials.get_client() as client:
@@ -62,7 +65,7 @@ async def sweep_stuck_turns(
             dry_run=dry_run,
             options=opts,
             reconciler=reconcile_with_ledger,
-            tool_modules=tuple(settings.tool_modules),
+            tool_modules=tuple(sweep_settings.tool_modules),
         )
     await publish_sweep_artifact(
         report,
