@@ -151,26 +151,32 @@ class _WaitingState:
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._shown = False
+        self._stopped = asyncio.Event()
 
     def start(self) -> None:
         if self._task is None and TaskRunContext.get() is not None:
             self._task = asyncio.create_task(self._show(), name="waiting-state")
 
     async def _show(self) -> None:
-        await asyncio.sleep(SHOW_WAITING_AFTER_S)
-        # Retried for as long as the turn still waits (``stop`` cancels this): the
-        # server may not have recorded the task run yet on a busy machine.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), SHOW_WAITING_AFTER_S)
+            return  # got a slot within SHOW_WAITING_AFTER_S: nothing to show
+        # Retried for as long as the turn still waits: the server may not have
+        # recorded the task run yet on a busy machine. An attempt under way when the
+        # turn gets its slot is finished, not cancelled (a cancelled request may or
+        # may not have landed; then the "Running" below must follow it).
         while True:
             if await _set_task_state(WAITING_STATE_NAME):
                 self._shown = True
                 return
-            await asyncio.sleep(0.25)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), 0.25)
+                return
 
     async def stop(self) -> None:
+        self._stopped.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         if self._shown:
             await _set_task_state("Running")
 
