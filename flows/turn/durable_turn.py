@@ -443,9 +443,7 @@ async def _turn_under_lease(
                 if failed is not None:
                     # A timeout, an error or a cancellation: the SDK already fired its
                     # best-effort interrupt, so a later recovery must not trust a 409.
-                    await note_failed_attempt(
-                        agent.client, store, agent.chat_id, marker, failed
-                    )
+                    await note_failed_attempt(agent.client, store, agent.chat_id, marker, failed)
             finally:
                 if failed is not None:
                     observer.emit(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr, ValidationError
+
 from prefect_coder.blocks import ChatStateStore, StateStore
 from prefect_coder.blocks.state import default_sqlite_path
-from pydantic import SecretStr, ValidationError
 
 
 def test_default_is_sqlite_under_prefect_home() -> None:

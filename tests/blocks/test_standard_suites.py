@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
+
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
 
 
