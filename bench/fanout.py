@@ -18,6 +18,13 @@ turn (peak RSS during the run minus RSS before it, over the server-side peak of
 running turns; an upper bound: it also counts caches and allocator slack).
 
 Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--turn-s 0.05]``.
+
+``--workers-mode``: the fan-out as a deployment run on ``prefect worker start``
+process workers (each workflow its own ``agent-workflow`` flow run, so a flow-run
+process each): turns/s at cap 50 (``--workers-cap``) with 1 and with 2 workers,
+and the time from SIGKILLing a worker (with its flow-run processes) that holds
+turn slots until turns of the other worker hold those slots again (the dead
+runs marked Crashed at once, as the zombie automation would).
 """
 
 from __future__ import annotations
@@ -264,6 +271,85 @@ async def _main(args: argparse.Namespace, tmp: Path) -> None:
     )
 
 
+async def _fanout_on_workers(
+    emu: Emulator, tmp: Path, pool: str, n: int, args: argparse.Namespace, workers: int
+) -> float:
+    """turns/s of one agent-fanout deployment run of ``n`` one-turn workflows."""
+    from prefect.deployments import run_deployment
+
+    name = uuid.uuid4().hex[:8]
+    await _retry_503(
+        lambda: CoderCredentials(
+            base_url=emu.base_url,
+            organization_id=uuid.UUID(str(emu.organization_id)),
+            token=SecretStr(TOKEN),
+            max_concurrent_turns=args.workers_cap,
+            turn_slot_wait=600,
+            turn_slot_ttl=5,
+        ).save(f"bench-coder-{name}", overwrite=True)
+    )
+    store = ChatStateStore(url=f"sqlite+aiosqlite:///{tmp / 'workers.db'}")
+    await _retry_503(lambda: store.save(f"bench-store-{name}", overwrite=True))
+    settings = WorkflowSettings(
+        credentials_block=f"bench-coder-{name}",
+        store_block=f"bench-store-{name}",
+        retries=0,
+        lease_ttl_s=5,
+        artifacts=False,
+    )
+    items = [
+        FanoutItem(
+            workflow_id=f"bw-{name}-{i}",
+            steps=[Step(name="s", prompt=f'go #emu {{"sleep": {args.turn_s}, "text": "ok"}}')],
+        ).model_dump(mode="json")
+        for i in range(n)
+    ]
+    t0 = time.perf_counter()
+    run = await run_deployment(  # type: ignore[misc]
+        "agent-fanout/agent-fanout",
+        parameters={
+            "workflows": items,
+            "settings": settings.model_dump(mode="json"),
+            "max_parallel": n,
+            "fail_on_error": True,
+            "poll_interval_s": 0.5,
+        },
+        timeout=None,
+        poll_interval=0.5,
+    )
+    wall = time.perf_counter() - t0
+    assert run.state is not None and run.state.is_completed(), run.state
+    return n / wall
+
+
+async def _workers_mode(args: argparse.Namespace, tmp: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "fanout"))
+    from fanout_env import child_env, deploy, start_worker, stop_worker
+    from prefect.settings import PREFECT_API_URL
+
+    pool = f"bench-{uuid.uuid4().hex[:6]}"
+    await deploy(pool)
+    env = child_env(str(PREFECT_API_URL.value()), tmp / "results")
+    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as emu:
+        for count in (1, 2):
+            workers = [
+                await start_worker(
+                    pool, f"{pool}-{count}-{i}", env, tmp / f"w{count}{i}.log", args.worker_limit
+                )
+                for i in range(count)
+            ]
+            try:
+                rate = await _fanout_on_workers(emu, tmp, pool, args.workflows, args, count)
+            finally:
+                for w in workers:
+                    await stop_worker(w)
+            print(
+                f"{count} worker(s), cap {args.workers_cap}, limit {args.worker_limit} runs "
+                f"each: {args.workflows} workflows = {rate:.2f} turns/s",
+                flush=True,
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workflows", type=int, default=200)
@@ -273,6 +359,9 @@ def main() -> None:
     p.add_argument(
         "--no-handoff", action="store_true", help="skip the store-vs-GCL hand-off comparison"
     )
+    p.add_argument("--workers-mode", action="store_true", help="1 vs 2 process workers")
+    p.add_argument("--workers-cap", type=int, default=50)
+    p.add_argument("--worker-limit", type=int, default=12, help="flow runs per worker at once")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     with temporary_settings(
@@ -283,7 +372,10 @@ def main() -> None:
         }
     ):
         with prefect_test_harness(server_startup_timeout=180):
-            asyncio.run(_main(args, tmp))
+            if args.workers_mode:
+                asyncio.run(_workers_mode(args, tmp))
+            else:
+                asyncio.run(_main(args, tmp))
 
 
 if __name__ == "__main__":
