@@ -1,0 +1,252 @@
+"""``agent-fanout`` through the real path: a Prefect server, two ``prefect worker start``
+process workers on one pool, ``run_deployment``. Every workflow is its own
+``agent-workflow`` flow run, so both workers run turns; then the worker that runs the
+fan-out is SIGKILLed together with its flow-run processes mid-way.
+
+A host killed with its worker leaves its runs ``Running`` (nothing reports the exit);
+in production the zombie automation (tests/hostloss) marks them Crashed. Here the test
+does that state change itself through the API, as that automation's action does, so
+the test does not wait ≥ 40 s for heartbeats. From the Crashed events on, everything is
+the product: the ``prefect.yaml`` triggers start ``recover-turn`` for each crashed
+workflow and a new ``agent-fanout`` run with the same parameters, which re-attaches to
+the workflow runs that exist (idempotency keys) instead of starting them again.
+
+Measured from the emulator: every workflow finished, one user message per step (no
+duplicate turn), no chat left unarchived, the turn cap never exceeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fanout_env import TOKEN, Worker, child_env, deploy, parent_of, start_worker, stop_worker
+from prefect.client.orchestration import PrefectClient, get_client
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.states import Crashed
+from pydantic import SecretStr
+
+from coder_chat.emulator import Emulator
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem
+from prefect_coder.flows.parts.params import Step, WorkflowSettings
+
+CAP = 3
+WORKFLOWS = 8
+STEPS = ("plan", "do")
+
+
+async def _until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _settings(emu: Emulator, store_url: str) -> WorkflowSettings:
+    name = uuid.uuid4().hex[:10]
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=uuid.UUID(str(emu.organization_id)),
+        token=SecretStr(TOKEN),
+        request_timeout=15.0,
+        turn_timeout=60.0,
+        max_concurrent_turns=CAP,
+        turn_slot_wait=120.0,
+        turn_slot_ttl=3.0,
+    ).save(f"fanout-coder-{name}", overwrite=True)
+    await ChatStateStore(url=store_url).save(f"fanout-store-{name}", overwrite=True)
+    return WorkflowSettings(
+        credentials_block=f"fanout-coder-{name}",
+        store_block=f"fanout-store-{name}",
+        retries=0,
+        retry_delay_s=0,
+        lease_wait_s=90,
+        lease_ttl_s=3,
+        settle_wait_s=5,
+        redial_backoff_ms=20,
+        artifacts=True,
+    )
+
+
+def _marker(workflow_id: str, step: str) -> str:
+    return f"[{workflow_id}/{step}]"
+
+
+def _items(run: str) -> list[FanoutItem]:
+    items = []
+    for i in range(WORKFLOWS):
+        wid = f"fw-{run}-{i}"
+        steps = [
+            Step(
+                name=s,
+                prompt=f'{_marker(wid, s)} #emu {{"sleep": 1.5, "text": "done {s}"}}',
+            )
+            for s in STEPS
+        ]
+        items.append(FanoutItem(workflow_id=wid, steps=steps))
+    return items
+
+
+class Hosts:
+    """Which worker started which flow run: a run's ``infrastructure_pid`` is its
+    process, whose parent is the worker (sampled while the process lives)."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.by_pid = {w.proc.pid: w.name for w in workers}
+        self.of_run: dict[str, str] = {}
+
+    async def sample(self, client: PrefectClient) -> None:
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
+            ),
+            limit=200,
+        )
+        for r in runs:
+            if r.infrastructure_pid and str(r.id) not in self.of_run:
+                parent = parent_of(int(str(r.infrastructure_pid).split(":")[-1]))
+                if parent in self.by_pid:
+                    self.of_run[str(r.id)] = self.by_pid[parent]
+
+
+async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
+    prefect_harness: Any, emu: Emulator, store_url: str, tmp_path: Path
+) -> None:
+    settings = await _settings(emu, store_url)
+    pool = f"fanout-{uuid.uuid4().hex[:6]}"
+    await deploy(pool)
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    workers = [
+        await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=4)
+        for i in (1, 2)
+    ]
+    hosts = Hosts(workers)
+    items = _items(uuid.uuid4().hex[:6])
+    parameters = {
+        "workflows": [i.model_dump(mode="json") for i in items],
+        "settings": settings.model_dump(mode="json"),
+        "max_parallel": WORKFLOWS,
+        "fail_on_error": True,
+    }
+    try:
+        async with get_client() as client:
+            first = await run_deployment(  # type: ignore[misc]
+                "agent-fanout/agent-fanout", parameters=parameters, timeout=0
+            )
+
+            # Mid-way: some steps done, and the fan-out's worker runs turns of its own.
+            async def midway() -> str | None:
+                await hosts.sample(client)
+                host = hosts.of_run.get(str(first.id))
+                done = len(emu.event_log(["turn_end"]))
+                mine = [r for r, h in hosts.of_run.items() if h == host and r != str(first.id)]
+                return host if host and mine and done >= 2 else None
+
+            victim_name = await _until("a fan-out mid-way", 120, midway)
+            victim = next(w for w in workers if w.name == victim_name)
+            victim.kill_with_children()
+            await victim.proc.wait()
+
+            # What the zombie automation does for a lost host: mark its runs Crashed
+            # (every unfinished run whose process is gone: Running ones, and Pending
+            # ones the dead worker had claimed).
+            async def mark_lost() -> None:
+                runs = await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
+                        )
+                    ),
+                    limit=200,
+                )
+                for run in runs:
+                    pid = str(run.infrastructure_pid or "").split(":")[-1]
+                    on_victim = hosts.of_run.get(str(run.id)) == victim_name
+                    if on_victim or (pid and parent_of(int(pid)) is None):
+                        await client.set_flow_run_state(
+                            run.id, Crashed(message="host lost (test)"), force=True
+                        )
+
+            await mark_lost()
+            await asyncio.sleep(3)
+            await mark_lost()
+
+            async def fanout_done() -> Any:
+                await hosts.sample(client)
+                runs = await client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(
+                        name=DeploymentFilterName(any_=["agent-fanout"])
+                    ),
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.COMPLETED])
+                        )
+                    ),
+                )
+                return runs[0] if runs else None
+
+            try:
+                final = await _until("a completed agent-fanout run", 180, fanout_done)
+            except AssertionError:
+                runs = await client.read_flow_runs(limit=200)
+                table = [(r.name, r.state_name, r.infrastructure_pid) for r in runs]
+                raise AssertionError(table) from None
+            outcomes = await final.state.aresult()
+
+            # Every recover-turn run started by the triggers has ended too.
+            async def recoveries_done() -> bool:
+                runs = await client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(
+                        name=DeploymentFilterName(any_=["recover-turn"])
+                    )
+                )
+                return all(r.state and r.state.is_final() for r in runs)
+
+            await _until("the recover-turn runs", 120, recoveries_done)
+    finally:
+        for w in workers:
+            await stop_worker(w)
+        logs = "\n".join(w.log.read_text(errors="replace")[-3000:] for w in workers)
+
+    # The victim ran the fan-out: the run that completed is the re-run its trigger started.
+    assert final.id != first.id, logs
+    assert [o["ok"] if isinstance(o, dict) else o.ok for o in outcomes] == [True] * WORKFLOWS, (
+        outcomes,
+        logs,
+    )
+    # Both workers ran workflow runs.
+    assert {h for r, h in hosts.of_run.items()} == {w.name for w in workers}, hosts.of_run
+    # One user message per step, counted from the emulator's event log.
+    user_ids = {
+        e["details"]["id"] for e in emu.event_log(["message"]) if e["details"]["role"] == "user"
+    }
+    counts: dict[str, int] = {}
+    for chat in emu.chats():
+        for m in emu.messages(chat["id"], include_system=False):
+            if m["id"] in user_ids:
+                text = "".join(p.get("text", "") for p in m.get("content") or [])
+                for item in items:
+                    for s in STEPS:
+                        if _marker(item.workflow_id, s) in text:
+                            counts[_marker(item.workflow_id, s)] = (
+                                counts.get(_marker(item.workflow_id, s), 0) + 1
+                            )
+    assert counts == {_marker(i.workflow_id, s): 1 for i in items for s in STEPS}, counts
+    assert all(c["archived"] for c in emu.chats()), [c for c in emu.chats() if not c["archived"]]
+    assert emu.max_concurrent_turns() <= CAP
