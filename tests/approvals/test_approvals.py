@@ -293,4 +293,9 @@ async def test_only_an_expired_approval_triggers_expire_approvals(prefect_server
         # The triggers service reads events in order: the earlier, unrelated failure was
         # evaluated first. Give a late action a moment to show before counting.
         await asyncio.sleep(2)
-        assert len(await triggered()) == 1
+        count = len(await triggered())
+        # The session's server is shared: other tests serve deployments of these names.
+        for dep_id in (expire_id, workflow_id):
+            await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
+            await client.delete_deployment(dep_id)
+    assert count == 1

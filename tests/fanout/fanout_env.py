@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import yaml
 from prefect.client.orchestration import get_client
@@ -35,11 +36,13 @@ def _triggers(name: str) -> list[Any]:
     return [DeploymentEventTrigger(**t) for t in entry.get("triggers", [])]
 
 
-async def deploy(pool: str) -> None:
+async def deploy(pool: str) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn and agent-fanout deployments on it,
-    the latter two with their Crashed triggers from ``prefect.yaml``."""
+    the latter two with their Crashed triggers from ``prefect.yaml``; returns their ids
+    (for :func:`undeploy`)."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
+    ids: list[UUID] = []
     for fl, name in (
         (agent_workflow, "agent-workflow"),
         (recover_turn, "recover-turn"),
@@ -52,7 +55,17 @@ async def deploy(pool: str) -> None:
             triggers=_triggers(name),
             job_variables={"working_dir": str(ROOT)},
         )
-        await dep.aapply()
+        ids.append(await dep.aapply())
+    return ids
+
+
+async def undeploy(ids: list[UUID]) -> None:
+    """Remove the deployments and the automations their triggers own: the session's
+    Prefect server is shared, and other tests serve deployments of the same names."""
+    async with get_client() as client:
+        for dep_id in ids:
+            await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
+            await client.delete_deployment(dep_id)
 
 
 @dataclass

@@ -24,7 +24,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fanout_env import TOKEN, Worker, child_env, deploy, parent_of, start_worker, stop_worker
+from fanout_env import (
+    TOKEN,
+    Worker,
+    child_env,
+    deploy,
+    parent_of,
+    start_worker,
+    stop_worker,
+    undeploy,
+)
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
@@ -130,7 +139,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
 ) -> None:
     settings = await _settings(emu, store_url)
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
-    await deploy(pool)
+    deployed = await deploy(pool)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
     workers = [
         await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=4)
@@ -222,6 +231,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     finally:
         for w in workers:
             await stop_worker(w)
+        await undeploy(deployed)
         logs = "\n".join(w.log.read_text(errors="replace")[-3000:] for w in workers)
 
     # The victim ran the fan-out: the run that completed is the re-run its trigger started.
