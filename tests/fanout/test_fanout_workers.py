@@ -50,7 +50,7 @@ from pydantic import SecretStr
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 CAP = 3
 WORKFLOWS = 8
@@ -93,10 +93,6 @@ async def _settings(emu: Emulator, store_url: str) -> WorkflowSettings:
     )
 
 
-def _marker(workflow_id: str, step: str) -> str:
-    return f"[{workflow_id}/{step}]"
-
-
 def _items(run: str) -> list[FanoutItem]:
     items = []
     for i in range(WORKFLOWS):
@@ -104,7 +100,7 @@ def _items(run: str) -> list[FanoutItem]:
         steps = [
             Step(
                 name=s,
-                prompt=f'{_marker(wid, s)} #emu {{"sleep": 1.5, "text": "done {s}"}}',
+                prompt=f'{step_marker(wid, s)} #emu {{"sleep": 1.5, "text": "done {s}"}}',
             )
             for s in STEPS
         ]
@@ -253,10 +249,10 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 text = "".join(p.get("text", "") for p in m.get("content") or [])
                 for item in items:
                     for s in STEPS:
-                        if _marker(item.workflow_id, s) in text:
-                            counts[_marker(item.workflow_id, s)] = (
-                                counts.get(_marker(item.workflow_id, s), 0) + 1
+                        if step_marker(item.workflow_id, s) in text:
+                            counts[step_marker(item.workflow_id, s)] = (
+                                counts.get(step_marker(item.workflow_id, s), 0) + 1
                             )
-    assert counts == {_marker(i.workflow_id, s): 1 for i in items for s in STEPS}, counts
+    assert counts == {step_marker(i.workflow_id, s): 1 for i in items for s in STEPS}, counts
     assert all(c["archived"] for c in emu.chats()), [c for c in emu.chats() if not c["archived"]]
     assert emu.max_concurrent_turns() <= CAP
