@@ -151,6 +151,10 @@ async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitt
             {"text": "All paid.", "deltas": 3, "delay": 0.01},
         ),
     ]
+    # The continuation is one segment longer than the suite's 5 s request timeout would
+    # allow: give the step a segment budget that fits it, or a fast rerun (which follows
+    # more of the sleep) would time out where the original attempt would have too.
+    settings = settings.model_copy(update={"request_timeout_s": 2.5 * CONTINUATION_S})
     spec = child_spec(workflow_id, settings, steps=steps)
     # SIGKILL right after pay's first tool results landed: the model keeps going.
     await _crash(fork_server, "turn.after_tool_results:2", workflow_id, spec)
