@@ -182,8 +182,14 @@ async def recover_before_send(
     known_failure: bool,
     artifacts: bool = True,
     follower: Follower | None = None,
+    entry: JournalEntry | None = None,
+    journaled: bool = False,
 ) -> SendPlan:
     """Run before every send of ``step`` on a checkpointed chat.
+
+    ``entry``/``journaled``: what ``store.turns.begin`` read and wrote in the
+    turn's first transaction (``journaled``: it wrote this send's write-ahead);
+    without them the journal is read (and the write-ahead written) here.
 
     No journal entry for this step's marker proves no send of it ever started
     (every send is journaled first, a first turn's with its checkpoint), so the
@@ -192,7 +198,10 @@ async def recover_before_send(
     running (:class:`coder_chat.recovery.TurnRecovery`).
     """
     marker = step_marker(workflow_id, step.name)
-    entry = await store.journal.get(chat_id)
+    if journaled:
+        return SendPlan(attempt=1)  # begin wrote the first send's write-ahead
+    if entry is None:
+        entry = await store.journal.get(chat_id)
     if entry is None or entry.marker != marker:
         # Write-ahead BEFORE the send: no entry proves no send ever started. The
         # count before this step's first send is 0 (an earlier send would have
