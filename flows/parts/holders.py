@@ -7,6 +7,11 @@ holder is gone for good (a run in a final state never resumes under the same
 holder — a retry or recovery is a new attempt with a new holder id) and the
 store's ``take_over`` hands the lease over at once. The store stays
 Prefect-free: it only gets a ``holder_gone`` callback.
+
+A turn slot's holder also names the workflow whose turn it runs
+(``…@run=<flow-run id>@wf=<quoted workflow id>``): a dead holder's turn may go
+on running server-side, and the workflow id is how a waiter finds the chats that
+turn drives (``slot_takeover``).
 """
 
 from __future__ import annotations
@@ -15,18 +20,31 @@ import logging
 import os
 import time
 import uuid
+from urllib.parse import quote, unquote
 
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import StateType
 from prefect.context import FlowRunContext
 
 from prefect_coder.blocks import Lease
 from prefect_coder.blocks.state.leases import default_holder
 
-__all__ = ["RUN_MARK", "holder_over", "holder_run_id", "holder_run_over", "run_holder"]
+__all__ = [
+    "RUN_MARK",
+    "WORKFLOW_MARK",
+    "holder_over",
+    "holder_run_id",
+    "holder_run_over",
+    "holder_workflow_id",
+    "holders_over",
+    "run_holder",
+]
 
-#: ``<host>:<pid>:<rand>@run=<flow-run id>``
+#: ``<host>:<pid>:<rand>@run=<flow-run id>[@wf=<quoted workflow id>]``
 RUN_MARK = "@run="
+#: The workflow id is percent-quoted (no ``@`` left in it), so the marks parse back.
+WORKFLOW_MARK = "@wf="
 _OVER = {StateType.CRASHED, StateType.FAILED, StateType.CANCELLED, StateType.COMPLETED}
 #: Seconds a "still running" answer is reused: waiters poll every 50-100 ms, and one
 #: API call per poll per waiter would load the server for nothing.
@@ -44,11 +62,16 @@ def _current_run_id() -> str | None:
     return os.environ.get("PREFECT__FLOW_RUN_ID") or None
 
 
-def run_holder() -> str:
-    """A holder id for this call that names the current flow run, if there is one."""
+def run_holder(workflow_id: str | None = None) -> str:
+    """A holder id for this call that names the current flow run, if there is one,
+    and ``workflow_id`` when given (turn slots)."""
     run_id = _current_run_id()
-    base = default_holder()
-    return f"{base}{RUN_MARK}{run_id}" if run_id else base
+    holder = default_holder()
+    if run_id:
+        holder += f"{RUN_MARK}{run_id}"
+    if workflow_id is not None:
+        holder += f"{WORKFLOW_MARK}{quote(workflow_id, safe='')}"
+    return holder
 
 
 def holder_run_id(holder: str) -> uuid.UUID | None:
@@ -57,9 +80,15 @@ def holder_run_id(holder: str) -> uuid.UUID | None:
     if not mark:
         return None
     try:
-        return uuid.UUID(rest)
+        return uuid.UUID(rest.partition("@")[0])
     except ValueError:
         return None
+
+
+def holder_workflow_id(holder: str) -> str | None:
+    """The workflow id a turn slot's holder id names, or None (an older holder)."""
+    _, mark, rest = holder.partition(WORKFLOW_MARK)
+    return unquote(rest) if mark else None
 
 
 async def holder_run_over(lease: Lease) -> bool:
@@ -96,3 +125,39 @@ async def holder_over(holder: str) -> bool:
         _checked.pop(key, None)
         return True
     return False
+
+
+async def holders_over(holders: list[str]) -> set[str]:
+    """The holder ids among ``holders`` whose flow run is in a final state.
+
+    One API call for all of them (not one per holder: a waiter at cap 50 would
+    otherwise read 50 flow runs a second), with the caches of :func:`holder_over`.
+    """
+    runs = {h: holder_run_id(h) for h in holders}
+    now = time.monotonic()
+    ask: dict[str, uuid.UUID] = {}
+    for run_id in runs.values():
+        if run_id is None:
+            continue
+        key = str(run_id)
+        if key not in _known_over and now - _checked.get(key, -RECHECK_S) >= RECHECK_S:
+            ask[key] = run_id
+    if ask:
+        if len(_checked) > 10_000:
+            _checked.clear()
+        for key in ask:
+            _checked[key] = now
+        try:
+            async with get_client() as client:
+                found = await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(ask.values()))),
+                    limit=len(ask),
+                )
+        except Exception:
+            logging.getLogger(__name__).debug("could not read flow runs", exc_info=True)
+            found = []
+        for run in found:
+            if run.state is not None and run.state.type in _OVER:
+                _known_over.add(str(run.id))
+                _checked.pop(str(run.id), None)
+    return {h for h, run_id in runs.items() if run_id is not None and str(run_id) in _known_over}

@@ -14,10 +14,13 @@ its holder died (seconds, configurable) and a waiter polls every
 ``poll_interval`` (50 ms by default). Acquiring is one atomic statement per
 free-looking slot, so two workers can never both take the same slot.
 
-A slot is never taken over before its ttl, even when Prefect already shows its
-holder's run Crashed: the dead process's turn goes on running server-side, and
-the cap counts running turns. (The workflow *lease* of such a run is taken over at
-once: see ``resources.hold_workflow_lease``.)
+A dead holder's slot is taken over before its ttl only when Prefect shows its
+run in a final state AND its workflow's chats are at rest on the server
+(``slot_takeover.judge_dead_slot``): the dead process's turn goes on running
+server-side, and the cap counts running turns, so the run being Crashed alone
+is not enough (that let the fleet run cap + 1 turns), but nor does a worker's
+death stall the fleet for the whole ttl once its turn has ended. (The workflow
+*lease* of such a run is taken over at once: see ``resources.hold_workflow_lease``.)
 
 A turn that has to wait logs ``waiting for a turn slot`` once (visible in the
 run's logs in the UI), shows the task run as ``Running`` named
@@ -42,10 +45,11 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Running
 
-from prefect_coder.blocks import StateStore
+from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.schema import leases as lease_table
-from prefect_coder.flows.parts.holders import run_holder
+from prefect_coder.flows.parts.holders import holder_workflow_id, holders_over, run_holder
 from prefect_coder.flows.parts.observe import TurnObserver
+from prefect_coder.flows.parts.slot_takeover import judge_dead_slot
 
 __all__ = [
     "SLOT_PREFIX",
@@ -92,32 +96,94 @@ async def busy_slots(store: StateStore, cap: int) -> set[int]:
     return set(await _busy_holders(store, cap))
 
 
-async def _busy_holders(store: StateStore, cap: int) -> dict[int, str]:
+async def _busy_holders(store: StateStore, cap: int) -> dict[int, tuple[str, float]]:
+    """Live slots: index → (holder, seconds left)."""
     keys = [slot_key(i) for i in range(cap)]
+    now = store.now()
     async with store.read() as conn:
         rows = await conn.execute(
-            sa.select(lease_table.c.key, lease_table.c.holder).where(
+            sa.select(
+                lease_table.c.key,
+                lease_table.c.holder,
+                (lease_table.c.expires_at - now).label("left"),
+            ).where(
                 lease_table.c.tenant == store.tenant,
                 lease_table.c.key.in_(keys),
-                lease_table.c.expires_at > store.now(),
+                lease_table.c.expires_at > now,
             )
         )
-        return {int(str(r.key)[len(SLOT_PREFIX) :]): str(r.holder) for r in rows}
+        return {int(str(r.key)[len(SLOT_PREFIX) :]): (str(r.holder), float(r.left)) for r in rows}
 
 
-async def _claim(store: StateStore, cap: int, holder: str, ttl: float) -> int | None:
-    busy = await _busy_holders(store, cap)
-    free = [i for i in range(cap) if i not in busy]
-    # Random order: waiters that see the same free slot mostly try different ones.
-    _rng.shuffle(free)
-    for i in free:
-        if await store.leases.acquire(slot_key(i), holder, ttl) is not None:
-            return i
-    # All busy. A slot whose holder's run is over is NOT taken over early: that
-    # run's turn goes on server-side (chatd runs the agent loop; recovery follows
-    # it), so the slot still stands for a running turn and lapses with its ttl.
-    # Taking it at once let the fan-out test's emulator see cap + 1 running turns.
-    return None
+class _Claimer:
+    """One turn's claim attempts: free slots first, then the slots of dead holders."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        cap: int,
+        holder: str,
+        ttl: float,
+        credentials: CoderCredentials | None,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self.store = store
+        self.cap = cap
+        self.holder = holder
+        self.ttl = ttl
+        self.credentials = credentials
+        self.log = log
+        self._said: set[tuple[str, str | None]] = set()
+
+    async def claim(self) -> int | None:
+        store = self.store
+        busy = await _busy_holders(store, self.cap)
+        free = [i for i in range(self.cap) if i not in busy]
+        # Random order: waiters that see the same free slot mostly try different ones.
+        _rng.shuffle(free)
+        for i in free:
+            if await store.leases.acquire(slot_key(i), self.holder, self.ttl) is not None:
+                return i
+        if self.credentials is None:
+            return None  # nothing to ask the server with: the ttl decides
+        # All busy. A slot whose holder's run is over stands for a turn that may still
+        # run server-side (chatd runs the agent loop): it is taken over only once that
+        # turn's chats are at rest, never just because the run is Crashed (that let
+        # the fleet run cap + 1 turns).
+        over = await holders_over(
+            [h for h, _ in busy.values() if holder_workflow_id(h) is not None]
+        )
+        for i, (other, left) in busy.items():
+            if other not in over:
+                continue  # live, or not known to be over: its ttl decides
+            verdict = await judge_dead_slot(store, other, self.credentials)
+            if verdict.take:
+                got = await store.leases.take_over(slot_key(i), other, self.holder, self.ttl)
+                if got is not None:
+                    self.log.warning(
+                        "turn slot %d taken over from %s: its run is over and its chats are "
+                        "at rest (%.1fs before its expiry)",
+                        i,
+                        other,
+                        left,
+                    )
+                    return i
+            elif verdict.holder_over and (other, verdict.chat_id) not in self._said:
+                # Once per dead holder and chat: the waiter probes again every second.
+                self._said.add((other, verdict.chat_id))
+                why = (
+                    f"chat {verdict.chat_id} is still {verdict.status} server-side"
+                    if verdict.chat_id
+                    else f"its chats' status is {verdict.status}"
+                )
+                self.log.info(
+                    "turn slot %d: its holder's run is over but %s; taken over once its "
+                    "chats are at rest (or in %.0fs, its expiry)",
+                    i,
+                    why,
+                    left,
+                )
+        return None
 
 
 async def _set_task_state(name: str) -> bool:
@@ -187,6 +253,7 @@ async def turn_slot(
     step: str = "-",
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     poll_interval: float = 0.05,
+    credentials: CoderCredentials | None = None,
 ) -> AsyncIterator[int | None]:
     """Hold one of ``cap`` deployment-wide turn slots for the block (no cap: no-op).
 
@@ -194,13 +261,17 @@ async def turn_slot(
 
     Waits up to ``wait`` seconds, then raises :class:`TurnSlotUnavailableError`.
     The slot is renewed every ``ttl/3`` and released on exit; a holder that dies
-    keeps it at most ``ttl`` seconds.
+    keeps it at most ``ttl`` seconds — less once Prefect shows its run over and
+    its workflow's chats are at rest, which this waiter asks the Coder server
+    about with ``credentials`` (without them, the ttl decides).
     """
     if cap is None:
         yield None
         return
     log = logger or logging.getLogger(__name__)
-    holder = run_holder()
+    # The holder names this flow run and the workflow: how a waiter judges it dead.
+    holder = run_holder(workflow_id)
+    claimer = _Claimer(store, cap, holder, ttl, credentials, log)
     started = time.monotonic()
     deadline = started + wait
     gate = _local_gate(store)
@@ -220,10 +291,8 @@ async def turn_slot(
             raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
         try:
             index, waited = await _wait_for_slot(
-                store,
+                claimer,
                 cap,
-                holder,
-                ttl,
                 started,
                 deadline,
                 workflow_id,
@@ -322,10 +391,8 @@ def _announce(
 
 
 async def _wait_for_slot(
-    store: StateStore,
+    claimer: _Claimer,
     cap: int,
-    holder: str,
-    ttl: float,
     started: float,
     deadline: float,
     workflow_id: str,
@@ -335,7 +402,7 @@ async def _wait_for_slot(
     *,
     ui: _WaitingState | None,
 ) -> tuple[int, bool]:
-    index = await _claim(store, cap, holder, ttl)
+    index = await claimer.claim()
     if index is not None:
         return index, False
     if ui is not None:  # not announced yet
@@ -346,5 +413,5 @@ async def _wait_for_slot(
             raise TurnSlotUnavailableError(cap, time.monotonic() - started)
         # Jitter spreads the pollers of a large fan-out over the interval.
         await asyncio.sleep(min(left, poll_interval * (0.5 + _rng.random())))
-        index = await _claim(store, cap, holder, ttl)
+        index = await claimer.claim()
     return index, True

@@ -1,7 +1,9 @@
-"""A dead holder whose Prefect run is already over gives up its workflow lease and turn
-slot at once: a real process holding both is killed with SIGKILL, its run is marked
-Crashed (what the zombie automation does for a lost host), and the next holder gets
-both before the dead holder's ttl (read from the rows, not timed)."""
+"""A dead holder whose Prefect run is already over gives up its workflow lease at once,
+and its turn slot at once when its workflow has no chat running server-side (here: it
+died before creating one). A real process holding both is killed with SIGKILL, its run
+is marked Crashed (what the zombie automation does for a lost host), and the next holder
+gets both before the dead holder's ttl (read from the rows, not timed). A dead holder
+whose chat still runs: ``test_slot_takeover.py``."""
 
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed, Running
 
-from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
+from coder_chat.emulator import Emulator
+from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
 from prefect_coder.flows.parts.errors import WorkflowBusyError
-from prefect_coder.flows.parts.holders import holder_run_id, holder_run_over
+from prefect_coder.flows.parts.holders import holder_run_id, holder_run_over, holder_workflow_id
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.resources import hold_workflow_lease
 from prefect_coder.flows.parts.turn_slot import TurnSlotUnavailableError, slot_key, turn_slot
@@ -39,7 +42,10 @@ async def main():
     url, tenant, wf, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     store = StateStore(url, tenant=tenant)
     settings = WorkflowSettings(lease_ttl_s=ttl, lease_wait_s=5)
-    async with hold_workflow_lease(wf, store, settings), turn_slot(store, 1, wait=5, ttl=ttl):
+    async with (
+        hold_workflow_lease(wf, store, settings),
+        turn_slot(store, 1, wait=5, ttl=ttl, workflow_id=wf),
+    ):
         print("HELD", flush=True)
         await asyncio.sleep(3600)
 
@@ -73,7 +79,7 @@ async def _start_holder(
 
 
 async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
-    prefect_harness: Any, store_url: str, tenant: str
+    prefect_harness: Any, store_url: str, tenant: str, emu: Emulator, creds: CoderCredentials
 ) -> None:
     workflow_id = f"hl-{uuid.uuid4().hex[:8]}"
     async with get_client() as client:
@@ -91,16 +97,17 @@ async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
         slot = await store.leases.get(slot_key(0))
         assert lease is not None and slot is not None
         old_lease, old_slot = lease[0], slot[0]
-        # The holders name the dead process's flow run.
+        # The holders name the dead process's flow run; the slot's, its workflow too.
         assert holder_run_id(old_lease.holder) == run.id
         assert holder_run_id(old_slot.holder) == run.id
+        assert holder_workflow_id(old_slot.holder) == workflow_id
 
         # While Prefect still shows the run Running, its rows are respected.
         with pytest.raises(WorkflowBusyError):
             async with hold_workflow_lease(workflow_id, store, settings):
                 pytest.fail("took the lease of a run Prefect shows Running")
         with pytest.raises(TurnSlotUnavailableError):
-            async with turn_slot(store, 1, wait=0.3, ttl=5):
+            async with turn_slot(store, 1, wait=0.3, ttl=5, credentials=creds):
                 pytest.fail("took the slot of a run Prefect shows Running")
 
         async with get_client() as client:  # what the zombie automation does
@@ -111,15 +118,23 @@ async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
             assert held.holder != old_lease.holder
             assert held.fence == old_lease.fence + 1
             assert held.lease.acquired_at < old_lease.expires_at
-            # The turn slot is NOT taken over: the dead process's turn goes on running
-            # server-side (the agent loop is chatd's; recovery even follows it), so
-            # freeing its slot early would let the fleet exceed its cap. It lapses
-            # with its ttl.
+            # A waiter that cannot ask the Coder server whether the dead holder's turn
+            # still runs there does not take its slot: its ttl decides.
             with pytest.raises(TurnSlotUnavailableError):
                 async with turn_slot(store, 1, wait=0.5, ttl=5):
-                    pytest.fail("took the slot of a turn that may still be running")
+                    pytest.fail("took a slot without knowing whether its turn still runs")
             now = await store.leases.get(slot_key(0))
             assert now is not None and now[0].holder == old_slot.holder
+            # One that can: the dead holder's workflow has no chat on the server (it
+            # died before creating one), so nothing of it runs, and the slot is taken.
+            assert emu.chats() == []
+            async with turn_slot(store, 1, wait=30, ttl=5, credentials=creds) as index:
+                assert index == 0
+                now = await store.leases.get(slot_key(0))
+                assert now is not None
+                assert now[0].holder != old_slot.holder
+                assert now[0].fence == old_slot.fence + 1
+                assert now[0].acquired_at < old_slot.expires_at
     finally:
         if proc.returncode is None:
             proc.kill()
