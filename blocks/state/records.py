@@ -114,3 +114,7 @@ class TurnStart(_Record):
     checkpoint: Checkpoint | None = None
     journal: JournalEntry | None = None
     journaled: bool = False
+    #: When ``begin`` wrote: the entry its write-ahead replaced (None: there was
+    #: none). Recovery needs it: an entry of a LATER step means this step's result
+    #: was lost after it sent, so its marker must be looked up in history.
+    replaced: JournalEntry | None = None

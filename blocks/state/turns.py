@@ -72,7 +72,8 @@ class Turns:
                 last_seen_message_id=row.last_seen_message_id,
                 updated_at=from_epoch(row.updated_at),
             )
-            if row.j_state is not None and row.j_marker == marker:
+            found = None
+            if row.j_state is not None:
                 found = JournalEntry(
                     state=row.j_state,
                     marker=row.j_marker,
@@ -80,12 +81,13 @@ class Turns:
                     at=row.j_at,
                     updated_at=from_epoch(row.j_updated_at),
                 )
+            if found is not None and found.marker == marker:
                 return TurnStart(checkpoint=checkpoint, journal=found, journaled=False)
             entry = JournalEntry(state="submitting", marker=marker, attempt=0)
             if at is not None:
                 entry = entry.model_copy(update={"at": at})
             written = await tx.journal.set(checkpoint.chat_id, entry)
-            return TurnStart(checkpoint=checkpoint, journal=written, journaled=True)
+            return TurnStart(checkpoint=checkpoint, journal=written, journaled=True, replaced=found)
 
     async def record(
         self,
