@@ -296,6 +296,7 @@ async def execute_turn(
             workflow_id=workflow_id,
             step=step.name,
             logger=logger,
+            credentials=creds,  # asks whether a dead holder's turn still runs
         ):
             return await _turn_under_lease(
                 workflow_id, step, settings, resources, marker, tools, answer, retry_reason, logger
