@@ -1,6 +1,12 @@
 """Crash-recovery benchmark: time from a SIGKILL to the recovered result, per kill point.
 
     .venv/bin/python bench/recovery.py [--reps 3] [--horizon 2.0] [--lease-ttl 1.0] [--only TEXT]
+    .venv/bin/python bench/recovery.py --deployed [--kills 20] [--host-losses 3] [--continuation 10]
+
+``--deployed``: the deployed path (PostgreSQL-backed ``prefect server start``,
+``prefect deploy --all``, process workers, the prefect.yaml Crashed triggers, the
+zombie automation) with the deployments' default settings; see
+``bench/recovery_deployed.py``. Without it, the in-process crash matrix below.
 
 For each row of the crash matrix (tests/recovery/crash_matrix.py) a forked child
 process runs the two-step workflow and SIGKILLs itself at the named point; then
@@ -260,4 +266,17 @@ if __name__ == "__main__":
     parser.add_argument("--lease-ttl", type=float, default=1.0)
     parser.add_argument("--continuation", type=float, default=5.0)
     parser.add_argument("--only", default="", help="run only rows whose name contains this")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument(
+        "--deployed",
+        action="store_true",
+        help="kill -> recovered result through the deployed path (bench/recovery_deployed.py)",
+    )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import recovery_deployed
+
+    recovery_deployed.add_arguments(parser)
+    parsed = parser.parse_args()
+    if parsed.deployed:
+        asyncio.run(recovery_deployed.run(parsed))
+    else:
+        asyncio.run(main(parsed))
