@@ -289,8 +289,8 @@ async def main_async(args: argparse.Namespace, pg_url: str | None, results_dir: 
         await ChatStateStore(url=f"sqlite+aiosqlite:///{results_dir}/state.db").save(
             "bench-sqlite", overwrite=True
         )
-        backends = [("SQLite", "bench-sqlite")]
-        if pg_url:
+        backends = [("SQLite", "bench-sqlite")] if "sqlite" in args.stores else []
+        if pg_url and "pg" in args.stores:
             await ChatStateStore(url=pg_url, tenant="bench").save("bench-pg", overwrite=True)
             backends.append(("PostgreSQL", "bench-pg"))
         # warm-up: imports, engines, first flow run, server caches
@@ -366,9 +366,17 @@ def main() -> None:
     parser.add_argument("--pg-url", default=None, help="PostgreSQL URL (default: private)")
     parser.add_argument("--no-pg", action="store_true")
     parser.add_argument(
+        "--stores",
+        default="sqlite,pg",
+        help="comma-separated subset of sqlite,pg (e.g. to profile one store)",
+    )
+    parser.add_argument(
         "--peer", action="store_true", help="also run Pydantic AI's PrefectDurability peer"
     )
     args = parser.parse_args()
+    args.stores = {s.strip() for s in args.stores.split(",") if s.strip()}
+    if "pg" not in args.stores:
+        args.no_pg = True
 
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,

@@ -15,10 +15,10 @@ groups several writes into one. The schema is created on first use.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import sqlalchemy as sa
 from pydantic import SecretStr
@@ -34,6 +34,8 @@ from .schema import ensure_schema
 from .stranded import StrandedChats
 from .turns import Turns
 from .urls import Backend, parse_store_url
+
+T = TypeVar("T")
 
 # (pid, engine cache key) pairs whose schema this process has already ensured.
 _schema_ready: set[tuple[int, str]] = set()
@@ -180,6 +182,23 @@ class StateStore:
                 self._sqlite_pool(), engines.sqlite_begin(write), write=write
             )
         return engines.transaction(self._engine(), write=write)
+
+    async def run_transaction(self, body: Callable[[sa.Connection], T]) -> T:
+        """SQLite only: ``body(sync_connection)`` in ONE write transaction on a worker
+        thread, in one hop (BEGIN IMMEDIATE, body, COMMIT); see ``store.turns``."""
+        assert self._backend == "sqlite"
+        await self.ensure_schema()
+        return await sqlite_pool.run_transaction(
+            self._sqlite_pool(), engines.sqlite_begin(True), body
+        )
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[engines.AsyncConnection]:
+        """PostgreSQL: a pooled connection in autocommit, for ONE statement that is
+        atomic (and durable once it returns) by itself: one round trip, no BEGIN/COMMIT."""
+        await self.ensure_schema()
+        async with engines.transaction(self._engine(), write=False) as conn:
+            yield conn
 
     async def ensure_schema(self) -> None:
         """Create tables / check the schema version (done automatically on first use)."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Awaitable
 from typing import Any
 
 from prefect.artifacts import MarkdownArtifact
 from prefect.utilities.context import get_task_and_flow_run_ids
 
-from prefect_coder.flows.parts.background import spawn
+from prefect_coder.flows.parts.background import defer
 from prefect_coder.flows.parts.results import TurnResult
 
 __all__ = ["artifact_key", "chat_web_url", "publish_turn_artifact", "render_turn_markdown"]
@@ -104,14 +105,18 @@ def render_turn_markdown(result: TurnResult, prompt: str, *, base_url: str | Non
 
 
 def publish_turn_artifact(result: TurnResult, prompt: str, *, base_url: str | None = None) -> None:
-    """Create the turn's markdown artifact for the current task run, in the
-    background (see :mod:`prefect_coder.flows.parts.background`)."""
+    """Create the turn's markdown artifact for the current task run, in this loop's
+    next background batch (see :mod:`prefect_coder.flows.parts.background`): the
+    rendering and the API call both happen off the turn's path."""
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
-    artifact = MarkdownArtifact(
-        key=artifact_key(result.workflow_id, result.step),
-        description=f"Coder turn {result.workflow_id}/{result.step}",
-        markdown=render_turn_markdown(result, prompt, base_url=base_url),
-        task_run_id=task_run_id,
-        flow_run_id=flow_run_id,
-    )
-    spawn(artifact.acreate(), name=f"artifact {result.workflow_id}/{result.step}")
+
+    def create() -> Awaitable[Any]:
+        return MarkdownArtifact(
+            key=artifact_key(result.workflow_id, result.step),
+            description=f"Coder turn {result.workflow_id}/{result.step}",
+            markdown=render_turn_markdown(result, prompt, base_url=base_url),
+            task_run_id=task_run_id,
+            flow_run_id=flow_run_id,
+        ).acreate()
+
+    defer(create, name=f"artifact {result.workflow_id}/{result.step}")

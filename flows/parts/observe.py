@@ -13,14 +13,17 @@ and the error texts of ``coder_chat.errors`` are built without it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from prefect.events import emit_event
 
 from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
+from prefect_coder.flows.parts import background
 
 if TYPE_CHECKING:
     from prefect_coder.flows.parts.live_progress import LiveProgress
@@ -66,10 +69,12 @@ def describe(ev: TransportEvent) -> OperatorNote | None:
             "duration_ms": round(ev.duration_ms, 1),
         }
         if ev.ending == "clean":
-            # A log line only: clean settles are the bulk of all events, and the
-            # turn's own coder.turn.settled event already counts its segments.
+            # A debug line only: clean settles are the bulk of all events, and the
+            # turn's own coder.turn.settled event (and its "settled" log line)
+            # already counts its segments; an INFO line per segment cost every turn
+            # a record through Prefect's API log handler.
             return OperatorNote(
-                logging.INFO,
+                logging.DEBUG,
                 f"segment {ev.segment} settled: status={ev.status or '-'} "
                 f"finish={ev.finish_reason} in {ev.duration_ms:.0f} ms",
                 None,
@@ -148,8 +153,14 @@ class TurnObserver:
         if obs.event:
             self.emit(obs.event, obs.payload)
 
-    def emit(self, event: str, payload: dict[str, Any]) -> None:
-        """Emit a Prefect event about this turn (errors are logged, never raised)."""
+    def emit(self, event: str, payload: dict[str, Any], *, deferred: bool = False) -> None:
+        """Emit a Prefect event about this turn (errors are logged, never raised).
+
+        ``deferred``: build and queue it in the loop's next background batch
+        (:func:`prefect_coder.flows.parts.background.defer`) instead of now, off the
+        turn's path; it keeps the time it happened and the run context it happened
+        in (its task run stays a related resource), and the flow's end flushes it.
+        """
         if self.progress is not None and event in ("coder.turn.settled", "coder.turn.failed"):
             if event == "coder.turn.settled":
                 outcome = f"settled, finish reason `{payload.get('finish_reason')}`"
@@ -159,10 +170,24 @@ class TurnObserver:
                 self.progress.finish(outcome)
             except Exception:  # observability must never break a turn
                 self.logger.debug("could not finish the live progress", exc_info=True)
+        occurred = datetime.now(UTC)
+        resource = chat_resource(self.chat_id, self.workflow_id)
+        if deferred:
+            background.defer(
+                functools.partial(self._send, event, resource, payload, occurred),
+                name=f"event {event}",
+            )
+        else:
+            self._send(event, resource, payload, occurred)
+
+    def _send(
+        self, event: str, resource: dict[str, str], payload: dict[str, Any], occurred: datetime
+    ) -> None:
         try:
             emit_event(
                 event,
-                resource=chat_resource(self.chat_id, self.workflow_id),
+                resource=resource,
+                occurred=occurred,
                 related=[
                     {
                         "prefect.resource.id": f"coder.workflow.{self.workflow_id}",

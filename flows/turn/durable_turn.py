@@ -7,12 +7,14 @@ Walk of one turn (``execute_turn``):
 2. Take the workflow's lease (single-flight across workers); a run that had to
    wait re-checks the stored result under the lease, because the holder it
    waited for may have just finished this very step.
-3. Load the checkpoint (chat id + optional cursor); build the agent from it.
-4. On a checkpointed chat: if this step already sent before (the journal names
-   its marker) run crash recovery first (``parts.unfinished_attempt``:
-   settle-wait, tool ledger reconciliation, result recovery — a finished
-   attempt's result is returned instead of resending), then journal "submitting" (marker, attempt,
-   time) BEFORE the send.
+3. ``store.turns.begin`` (one transaction): load the checkpoint (chat id +
+   optional cursor) and its chat's journal entry; on a checkpointed chat whose
+   entry does not name this step's marker, journal "submitting" (marker,
+   attempt 0, time) — the write-ahead, BEFORE the send. Build the agent.
+4. If this step already sent before (the journal names its marker) run crash
+   recovery first (``parts.unfinished_attempt``: settle-wait, tool ledger
+   reconciliation, result recovery — a finished attempt's result is returned
+   instead of resending), journaling a resubmission write-ahead.
 5. ``generate()`` with the marker in the prompt, a per-segment
    ``request_timeout`` and a total deadline.
 6. ``finally``: checkpoint the chat id (+ cursor only when defined); when the
@@ -220,7 +222,7 @@ async def _record_after_turn(
         # Even a failed turn checkpoints: a first step that failed after creating
         # its chat must keep it reachable, or the retry orphans a live chat.
         if had_chat:
-            await store.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
+            await store.turns.record(workflow_id, chat_id, agent.last_seen_message_id)
             return
         # The first send had no chat to journal under. Record it together with the
         # checkpoint (one transaction), whatever the outcome: otherwise, with the
@@ -229,8 +231,8 @@ async def _record_after_turn(
         # journal entry, and "no entry ⇒ never sent" would resend a finished step.
         # A failed send journals attempt 1 so the retry pins cut_short (it must
         # resubmit); a finished one attempt 0, the count before the send.
-        entry = await store.journal.get(chat_id)
         async with store.transaction() as tx:
+            entry = await tx.journal.get(chat_id)
             await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
             if failed is not None:
                 await tx.journal.set(
@@ -276,16 +278,20 @@ async def execute_turn(
     store = resources.store
     async with contextlib.AsyncExitStack() as stack:
         if resources.lease is not None:
-            # The calling flow holds the workflow's lease for all of its turns.
+            # The calling flow holds the workflow's lease for all of its turns, and
+            # held it when Prefect looked the step's result up at task start: no
+            # other run can have finished the step since, so no re-check (it costs
+            # two result-storage path resolutions per turn).
             resources.lease.raise_if_lost()
         else:
             await stack.enter_async_context(
                 hold_workflow_lease(workflow_id, store, settings, step=step.name)
             )
-        stored = await _stored_result(result_key(workflow_id, step.name))
-        if stored is not None:
-            logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
-            return stored
+            # We may have waited for the lease while its holder finished this very step.
+            stored = await _stored_result(result_key(workflow_id, step.name))
+            if stored is not None:
+                logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
+                return stored
         creds = resources.credentials
         # Fleet quota (flows/parts/turn_slot.py): a deployment-wide cap on running turns.
         async with turn_slot(
@@ -317,7 +323,11 @@ async def _turn_under_lease(
 ) -> TurnResult:
     store = resources.store
     creds = resources.credentials
-    checkpoint = await store.checkpoints.get(workflow_id)
+    # ONE transaction: the checkpoint, its chat's journal entry and — when this
+    # step's marker is not journaled yet — the send's write-ahead. Under the lease,
+    # before any send (the agent built below does no I/O before generate()).
+    start = await store.turns.begin(workflow_id, marker)
+    checkpoint = start.checkpoint
     chat_id = checkpoint.chat_id if checkpoint else None
     # The live artifact (flows/parts/live_progress.py): fed by the observer, published
     # off the hot path, finished by the observer's settled/failed event.
@@ -388,9 +398,18 @@ async def _turn_under_lease(
                 known_failure=retry_reason is not None,
                 artifacts=settings.artifacts,
                 follower=agent,
+                entry=start.journal,
+                journaled=start.journaled,
+                replaced=start.replaced,
             )
             attempt = plan.attempt
             followed = plan.followed
+            if plan.fresh_chat:
+                # The checkpointed chat is archived and holds no finished attempt:
+                # send in a fresh chat, checkpointed as a first turn's is.
+                agent.reset_session()
+                chat_id = None
+                eager.had_chat = False
             if plan.result is not None:
                 if answer is None or plan.result.structured is not None:
                     return plan.result
@@ -492,6 +511,7 @@ async def _turn_under_lease(
             "redials": observer.redials,
             "segments": observer.segments,
         },
+        deferred=True,  # off the turn's path, batched (parts/background.py)
     )
     logger.info(
         "step %s settled on chat %s: finish=%s, %d tool call(s), %.0f ms",

@@ -27,6 +27,8 @@ async def test_begin_journals_a_new_marker_and_returns_an_existing_one(store: St
         0,
     )
     assert first.journal.at == 123.0
+    assert first.journal.updated_at is not None  # stamped by the database clock
+    assert first.checkpoint.updated_at is not None
     stored = await store.journal.get("chat")
     assert stored is not None and stored.marker == "[wf/s1]" and stored.at == 123.0
 
@@ -58,6 +60,7 @@ async def test_begin_is_tenant_scoped(store: StateStore, store_url: str, tenant:
 async def test_record_writes_checkpoint_and_journal_together(store: StateStore) -> None:
     cp = await store.turns.record("wf", "chat", 9)
     assert (cp.chat_id, cp.last_seen_message_id) == ("chat", 9)
+    assert cp.updated_at is not None and cp == await store.checkpoints.get("wf")
     assert await store.journal.get("chat") is None
     entry = JournalEntry(state="submitting", marker="[wf/s1]", attempt=1, at=1.0)
     await store.turns.record("wf", "chat", None, journal=entry)
@@ -75,3 +78,32 @@ async def test_record_rolls_back_both_when_one_write_fails(store: StateStore) ->
     got = await store.checkpoints.get("wf")
     assert got is not None and got.last_seen_message_id == 3
     assert await store.journal.get("chat") is None
+
+
+async def test_record_validates_before_writing(store: StateStore) -> None:
+    """A cursor is never stored without its chat, nor a non-positive one."""
+    with pytest.raises(ValueError):
+        await store.turns.record("wf", "", 3)
+    with pytest.raises(ValueError):
+        await store.turns.record("wf", "chat", 0)
+    assert await store.checkpoints.get("wf") is None
+
+
+async def test_begin_write_ahead_is_committed_when_it_returns(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    """What ``begin`` journaled is visible to another connection (another store
+    object, as a recovering process would open) the moment it returns."""
+    await store.turns.record("wf", "chat", 2)
+    start = await store.turns.begin("wf", "[wf/s3]")
+    assert start.journaled
+    other = StateStore(store_url, tenant=tenant)
+    try:
+        seen = await other.journal.get("chat")
+    finally:
+        await other.aclose()
+    assert seen is not None and (seen.state, seen.marker, seen.attempt) == (
+        "submitting",
+        "[wf/s3]",
+        0,
+    )
