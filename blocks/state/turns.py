@@ -154,7 +154,10 @@ class Turns:
         if written_at is None:
             return TurnStart(checkpoint=checkpoint, journal=_found(row), journaled=False)
         written = entry.model_copy(update={"updated_at": from_epoch(written_at)})
-        return TurnStart(checkpoint=checkpoint, journal=written, journaled=True)
+        # What the write-ahead replaced (cp's row is read before the write): recovery
+        # tells a LATER step's entry — this step's result lost — from an earlier one's.
+        replaced = _found(row) if row[4] is not None else None
+        return TurnStart(checkpoint=checkpoint, journal=written, journaled=True, replaced=replaced)
 
     async def record(
         self,
