@@ -1,0 +1,241 @@
+"""Randomized chaos benchmark: hundreds of seeded schedules, every invariant checked.
+
+    .venv/bin/python bench/chaos.py [--seeds 300] [--first 1] [--only 7,42] [--parallel 3]
+                                    [--verbose] [--json FILE]
+
+Each seed is a schedule (``tests/chaos/chaos_schedule.py``): real SIGKILLs of the
+process running the workflow at crash points, emulator stream drops / REST faults /
+stalls / lost responses, emulator restarts (state kept), sweeps racing recovery —
+then recovery to the end and the invariants of ``tests/chaos/chaos_invariants.py``
+(exactly-once effects per logical tool call, stored results from finished attempts,
+no chat left live or unarchived, extra user turns ≤ crashes that cut a live attempt).
+Same engine as ``tests/chaos`` (which runs a short fixed seed set in CI).
+
+``--parallel N`` runs N independent rigs (each its own emulator — faults and
+restarts are global to an emulator — and fork server) against one Prefect test
+server and one payments service; schedules are mostly waiting, so this divides the
+wall time. Prints one line per schedule, the full schedule and evidence of every
+violation, then: schedules run, violations by invariant (with seeds), timing. Exits
+1 on any violation (2 on a harness error). See docs/chaos.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAOS = ROOT / "tests" / "chaos"
+RECOVERY = ROOT / "tests" / "recovery"
+sys.path[:0] = [str(ROOT), str(CHAOS), str(RECOVERY)]
+
+
+def _suite_conftest() -> Any:
+    """``tests/conftest.py``: the suite's PostgreSQL cluster and Prefect server,
+    reused, not copied (a SQLite-backed server answers "database is locked" to
+    several rigs' concurrent flow runs). Loaded by path: ``conftest`` on sys.path
+    would be another directory's."""
+    spec = importlib.util.spec_from_file_location("_suite_conftest", ROOT / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+class _TmpFactory:
+    """What the suite's ``prefect_harness`` fixture asks of pytest's tmp_path_factory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
+        return path
+
+
+def _coverage(outcomes: list[Any]) -> dict[str, int]:
+    """How often each kind of event actually ran (not only was scheduled)."""
+    seen: Counter[str] = Counter()
+    for o in outcomes:
+        for phase, line in zip(o.schedule.phases, o.phases, strict=False):
+            if phase.kind == "child":
+                seen["child runs"] += 1
+                seen["kills that landed"] += line.startswith("killed")
+            else:
+                seen[f"recoveries by {phase.mode}"] += 1
+            seen["faults armed"] += len(phase.faults)
+            seen["emulator restarts"] += line.count("restart done")
+            seen["all-stream drops"] += line.count("drop-streams done")
+            seen["sweeps racing"] += len(phase.sweeps)
+        seen["crashes that left a live attempt"] += o.cuts
+    return dict(seen)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Start the suite's PostgreSQL and Prefect server (synchronous: they run their
+    own event loops to set up), then run the seeds."""
+    suite = _suite_conftest()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    t_start = time.perf_counter()
+    postgres = contextlib.contextmanager(suite.postgres_url.__wrapped__)
+    harness = contextlib.contextmanager(suite.prefect_harness.__wrapped__)
+    with postgres() as pg_url, harness(_TmpFactory(tmp), pg_url) as prefect:
+        print(f"setup {time.perf_counter() - t_start:.0f} s", flush=True)
+        return asyncio.run(run_seeds(args, tmp, prefect.results_dir))
+
+
+async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> int:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
+    from chaos_runner import Outcome, open_rig, process_env, run_schedule
+    from chaos_schedule import make_schedule
+    from payments import running_payments
+    from prefect.settings import PREFECT_API_URL
+
+    logging.getLogger("coder_chat").setLevel(logging.ERROR)
+    logging.getLogger("prefect").setLevel(logging.ERROR)
+    if args.only:
+        seeds = [int(s) for s in args.only.split(",") if s.strip()]
+    else:
+        seeds = list(range(args.first, args.first + args.seeds))
+    outcomes: list[Outcome] = []
+    harness_errors: list[tuple[int, str]] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for s in seeds:
+        queue.put_nowait(s)
+    with running_payments() as payments, process_env(payments):
+        child_env = {
+            **os.environ,
+            "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results_dir),
+            "PREFECT_LOGGING_LEVEL": "ERROR",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(RECOVERY)]),
+        }
+        print(f"{len(seeds)} seeds, {args.parallel} rigs", flush=True)
+
+        # Rigs start one after another: a fresh Prefect server races its first
+        # secret-block writes (duplicate ENCRYPTION_KEY), and calibrations overlap less.
+        opened = [asyncio.Event() for _ in range(args.parallel)]
+
+        async def worker(n: int) -> None:
+            workdir = tmp / f"rig-{n}"
+            workdir.mkdir()
+            if n:
+                await opened[n - 1].wait()
+            async with open_rig(child_env, workdir, payments) as rig:
+                opened[n].set()
+                while True:
+                    try:
+                        seed = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return
+                    try:
+                        outcome = await run_schedule(rig, make_schedule(seed))
+                    except Exception:
+                        harness_errors.append((seed, traceback.format_exc()))
+                        print(f"seed {seed}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
+                        continue
+                    outcomes.append(outcome)
+                    status = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
+                    print(
+                        f"seed {seed}: {status} in {outcome.seconds:.1f} s "
+                        f"[{len(outcomes)}/{len(seeds)}]",
+                        flush=True,
+                    )
+                    if not outcome.ok or args.verbose:
+                        print(outcome.report(), flush=True)
+
+        t_run = time.perf_counter()
+        await asyncio.gather(*(worker(n) for n in range(args.parallel)))
+        wall = time.perf_counter() - t_run
+
+    by_invariant: dict[str, list[int]] = defaultdict(list)
+    for o in outcomes:
+        for v in o.violations:
+            if o.schedule.seed not in by_invariant[v.invariant]:
+                by_invariant[v.invariant].append(o.schedule.seed)
+    secs = sorted(o.seconds for o in outcomes)
+    print("\n== chaos summary ==")
+    print(f"schedules run: {len(outcomes)} of {len(seeds)} (harness errors: {len(harness_errors)})")
+    bad = sorted(o.schedule.seed for o in outcomes if not o.ok)
+    print(f"schedules with violations: {len(bad)} {bad if bad else ''}")
+    for inv in (
+        "exactly-once",
+        "finished-attempt",
+        "chats-at-rest",
+        "extra-turns",
+        "recovery-finished",
+        "phase-bounded",
+    ):
+        seeds_of = sorted(by_invariant.get(inv, []))
+        print(f"  {inv:18} {len(seeds_of):4} {seeds_of if seeds_of else ''}")
+    for inv in sorted(
+        set(by_invariant)
+        - {
+            "exactly-once",
+            "finished-attempt",
+            "chats-at-rest",
+            "extra-turns",
+            "recovery-finished",
+            "phase-bounded",
+        }
+    ):
+        print(f"  {inv:18} {len(by_invariant[inv]):4} {sorted(by_invariant[inv])}")
+    noted = sorted(o.schedule.seed for o in outcomes if o.notes)
+    kinds = Counter(n.split(": ", 1)[-1] for o in outcomes for n in o.notes)
+    print(f"notes (not violations) in {len(noted)} schedules: {dict(kinds)}")
+    print(
+        "events that ran: " + ", ".join(f"{k} {v}" for k, v in sorted(_coverage(outcomes).items()))
+    )
+    if secs:
+        p95 = secs[min(len(secs) - 1, int(0.95 * len(secs)))]
+        print(
+            f"per schedule: p50 {statistics.median(secs):.1f} s, p95 {p95:.1f} s, "
+            f"max {secs[-1]:.1f} s; wall {wall:.0f} s with {args.parallel} rigs "
+            f"({len(outcomes) / wall * 60:.1f} schedules/min)"
+        )
+    if args.json:
+        text = json.dumps(
+            [
+                {
+                    "seed": o.schedule.seed,
+                    "ok": o.ok,
+                    "seconds": round(o.seconds, 2),
+                    "schedule": o.schedule.describe().splitlines(),
+                    "phases": o.phases,
+                    "violations": [str(v) for v in o.violations],
+                }
+                for o in sorted(outcomes, key=lambda o: o.schedule.seed)
+            ],
+            indent=1,
+        )
+        await asyncio.to_thread(Path(args.json).write_text, text)
+    if harness_errors:
+        return 2
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--seeds", type=int, default=300, help="how many seeds (default 300)")
+    p.add_argument("--first", type=int, default=1, help="first seed (default 1)")
+    p.add_argument("--only", default="", help="comma-separated seeds to run instead")
+    p.add_argument("--parallel", type=int, default=3, help="independent rigs (default 3)")
+    p.add_argument("--verbose", action="store_true", help="print every schedule's report")
+    p.add_argument("--json", default="", help="write every outcome to this file")
+    sys.exit(main(p.parse_args()))

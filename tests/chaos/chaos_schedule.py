@@ -1,0 +1,330 @@
+"""Seeded chaos schedules: a seed → a deterministic list of events (pure, no I/O).
+
+A schedule is a workflow shape (two or three steps from a small catalog of scripted
+turns, each client tool call with its own amount) and a list of phases run in
+order:
+
+* ``child`` phases run the workflow in a fresh process forked from the warm fork
+  server (``tests/recovery/crash_child.py``) that SIGKILLs itself at a crash point
+  (``""`` = never: the run ends by itself or fails on a fault). The first is the
+  workflow's first run; later ones are recoveries that may be killed in turn.
+* one final ``recover`` phase: the in-process recovery — a plain rerun, or the
+  ``recover-turn`` flow then the rerun.
+
+Each phase may carry emulator faults armed for its duration (stream drops, REST
+faults, stalls, lost responses), timed actions at an offset into it (an emulator
+restart that keeps state, dropping every open stream) and concurrent sweep runs
+(``sweep-stuck-turns`` with the harshest budgets, ``sweep-orphans`` with no grace)
+racing it. The event list is deterministic; when a timed event lands relative to
+the workflow's progress is not (it is wall-clock), which is part of the chaos.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "TEMPLATES",
+    "Fault",
+    "Phase",
+    "Schedule",
+    "SweepRun",
+    "Template",
+    "Timed",
+    "make_schedule",
+]
+
+
+@dataclass(frozen=True)
+class Template:
+    """One scripted step: the ``#emu`` script and the amounts it charges (one
+    logical tool call per amount, unique across the catalog)."""
+
+    name: str
+    script: dict[str, Any]
+    amounts: tuple[int, ...]
+
+
+def _charge(cents: int, text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "text": text,
+        "deltas": 5,
+        "delay": 0.02,
+        "tool_calls": [{"name": "charge_card", "args": {"amount_cents": cents}}],
+        **extra,
+    }
+
+
+#: The catalog. ``think``: a continuation that keeps generating after the tool
+#: result (a crash there leaves a live attempt to follow) and calls a second tool.
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in (
+        Template("deposit", {"steps": [_charge(101, "Charging the deposit.")]}, (101,)),
+        Template("rest", {"steps": [_charge(252, "Charging the rest now.")]}, (252,)),
+        Template(
+            "rounds",
+            {
+                "steps": [
+                    _charge(303, "Charging the order."),
+                    _charge(34, "Now the fee."),
+                    {"text": "All paid.", "deltas": 3, "delay": 0.02},
+                ]
+            },
+            (303, 34),
+        ),
+        Template(
+            "think",
+            {
+                "steps": [
+                    _charge(405, "Charging the extra."),
+                    _charge(56, "And the tip.", sleep=1.0),
+                    {"text": "Receipt checked.", "deltas": 3, "delay": 0.02},
+                ]
+            },
+            (405, 56),
+        ),
+        Template("hello", {"steps": [{"text": "Hello there.", "deltas": 4, "delay": 0.02}]}, ()),
+    )
+}
+
+#: Crash points of a workflow's first run (``crash_child.py``: ``<point>:<nth>``,
+#: ``+<s>`` = that long after the point). ``""``: no kill, faults only.
+FIRST_POINTS = [
+    "",
+    "turn.before_create:1",
+    "turn.after_create:1",
+    "turn.sending:1",
+    "turn.sending:2",
+    "turn.after_checkpoint:1",
+    "turn.mid_stream:1",
+    "turn.mid_stream:2",
+    "turn.mid_stream:3",
+    "turn.after_tool_results:1",
+    "turn.after_tool_results:2",
+    "turn.after_tool_results:1+0.3",
+    "tool.before_effect:1",
+    "tool.before_effect:2",
+    "tool.before_effect:3",
+    "tool.after_effect:1",
+    "tool.after_effect:2",
+    "tool.after_effect:3",
+    "tool.after_done:1",
+    "tool.after_done:2",
+    "tool.after_done:3",
+    "turn.before_persist:1",
+    "turn.before_persist:2",
+    "turn.before_persist:3",
+]
+#: Extra points for a run that recovers a crashed one.
+RECOVERY_POINTS = [
+    "recovery.before_interrupt:1",
+    "recovery.after_verdict:1",
+    "recovery.after_submit:1",
+    "recovery.before_resubmit:1",
+    "tool.redrive.before_effect:1",
+]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An emulator fault armed for one phase (``emu.faults.<method>(**args)``)."""
+
+    method: str
+    args: tuple[tuple[str, Any], ...]
+
+    def arm(self, emu: Any) -> None:
+        getattr(emu.faults, self.method)(**dict(self.args))
+
+    def __str__(self) -> str:
+        return f"{self.method}({', '.join(f'{k}={v!r}' for k, v in self.args)})"
+
+
+def _fault(fn: str, **args: Any) -> Fault:
+    return Fault(fn, tuple(args.items()))
+
+
+def _random_fault(rng: random.Random) -> Fault:
+    kind = rng.choice(
+        [
+            "lost-send",
+            "lost-results",
+            "lost-first-post",
+            "send-5xx",
+            "results-5xx",
+            "read-5xx",
+            "interrupt-5xx",
+            "get-5xx",
+            "stream-drop",
+            "stream-close",
+            "refuse-ws",
+            "stall",
+            "slow-results",
+        ]
+    )
+    if kind == "lost-send":
+        return _fault("drop_response", count=1, method="POST", path="/messages")
+    if kind == "lost-results":
+        return _fault("drop_response", count=1, method="POST", path="/tool-results")
+    if kind == "lost-first-post":  # the chat's creation when the phase creates one
+        return _fault("drop_response", count=1, method="POST", path="/chats")
+    if kind == "send-5xx":
+        status = rng.choice([502, 503])
+        return _fault(
+            "fail_rest", count=rng.choice([1, 2]), status=status, method="POST", path="/messages"
+        )
+    if kind == "results-5xx":
+        return _fault("fail_rest", count=1, status=503, method="POST", path="/tool-results")
+    if kind == "read-5xx":
+        return _fault(
+            "fail_rest", count=rng.choice([1, 2]), status=502, method="GET", path="/messages"
+        )
+    if kind == "interrupt-5xx":
+        return _fault("fail_rest", count=1, status=503, method="POST", path="/interrupt")
+    if kind == "get-5xx":
+        return _fault("fail_rest", count=rng.choice([1, 3]), status=503, method="GET")
+    if kind == "stream-drop":
+        return _fault("drop_next_stream", after_frames=rng.randint(0, 4), count=rng.choice([1, 2]))
+    if kind == "stream-close":
+        return _fault("drop_next_stream", after_frames=rng.randint(1, 3), count=1, code=1011)
+    if kind == "refuse-ws":
+        return _fault("refuse_upgrades", status=503, count=rng.choice([1, 2, 3]))
+    if kind == "stall":
+        return _fault("stall_stream", seconds=rng.choice([0.3, 0.8, 1.5]))
+    return _fault("delay_commit", seconds=0.5, count=1, method="POST", path="/tool-results")
+
+
+@dataclass(frozen=True)
+class Timed:
+    """An action ``at_s`` seconds into a phase: ``restart`` (the emulator restarts,
+    keeping all state, after ``downtime`` s) or ``drop-streams`` (every open stream
+    aborted now)."""
+
+    at_s: float
+    action: str
+    downtime: float = 0.0
+
+    def __str__(self) -> str:
+        extra = f" downtime={self.downtime}s" if self.action == "restart" else ""
+        return f"{self.action} at +{self.at_s:.2f}s{extra}"
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """A sweep flow run started ``at_s`` seconds into a phase, racing it."""
+
+    kind: str  # "stuck" (sweep-stuck-turns) | "orphans" (sweep-orphans)
+    at_s: float
+    lease_wait_s: float
+
+    def __str__(self) -> str:
+        name = "sweep-stuck-turns" if self.kind == "stuck" else "sweep-orphans"
+        return f"{name} at +{self.at_s:.2f}s (lease wait {self.lease_wait_s}s)"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One run of the workflow and what happens around it."""
+
+    kind: str  # "child" | "recover"
+    crash_at: str = ""
+    mode: str = "rerun"  # recover only: "rerun" | "recover-turn"
+    faults: tuple[Fault, ...] = ()
+    timed: tuple[Timed, ...] = ()
+    sweeps: tuple[SweepRun, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "child":
+            head = f"child run, SIGKILL at {self.crash_at or '(none)'}"
+        else:
+            head = f"in-process recovery: {self.mode}"
+        parts = [head]
+        parts += [f"fault {f}" for f in self.faults]
+        parts += [str(t) for t in self.timed]
+        parts += [str(s) for s in self.sweeps]
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    templates: tuple[str, ...]
+    retries: int
+    phases: tuple[Phase, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}: steps {list(self.templates)}, task retries {self.retries}"]
+        lines += [f"  {i + 1}. {p}" for i, p in enumerate(self.phases)]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"seed": self.seed, "schedule": self.describe().splitlines()})
+
+
+def _sweeps(rng: random.Random, p: float, span_s: float) -> tuple[SweepRun, ...]:
+    if rng.random() >= p:
+        return ()
+    n = 1 if rng.random() < 0.8 else 2
+    return tuple(
+        SweepRun(
+            kind=rng.choice(["stuck", "orphans"]),
+            at_s=round(rng.uniform(0.0, span_s), 2),
+            lease_wait_s=rng.choice([0.05, 0.5, 2.0]),
+        )
+        for _ in range(n)
+    )
+
+
+def _timed(rng: random.Random, p_restart: float, p_drop: float, span_s: float) -> tuple[Timed, ...]:
+    out = []
+    if rng.random() < p_restart:
+        out.append(
+            Timed(round(rng.uniform(0.1, span_s), 2), "restart", rng.choice([0.0, 0.1, 0.3]))
+        )
+    if rng.random() < p_drop:
+        out.append(Timed(round(rng.uniform(0.1, span_s), 2), "drop-streams"))
+    return tuple(sorted(out, key=lambda t: t.at_s))
+
+
+def _faults(rng: random.Random, p: float) -> tuple[Fault, ...]:
+    r = rng.random()
+    if r >= p:
+        return ()
+    n = 2 if r < p * 0.3 else 1
+    return tuple(_random_fault(rng) for _ in range(n))
+
+
+def make_schedule(seed: int) -> Schedule:
+    """The schedule of ``seed`` (same seed, same events)."""
+    rng = random.Random(seed)
+    k = rng.choice([2, 2, 3])
+    templates = tuple(rng.sample(sorted(TEMPLATES), k))
+    retries = rng.choice([0, 0, 1])
+    children = rng.choices([1, 2, 3], weights=[5, 4, 1])[0]
+    phases = []
+    for i in range(children):
+        points = FIRST_POINTS if i == 0 else FIRST_POINTS[1:] + RECOVERY_POINTS * 2
+        phases.append(
+            Phase(
+                "child",
+                crash_at=rng.choice(points),
+                faults=_faults(rng, 0.45),
+                timed=_timed(rng, 0.2, 0.15, 2.5),
+                # a sweep beside the first run races a live workflow; later ones race
+                # the recovery of a crashed one
+                sweeps=_sweeps(rng, 0.15 if i == 0 else 0.4, 2.0),
+            )
+        )
+    phases.append(
+        Phase(
+            "recover",
+            mode=rng.choice(["rerun", "recover-turn"]),
+            faults=_faults(rng, 0.3),
+            timed=_timed(rng, 0.15, 0.1, 1.5),
+            sweeps=_sweeps(rng, 0.5, 1.0),
+        )
+    )
+    return Schedule(seed, templates, retries, tuple(phases))
