@@ -46,11 +46,13 @@ RUN_MARK = "@run="
 #: The workflow id is percent-quoted (no ``@`` left in it), so the marks parse back.
 WORKFLOW_MARK = "@wf="
 _OVER = {StateType.CRASHED, StateType.FAILED, StateType.CANCELLED, StateType.COMPLETED}
-#: Seconds a "still running" answer is reused: waiters poll every 50-100 ms, and one
-#: API call per poll per waiter would load the server for nothing.
+#: Seconds an answer about a run is reused: waiters poll every 50-100 ms, and one
+#: API call per poll per waiter would load the server for nothing. "Over" answers
+#: expire too: a final run can be started again under the same id (a retry from the
+#: UI), and its new holders are live.
 RECHECK_S = 1.0
-_known_over: set[str] = set()
-_checked: dict[str, float] = {}
+#: run id → (monotonic time asked, in a final state then)
+_answers: dict[str, tuple[float, bool]] = {}
 
 
 def _current_run_id() -> str | None:
@@ -102,51 +104,29 @@ async def holder_run_over(lease: Lease) -> bool:
 
 async def holder_over(holder: str) -> bool:
     """``holder_run_over`` for a bare holder id."""
-    run_id = holder_run_id(holder)
-    if run_id is None:
-        return False
-    key = str(run_id)
-    if key in _known_over:
-        return True
-    now = time.monotonic()
-    if now - _checked.get(key, -RECHECK_S) < RECHECK_S:
-        return False
-    if len(_checked) > 10_000:  # a long-lived worker: forget old answers
-        _checked.clear()
-    _checked[key] = now
-    try:
-        async with get_client() as client:
-            run = await client.read_flow_run(run_id)
-    except Exception:
-        logging.getLogger(__name__).debug("could not read flow run %s", key, exc_info=True)
-        return False
-    if run.state is not None and run.state.type in _OVER:
-        _known_over.add(key)
-        _checked.pop(key, None)
-        return True
-    return False
+    return holder in await holders_over([holder])
 
 
 async def holders_over(holders: list[str]) -> set[str]:
     """The holder ids among ``holders`` whose flow run is in a final state.
 
-    One API call for all of them (not one per holder: a waiter at cap 50 would
-    otherwise read 50 flow runs a second), with the caches of :func:`holder_over`.
+    One API call for all runs not asked about in the last ``RECHECK_S`` (not one per
+    holder: a waiter at cap 50 would otherwise read 50 flow runs a second). A run
+    the call does not return, or a failed call, counts as not over.
     """
     runs = {h: holder_run_id(h) for h in holders}
     now = time.monotonic()
     ask: dict[str, uuid.UUID] = {}
     for run_id in runs.values():
-        if run_id is None:
-            continue
-        key = str(run_id)
-        if key not in _known_over and now - _checked.get(key, -RECHECK_S) >= RECHECK_S:
-            ask[key] = run_id
+        if run_id is not None:
+            answer = _answers.get(str(run_id))
+            if answer is None or now - answer[0] >= RECHECK_S:
+                ask[str(run_id)] = run_id
     if ask:
-        if len(_checked) > 10_000:
-            _checked.clear()
+        if len(_answers) > 10_000:  # a long-lived worker: forget old answers
+            _answers.clear()
         for key in ask:
-            _checked[key] = now
+            _answers[key] = (now, False)
         try:
             async with get_client() as client:
                 found = await client.read_flow_runs(
@@ -157,7 +137,10 @@ async def holders_over(holders: list[str]) -> set[str]:
             logging.getLogger(__name__).debug("could not read flow runs", exc_info=True)
             found = []
         for run in found:
-            if run.state is not None and run.state.type in _OVER:
-                _known_over.add(str(run.id))
-                _checked.pop(str(run.id), None)
-    return {h for h, run_id in runs.items() if run_id is not None and str(run_id) in _known_over}
+            over = run.state is not None and run.state.type in _OVER
+            _answers[str(run.id)] = (now, over)
+    return {
+        h
+        for h, run_id in runs.items()
+        if run_id is not None and _answers.get(str(run_id), (0.0, False))[1]
+    }

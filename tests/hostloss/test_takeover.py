@@ -14,6 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from prefect import flow
@@ -23,7 +24,14 @@ from prefect.states import Crashed, Running
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
 from prefect_coder.flows.parts.errors import WorkflowBusyError
-from prefect_coder.flows.parts.holders import holder_run_id, holder_run_over, holder_workflow_id
+from prefect_coder.flows.parts.holders import (
+    RUN_MARK,
+    WORKFLOW_MARK,
+    holder_run_id,
+    holder_run_over,
+    holder_workflow_id,
+    run_holder,
+)
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.resources import hold_workflow_lease
 from prefect_coder.flows.parts.turn_slot import TurnSlotUnavailableError, slot_key, turn_slot
@@ -152,3 +160,17 @@ async def test_a_holder_without_a_run_waits_out_its_ttl(store_url: str, tenant: 
                 pytest.fail("took a live lease")
     finally:
         await store.aclose()
+
+
+def test_slot_holder_ids_name_run_and_workflow() -> None:
+    # The workflow id is the user's: marks inside it must not confuse the parsing.
+    run_id = uuid.uuid4()
+    workflow_id = "team@run=x/wf=1 ✓"
+    holder = f"host:1:abcd{RUN_MARK}{run_id}{WORKFLOW_MARK}{quote(workflow_id, safe='')}"
+    assert holder_run_id(holder) == run_id
+    assert holder_workflow_id(holder) == workflow_id
+    # Outside a run: no run, still the workflow (then only the ttl frees the slot).
+    bare = run_holder(workflow_id)
+    assert holder_run_id(bare) is None and holder_workflow_id(bare) == workflow_id
+    # Workflow lease holders name no workflow; older slot holders neither.
+    assert holder_workflow_id(f"host:1:abcd{RUN_MARK}{run_id}") is None
