@@ -1,63 +1,109 @@
-"""Fan-out throughput under the fleet's turn-slot cap, and the two cap mechanisms.
+"""Fan-out throughput per worker process, memory per open turn, and the fleet of workers.
 
-1. ``agent_fanout`` of ``--workflows`` short one-turn workflows (default 200) under
-   caps 5 and 50 (``CoderCredentials.max_concurrent_turns``), on the local
-   emulator (no server capacity limit) with a SQLite store and a temporary
-   Prefect test server: wall time, turns/s, the server-side peak of running
-   turns (emulator event log), the slot hand-off latency (a turn that found
-   every slot busy: its acquire minus the latest release before it) and the
-   acquire latency of every turn (asking to holding, incl. the process queue).
-2. The hand-off latency of a Prefect global concurrency limit (``concurrency(name,
-   occupy=1, strict=True)``, limit 1) on the same server, next to the same
-   holder/waiter pair on a store turn slot (limit 1), both on an idle process.
+Every part of the system runs in its own process, as in production: the chatd
+emulator (``coder-chat-emulator``, no capacity limit), a Prefect API server on a
+private PostgreSQL cluster (a SQLite-backed server answers 503 to concurrent
+writers on a loaded machine), and the worker. So the numbers below are the
+worker process's own.
 
-Everything runs in ONE worker process (the fan-out drives its workflows
-in-process), so turns/s is per worker process; alongside it the process CPU time
-per turn (the fan-out is CPU-bound at cap 50) and the resident memory per open
-turn (peak RSS during the run minus RSS before it, over the server-side peak of
-running turns; an upper bound: it also counts caches and allocator slack).
+Default mode — one worker process, i.e. what one ``agent-fanout-shard`` run (or an
+in-process ``agent_fanout``) does: ``--workflows`` workflows of ``--steps`` turns
+(turn ``--turn-s``) in THIS process under caps 5 and 50, SQLite or PostgreSQL store
+(``--store``). Prints per cap: turns/s of the process, its CPU ms per turn (all its
+threads), the emulator's and the Prefect server's CPU ms per turn (other processes,
+for scale), the server-side peak of running turns (emulator event log) and the load
+average. Then the memory phase: ``--memory-workflows`` workflows with long turns
+(``--memory-turn-s``) at cap 50, RSS of this process sampled every 50 ms; memory per
+open turn = (RSS at the moment of the peak of running turns in the emulator's event
+log - RSS before the fan-out) / that peak.
 
-Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--turn-s 0.05]``.
+``--workers-mode`` — the fan-out as a deployment run on ``prefect worker start``
+process workers (PostgreSQL store): turns/s with 1 and with 2 workers at
+``--workers-cap`` (50), in shards of ``--shard-size`` (1 = one ``agent-workflow`` run
+per workflow), with the workers' CPU per turn (worker + its flow-run processes).
+With ``--kill``: two workers at ``--kill-cap`` (all slots busy), long turns; the
+worker whose flow runs hold the most turn slots (not the fan-out's own) is SIGKILLed
+with its flow-run processes, its runs are marked Crashed at once (what the zombie
+automation does), and the bench times, per slot the dead worker held, how long until
+a live process holds it again — against ``--slot-ttl`` — and the fan-out's end.
 
-``--workers-mode``: the fan-out as a deployment run on ``prefect worker start``
-process workers (each workflow its own ``agent-workflow`` flow run, so a flow-run
-process each): turns/s at cap 50 (``--workers-cap``) with 1 and with 2 workers,
-and the time from SIGKILLing a worker (with its flow-run processes) that holds
-turn slots until turns of the other worker hold those slots again (the dead
-runs marked Crashed at once, as the zombie automation would).
+``--handoff``: the slot hand-off latency of a store turn slot vs a Prefect global
+concurrency limit (limit 1, idle process; docs/fleet.md).
+
+Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--steps 1]``
+or ``... --workers-mode [--shard-size 20] [--kill]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from fleet_procs import (  # noqa: E402
+    EmulatorProcess,
+    create_database,
+    loadavg,
+    prefect_server,
+    private_postgres,
+    process_cpu_s,
+)
 from prefect.settings import (  # noqa: E402
     PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
     PREFECT_LOGGING_LEVEL,
     PREFECT_RESULTS_LOCAL_STORAGE_PATH,
     temporary_settings,
 )
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
-from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout  # noqa: E402
 from prefect_coder.flows.parts import turn_slot  # noqa: E402
 from prefect_coder.flows.parts.params import Step, WorkflowSettings  # noqa: E402
 
 TOKEN = f"bench-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Fleet:
+    tmp: Path
+    api_url: str
+    server_pid: int
+    emu: EmulatorProcess
+    pg_store_url: str
+
+
+@contextlib.contextmanager
+def _fleet(tmp: Path) -> Iterator[Fleet]:
+    with private_postgres() as admin:
+        server_db = create_database(admin, "prefect_server")
+        store_db = create_database(admin, "coder_store")
+        with (
+            temporary_settings(
+                updates={
+                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                    PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp / "results",
+                    PREFECT_LOGGING_LEVEL: "ERROR",
+                }
+            ),
+            prefect_server(server_db) as (api_url, server_pid),
+            EmulatorProcess.running(TOKEN) as emu,
+        ):
+            yield Fleet(tmp, api_url, server_pid, emu, store_db)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -67,20 +113,8 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def _handoffs(trace: list[tuple[str, float]]) -> list[float]:
-    """For every acquire that had to wait: its time minus the latest release before it."""
-    out: list[float] = []
-    last_release: float | None = None
-    for kind, at in sorted(trace, key=lambda e: e[1]):
-        if kind == "release":
-            last_release = at
-        elif kind == "acquire_waited" and last_release is not None:
-            out.append(at - last_release)
-    return out
-
-
 async def _retry_503(make: Callable[[], Awaitable[object]], attempts: int = 6) -> None:
-    """A Prefect test server on SQLite answers 503 to writes on a loaded machine: retry."""
+    """A loaded server may answer 503 to a write: retry."""
     from prefect.exceptions import PrefectHTTPStatusError
 
     for i in range(attempts):
@@ -93,38 +127,75 @@ async def _retry_503(make: Callable[[], Awaitable[object]], attempts: int = 6) -
             await asyncio.sleep(0.5 * (i + 1))
 
 
-async def _one_cap(emu: Emulator, tmp: Path, cap: int, n: int, turn_s: float) -> dict[str, float]:
+async def _settings(
+    fleet: Fleet, store_url: str, cap: int, *, slot_ttl: float = 30, lease_ttl: float = 30
+) -> WorkflowSettings:
     name = uuid.uuid4().hex[:8]
     creds = CoderCredentials(
-        base_url=emu.base_url,
-        organization_id=uuid.UUID(str(emu.organization_id)),
+        base_url=fleet.emu.base_url,
+        organization_id=uuid.UUID(fleet.emu.organization_id),
         token=SecretStr(TOKEN),
         max_concurrent_turns=cap,
-        turn_slot_wait=600,
-        turn_slot_ttl=30,
+        turn_slot_wait=900,
+        turn_slot_ttl=slot_ttl,
     )
     await _retry_503(lambda: creds.save(f"bench-coder-{name}", overwrite=True))
-    store = ChatStateStore(url=f"sqlite+aiosqlite:///{tmp / f'{name}.db'}")
+    store = ChatStateStore(url=store_url)
     await _retry_503(lambda: store.save(f"bench-store-{name}", overwrite=True))
-    settings = WorkflowSettings(
+    return WorkflowSettings(
         credentials_block=f"bench-coder-{name}",
         store_block=f"bench-store-{name}",
         retries=0,
-        lease_ttl_s=30,
+        lease_ttl_s=lease_ttl,
+        lease_wait_s=300,
         artifacts=False,
     )
-    items = [
+
+
+def _items(prefix: str, n: int, steps: int, turn_s: float) -> list[FanoutItem]:
+    body = f'#emu {{"sleep": {turn_s}, "text": "ok"}}'
+    return [
         FanoutItem(
-            workflow_id=f"b-{name}-{i}",
-            steps=[Step(name="s", prompt=f'go #emu {{"sleep": {turn_s}, "text": "ok"}}')],
+            workflow_id=f"{prefix}-{i}",
+            steps=[Step(name=f"s{j}", prompt=f"go {j} {body}") for j in range(steps)],
         )
         for i in range(n)
     ]
-    before = len(emu.event_log(["turn_start"]))
-    turn_slot.SLOT_TRACE = []
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _sample_rss(samples: list[tuple[float, int]]) -> None:
+    while True:
+        samples.append((time.time(), _rss_kib()))
+        await asyncio.sleep(0.05)
+
+
+def _store_url(fleet: Fleet, kind: str, name: str) -> str:
+    if kind == "pg":
+        return fleet.pg_store_url
+    return f"sqlite+aiosqlite:///{fleet.tmp / f'{name}.db'}"
+
+
+async def _in_process(
+    fleet: Fleet, cap: int, n: int, steps: int, turn_s: float, store: str
+) -> dict[str, Any]:
+    """One fan-out of ``n`` workflows in this process; the numbers of this process."""
+    name = uuid.uuid4().hex[:8]
+    settings = await _settings(fleet, _store_url(fleet, store, name), cap)
+    items = _items(f"b-{name}", n, steps, turn_s)
+    before = len(fleet.emu.event_log(["turn_start"]))
+    load0 = loadavg()
+    samples: list[tuple[float, int]] = []
     rss0 = _rss_kib()
-    peak_rss = [rss0]
-    sampler = asyncio.create_task(_sample_rss(peak_rss))
+    sampler = asyncio.create_task(_sample_rss(samples))
+    emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     try:
@@ -133,41 +204,70 @@ async def _one_cap(emu: Emulator, tmp: Path, cap: int, n: int, turn_s: float) ->
         sampler.cancel()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    trace, turn_slot.SLOT_TRACE = turn_slot.SLOT_TRACE, None
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
-    starts = emu.event_log(["turn_start"])[before:]
-    assert len(starts) == n
-    peak = max(e["details"]["running"] for e in starts)
-    hand = _handoffs(trace)
-    latency = [v for k, v in trace if k == "acquire_latency"]
+    emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
+    srv_cpu = process_cpu_s(fleet.server_pid) - srv0
+    bad = [o.error for o in outcomes if not o.ok]
+    starts = fleet.emu.event_log(["turn_start"], since=before)
+    turns = n * steps
+    assert not bad and len(starts) == turns, (len(bad), bad[:3], len(starts))
+    peak_event = max(starts, key=lambda e: e["details"]["running"])
+    peak = int(peak_event["details"]["running"])
+    at_peak = min(samples, key=lambda s: abs(s[0] - peak_event["time"]))[1] if samples else rss0
     return {
         "cap": cap,
+        "workflows": n,
+        "turns": turns,
         "wall_s": wall,
-        "turns_per_s": n / wall,
-        "cpu_ms_per_turn": cpu / n * 1000,
-        "rss_kib_per_open_turn": (max(peak_rss) - rss0) / max(1, peak),
+        "turns_per_s": turns / wall,
+        "cpu_ms_per_turn": cpu / turns * 1000,
+        "emu_ms_per_turn": emu_cpu / turns * 1000,
+        "server_ms_per_turn": srv_cpu / turns * 1000,
         "server_peak": peak,
-        "handoffs": len(hand),
-        "handoff_p50_ms": _pct(hand, 0.5) * 1000,
-        "handoff_p95_ms": _pct(hand, 0.95) * 1000,
-        "acquire_p50_ms": _pct(latency, 0.5) * 1000,
-        "acquire_p95_ms": _pct(latency, 0.95) * 1000,
+        "rss_delta_at_peak_kib": at_peak - rss0,
+        "kib_per_open_turn": (at_peak - rss0) / max(1, peak),
+        "load": f"{load0} → {loadavg()}",
     }
 
 
-def _rss_kib() -> int:
-    """This process's resident set size (Linux /proc), in KiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+def _print_in_process(r: dict[str, Any], steps: int) -> None:
+    print(
+        f"cap {r['cap']:>3}: {r['workflows']} workflows x {steps} turn(s) in {r['wall_s']:.1f}s "
+        f"= {r['turns_per_s']:.2f} turns/s in one worker process; its CPU "
+        f"{r['cpu_ms_per_turn']:.0f} ms/turn (emulator {r['emu_ms_per_turn']:.0f}, "
+        f"Prefect server {r['server_ms_per_turn']:.0f} ms/turn in their own processes); "
+        f"server peak {r['server_peak']} running turns; load {r['load']}",
+        flush=True,
+    )
 
 
-async def _sample_rss(peak: list[int]) -> None:
-    while True:
-        peak.append(_rss_kib())
-        await asyncio.sleep(0.05)
+async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
+    print(f"store: {args.store}; load {loadavg()}", flush=True)
+    # warm-up: imports, the store's schema, the first flow run, the server's caches
+    await _in_process(fleet, 5, 5, 1, args.turn_s, args.store)
+    results = []
+    for cap in [int(c) for c in args.caps.split(",") if c]:
+        r = await _in_process(fleet, cap, args.workflows, args.steps, args.turn_s, args.store)
+        results.append(r)
+        _print_in_process(r, args.steps)
+    if results:
+        print(
+            "turns/s per worker process: "
+            + ", ".join(f"cap {r['cap']}: {r['turns_per_s']:.2f}" for r in results)
+            + " (goal at cap 50: >= 20); CPU-bound ceiling on one idle core: "
+            + ", ".join(f"cap {r['cap']}: {1000 / r['cpu_ms_per_turn']:.1f}" for r in results),
+            flush=True,
+        )
+    if args.memory_workflows:
+        m = await _in_process(fleet, 50, args.memory_workflows, 1, args.memory_turn_s, args.store)
+        print(
+            f"memory: {m['server_peak']} turns open at once (emulator log), RSS of this "
+            f"process then {m['rss_delta_at_peak_kib'] / 1024:.1f} MiB above its level before "
+            f"the fan-out = {m['kib_per_open_turn']:.0f} KiB per open turn (goal <= 50); "
+            f"load {m['load']}",
+            flush=True,
+        )
+    if args.handoff:
+        await _handoffs(fleet, args.gcl_rounds)
 
 
 async def _store_handoff(tmp: Path, rounds: int) -> list[float]:
@@ -225,157 +325,326 @@ async def _gcl_handoff(rounds: int) -> list[float]:
     return out
 
 
-async def _main(args: argparse.Namespace, tmp: Path) -> None:
-    results: list[dict[str, float]] = []
-    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as emu:
-        # warm-up: imports, the store's schema, the first flow run
-        await _one_cap(emu, tmp, 5, 5, args.turn_s)
-        for cap in [int(c) for c in args.caps.split(",")]:
-            r = await _one_cap(emu, tmp, cap, args.workflows, args.turn_s)
-            results.append(r)
-            print(
-                f"cap {r['cap']:>3}: {args.workflows} workflows in {r['wall_s']:.1f}s = "
-                f"{r['turns_per_s']:.1f} turns/s per worker process "
-                f"({r['cpu_ms_per_turn']:.0f} ms CPU/turn, "
-                f"≤ {r['rss_kib_per_open_turn']:.0f} KiB RSS per open turn); "
-                f"server peak {r['server_peak']}; "
-                f"slot hand-off p50 {r['handoff_p50_ms']:.0f} ms, p95 "
-                f"{r['handoff_p95_ms']:.0f} ms ({r['handoffs']} waits); slot acquire "
-                f"p50 {r['acquire_p50_ms']:.0f} ms, p95 {r['acquire_p95_ms']:.0f} ms",
-                flush=True,
+async def _handoffs(fleet: Fleet, rounds: int) -> None:
+    store_h = await _store_handoff(fleet.tmp, rounds)
+    gcl = await _gcl_handoff(rounds)
+    for label, v in (("store turn slot", store_h), ("Prefect GCL (strict)", gcl)):
+        print(
+            f"{label} (limit 1, idle): hand-off p50 {_pct(v, 0.5) * 1000:.0f} ms, "
+            f"p95 {_pct(v, 0.95) * 1000:.0f} ms, mean {statistics.mean(v) * 1000:.0f} ms "
+            f"({len(v)} rounds)",
+            flush=True,
+        )
+
+
+# ------------------------------------------------------------------ workers mode
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU of a process and of its children it has waited for (utime, stime, cutime, cstime)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _live_children_cpu_s(pid: int) -> float:
+    from fanout_env import _children
+
+    return sum(_tree_cpu_s(c) for c in _children(pid))
+
+
+async def _fanout_params(
+    items: list[FanoutItem], settings: WorkflowSettings, args: argparse.Namespace
+) -> dict[str, Any]:
+    return {
+        "workflows": [i.model_dump(mode="json") for i in items],
+        "settings": settings.model_dump(mode="json"),
+        "max_parallel": max(64, len(items)),
+        "fail_on_error": True,
+        "poll_interval_s": 0.5,
+        "shard_size": args.shard_size,
+    }
+
+
+async def _slot_holders(store: Any, cap: int) -> dict[int, str]:
+    """Live turn slots: index -> holder id (read from the store's lease table)."""
+    import sqlalchemy as sa
+
+    from prefect_coder.blocks.state.schema import leases
+
+    keys = [f"{turn_slot.SLOT_PREFIX}{i}" for i in range(cap)]
+    async with store.read() as conn:
+        rows = await conn.execute(
+            sa.select(leases.c.key, leases.c.holder).where(
+                leases.c.tenant == store.tenant,
+                leases.c.key.in_(keys),
+                leases.c.expires_at > store.now(),
             )
-    print(
-        "turns/s per worker process: "
-        + ", ".join(f"cap {r['cap']}: {r['turns_per_s']:.1f}" for r in results)
-        + " (goal at cap 50: >= 20)",
-        flush=True,
-    )
-    if args.no_handoff:
-        return
-    store_h = await _store_handoff(tmp, args.gcl_rounds)
-    print(
-        f"store turn slot (limit 1, idle): hand-off p50 {_pct(store_h, 0.5) * 1000:.0f} ms, "
-        f"p95 {_pct(store_h, 0.95) * 1000:.0f} ms ({len(store_h)} rounds)",
-        flush=True,
-    )
-    gcl = await _gcl_handoff(args.gcl_rounds)
-    print(
-        f"Prefect global concurrency limit (strict, limit 1): hand-off p50 "
-        f"{_pct(gcl, 0.5) * 1000:.0f} ms, p95 {_pct(gcl, 0.95) * 1000:.0f} ms "
-        f"({len(gcl)} rounds)",
-        flush=True,
-    )
-    print(
-        f"means: store {statistics.mean(store_h) * 1000:.0f} ms, "
-        f"GCL {statistics.mean(gcl) * 1000:.0f} ms"
-    )
+        )
+        return {int(str(r.key)[len(turn_slot.SLOT_PREFIX) :]): str(r.holder) for r in rows}
 
 
-async def _fanout_on_workers(
-    emu: Emulator, tmp: Path, pool: str, n: int, args: argparse.Namespace, workers: int
-) -> float:
-    """turns/s of one agent-fanout deployment run of ``n`` one-turn workflows."""
+def _holder_pid(holder: str) -> int:
+    try:
+        return int(holder.split("@", 1)[0].split(":")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+async def _mark_dead_runs_crashed(client: Any, dead: set[int]) -> int:
+    """What the zombie automation does for a lost host: Crashed for each unfinished run
+    whose process is gone."""
+    from fanout_env import parent_of
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    runs = await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
+            )
+        ),
+        limit=500,
+    )
+    marked = 0
+    for run in runs:
+        pid = str(run.infrastructure_pid or "").split(":")[-1]
+        if pid and (int(pid) in dead or parent_of(int(pid)) is None):
+            await client.set_flow_run_state(
+                run.id, Crashed(message="host lost (bench)"), force=True
+            )
+            marked += 1
+    return marked
+
+
+async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
+    from fanout_env import child_env, deploy, start_worker, stop_worker, undeploy
     from prefect.deployments import run_deployment
 
-    name = uuid.uuid4().hex[:8]
-    await _retry_503(
-        lambda: CoderCredentials(
-            base_url=emu.base_url,
-            organization_id=uuid.UUID(str(emu.organization_id)),
-            token=SecretStr(TOKEN),
-            max_concurrent_turns=args.workers_cap,
-            turn_slot_wait=600,
-            turn_slot_ttl=5,
-        ).save(f"bench-coder-{name}", overwrite=True)
-    )
-    store = ChatStateStore(url=f"sqlite+aiosqlite:///{tmp / 'workers.db'}")
-    await _retry_503(lambda: store.save(f"bench-store-{name}", overwrite=True))
-    settings = WorkflowSettings(
-        credentials_block=f"bench-coder-{name}",
-        store_block=f"bench-store-{name}",
-        retries=0,
-        lease_ttl_s=5,
-        artifacts=False,
-    )
-    items = [
-        FanoutItem(
-            workflow_id=f"bw-{name}-{i}",
-            steps=[Step(name="s", prompt=f'go #emu {{"sleep": {args.turn_s}, "text": "ok"}}')],
-        ).model_dump(mode="json")
-        for i in range(n)
-    ]
-    t0 = time.perf_counter()
-    run = await run_deployment(  # type: ignore[misc]
-        "agent-fanout/agent-fanout",
-        parameters={
-            "workflows": items,
-            "settings": settings.model_dump(mode="json"),
-            "max_parallel": n,
-            "fail_on_error": True,
-            "poll_interval_s": 0.5,
-        },
-        timeout=None,
-        poll_interval=0.5,
-    )
-    wall = time.perf_counter() - t0
-    assert run.state is not None and run.state.is_completed(), run.state
-    return n / wall
-
-
-async def _workers_mode(args: argparse.Namespace, tmp: Path) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "fanout"))
-    from fanout_env import child_env, deploy, start_worker, stop_worker
-    from prefect.settings import PREFECT_API_URL
-
     pool = f"bench-{uuid.uuid4().hex[:6]}"
-    await deploy(pool)
-    env = child_env(str(PREFECT_API_URL.value()), tmp / "results")
-    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as emu:
-        for count in (1, 2):
+    deployed = await deploy(pool)
+    env = child_env(fleet.api_url, fleet.tmp / "results")
+    env["PREFECT_LOGGING_LEVEL"] = "ERROR"
+    steps = args.steps
+    print(
+        f"workers mode: shard size {args.shard_size}, worker --limit {args.worker_limit}, "
+        f"PostgreSQL store and Prefect server; load {loadavg()}",
+        flush=True,
+    )
+    try:
+        for count in [int(c) for c in args.worker_counts.split(",") if c]:
             workers = [
                 await start_worker(
-                    pool, f"{pool}-{count}-{i}", env, tmp / f"w{count}{i}.log", args.worker_limit
+                    pool,
+                    f"{pool}-{count}-{i}",
+                    env,
+                    fleet.tmp / f"w{count}{i}.log",
+                    args.worker_limit,
                 )
                 for i in range(count)
             ]
             try:
-                rate = await _fanout_on_workers(emu, tmp, pool, args.workflows, args, count)
+                settings = await _settings(fleet, fleet.pg_store_url, args.workers_cap)
+                items = _items(
+                    f"bw{count}-{uuid.uuid4().hex[:6]}", args.workflows, steps, args.turn_s
+                )
+                params = await _fanout_params(items, settings, args)
+                before = len(fleet.emu.event_log(["turn_start"]))
+                load0 = loadavg()
+                cpu0 = sum(
+                    _tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers
+                )
+                t0 = time.perf_counter()
+                run = await run_deployment(  # type: ignore[misc]
+                    "agent-fanout/agent-fanout",
+                    parameters=params,
+                    timeout=None,
+                    poll_interval=0.5,
+                )
+                wall = time.perf_counter() - t0
+                cpu = (
+                    sum(_tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers)
+                    - cpu0
+                )
             finally:
                 for w in workers:
                     await stop_worker(w)
+            starts = fleet.emu.event_log(["turn_start"], since=before)
+            peak = max((e["details"]["running"] for e in starts), default=0)
+            turns = len(items) * steps
+            ok = run.state is not None and run.state.is_completed()
             print(
-                f"{count} worker(s), cap {args.workers_cap}, limit {args.worker_limit} runs "
-                f"each: {args.workflows} workflows = {rate:.2f} turns/s",
+                f"{count} worker(s), cap {args.workers_cap}: {len(items)} workflows x {steps} "
+                f"turn(s) in {wall:.1f}s = {turns / wall:.2f} turns/s "
+                f"({'ok' if ok else run.state}; {len(starts)} turns started); workers' CPU "
+                f"(incl. flow-run processes) {cpu / turns * 1000:.0f} ms/turn; server peak "
+                f"{peak}; load {load0} → {loadavg()}",
+                flush=True,
+            )
+        if args.kill:
+            await _kill_run(args, fleet, pool, env)
+    finally:
+        await undeploy(deployed)
+
+
+async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict[str, str]) -> None:
+    from fanout_env import Hosts, start_worker, stop_worker
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    workers = [
+        await start_worker(pool, f"{pool}-k{i}", env, fleet.tmp / f"k{i}.log", args.worker_limit)
+        for i in range(2)
+    ]
+    cap = args.kill_cap
+    settings = await _settings(
+        fleet, fleet.pg_store_url, cap, slot_ttl=args.slot_ttl, lease_ttl=args.slot_ttl
+    )
+    items = _items(f"bk-{uuid.uuid4().hex[:6]}", args.kill_workflows, 1, args.kill_turn_s)
+    params = await _fanout_params(items, settings, args)
+    store = ChatStateStore(url=fleet.pg_store_url).get_store()
+    hosts = Hosts(workers)
+    try:
+        async with get_client() as client:
+            t0 = time.perf_counter()
+            fan = await run_deployment(  # type: ignore[misc]
+                "agent-fanout/agent-fanout", parameters=params, timeout=0
+            )
+
+            # Wait until the slots are all busy and a worker other than the fan-out's
+            # holds some of them.
+            victim = None
+            held: dict[int, str] = {}
+            while victim is None:
+                await asyncio.sleep(0.2)
+                if time.perf_counter() - t0 > 300:
+                    raise SystemExit("kill run: no worker held slots within 300 s")
+                await hosts.sample(client)
+                fan_host = hosts.of_run.get(str(fan.id))
+                held = await _slot_holders(store, cap)
+                if len(held) < cap or fan_host is None:
+                    continue
+                by_worker: dict[str, int] = {}
+                for h in held.values():
+                    parent = _parent(_holder_pid(h))
+                    for w in workers:
+                        if parent == w.proc.pid and w.name != fan_host:
+                            by_worker[w.name] = by_worker.get(w.name, 0) + 1
+                if by_worker:
+                    most = max(by_worker.items(), key=lambda kv: kv[1])[0]
+                    victim = next(w for w in workers if w.name == most)
+            dead_pids = set(victim.kill_with_children())
+            killed_at = time.perf_counter()
+            await victim.proc.wait()
+            dead_slots = {i for i, h in held.items() if _holder_pid(h) in dead_pids}
+            marked = await _mark_dead_runs_crashed(client, dead_pids)
+            print(
+                f"kill: worker {victim.name} SIGKILLed with its flow runs at "
+                f"{killed_at - t0:.1f}s, holding {len(dead_slots)} of {cap} turn slots; "
+                f"{marked} runs marked Crashed at once (slot ttl {args.slot_ttl:.0f}s)",
+                flush=True,
+            )
+            retaken: dict[int, float] = {}
+            while (
+                len(retaken) < len(dead_slots)
+                and time.perf_counter() - killed_at < 10 * args.slot_ttl + 60
+            ):
+                now_held = await _slot_holders(store, cap)
+                for i in dead_slots - set(retaken):
+                    now = now_held.get(i)
+                    if now is not None and _holder_pid(now) not in dead_pids:
+                        retaken[i] = time.perf_counter() - killed_at
+                await asyncio.sleep(0.1)
+            times = sorted(retaken.values())
+            print(
+                f"kill: the surviving worker held the dead worker's {len(dead_slots)} slots "
+                f"again after first {times[0] if times else float('nan'):.1f}s, median "
+                f"{_pct(times, 0.5):.1f}s, last {times[-1] if times else float('nan'):.1f}s "
+                f"({len(times)} of {len(dead_slots)} retaken)",
                 flush=True,
             )
 
+            async def fanout_final() -> Any:
+                from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+                runs = await client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(
+                        name=DeploymentFilterName(any_=["agent-fanout"])
+                    )
+                )
+                mine = [
+                    r
+                    for r in runs
+                    if r.parameters.get("workflows")
+                    and r.parameters["workflows"][0]["workflow_id"] == items[0].workflow_id
+                ]
+                done = [
+                    r for r in mine if r.state and r.state.is_final() and not r.state.is_crashed()
+                ]
+                return done[0] if done else None
+
+            final = None
+            while final is None and time.perf_counter() - t0 < 900:
+                final = await fanout_final()
+                await asyncio.sleep(0.5)
+            wall = time.perf_counter() - t0
+            ideal = len(items) * args.kill_turn_s / cap
+            print(
+                f"kill: fan-out {final.state.type.value if final else 'not finished'} after "
+                f"{wall:.1f}s ({len(items)} workflows of {args.kill_turn_s:.0f}s turns at cap "
+                f"{cap}: ≥ {ideal:.0f}s without the kill); server peak "
+                f"{max((e['details']['running'] for e in fleet.emu.event_log(['turn_start'])), default=0)}",
+                flush=True,
+            )
+    finally:
+        for w in workers:
+            await stop_worker(w)
+        await store.aclose()
+
+
+def _parent(pid: int) -> int | None:
+    from fanout_env import parent_of
+
+    return parent_of(pid) if pid > 0 else None
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--workflows", type=int, default=200)
+    p.add_argument("--steps", type=int, default=1, help="turns per workflow")
     p.add_argument("--caps", default="5,50")
     p.add_argument("--turn-s", type=float, default=0.05)
+    p.add_argument("--store", choices=["sqlite", "pg"], default="sqlite")
+    p.add_argument("--memory-workflows", type=int, default=50, help="0: no memory phase")
+    p.add_argument("--memory-turn-s", type=float, default=5.0)
+    p.add_argument("--handoff", action="store_true", help="store slot vs Prefect GCL hand-off")
     p.add_argument("--gcl-rounds", type=int, default=10)
-    p.add_argument(
-        "--no-handoff", action="store_true", help="skip the store-vs-GCL hand-off comparison"
-    )
     p.add_argument("--workers-mode", action="store_true", help="1 vs 2 process workers")
+    p.add_argument("--worker-counts", default="1,2")
     p.add_argument("--workers-cap", type=int, default=50)
     p.add_argument("--worker-limit", type=int, default=12, help="flow runs per worker at once")
+    p.add_argument("--shard-size", type=int, default=20)
+    p.add_argument("--kill", action="store_true", help="time the takeover after a worker's death")
+    p.add_argument("--kill-cap", type=int, default=5)
+    p.add_argument("--kill-workflows", type=int, default=40)
+    p.add_argument("--kill-turn-s", type=float, default=3.0)
+    p.add_argument("--slot-ttl", type=float, default=15.0)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    with temporary_settings(
-        updates={
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp / "results",
-            PREFECT_LOGGING_LEVEL: "ERROR",
-        }
-    ):
-        with prefect_test_harness(server_startup_timeout=180):
-            if args.workers_mode:
-                asyncio.run(_workers_mode(args, tmp))
-            else:
-                asyncio.run(_main(args, tmp))
+    with _fleet(tmp) as fleet:
+        if args.workers_mode:
+            asyncio.run(_workers_mode(args, fleet))
+        else:
+            asyncio.run(_main(args, fleet))
 
 
 if __name__ == "__main__":

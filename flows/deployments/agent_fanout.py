@@ -1,26 +1,34 @@
 """The ``agent-fanout`` deployment: many independent workflows in parallel.
 
-Two modes, one contract (each workflow keeps its own workflow id, chat,
+Three modes, one contract (each workflow keeps its own workflow id, chat,
 checkpoint, lease and stored step results; running turns stay within the
 turn-slot cap of :mod:`prefect_coder.flows.parts.turn_slot`):
 
-* **as a deployment run** (or with ``workflow_deployment`` given): every
-  workflow is its own ``agent-workflow`` flow run (``run_deployment``), so the
-  pool's workers share the fan-out, each step result is persisted by the
-  process that ran the step, and a crashed workflow run is recovered by the
-  ``recover-turn`` Crashed trigger like any other. The runs carry the
-  idempotency key ``fanout-<workflow_id>``: a re-run of the fan-out (its own
-  Crashed trigger, or by hand) re-attaches to the runs that exist instead of
-  starting duplicates.
+* **shards** (a deployment run with ``shard_size`` > 1, the default): the
+  workflows are split into shards of ``shard_size``, each an
+  ``agent-fanout-shard`` flow run (``run_deployment``) that runs its workflows
+  in process. The pool's workers share the shards, and one process runs many
+  turns instead of paying a process start per workflow (a flow run on a
+  process worker is a new Python process: seconds of CPU). Each step is a task
+  of its shard's run, persisted the moment it ends.
+* **one run per workflow** (a deployment run with ``shard_size`` 1, or with
+  ``workflow_deployment`` given): every workflow is its own ``agent-workflow``
+  flow run; a crashed one is recovered by the ``recover-turn`` Crashed trigger.
 * **in process** (``agent_fanout`` called directly, no deployment): every step is
   a task of this flow run itself, never a task nested in a task — Prefect writes
   a nested task's result only when the outer task commits, so a crash lost the
   finished steps of every workflow in flight.
+
+Runs started by a fan-out carry idempotency keys derived from the workflow ids
+(``fanout-<workflow_id>``, ``fanout-shard-<digest of the shard's ids>``): a re-run
+of the fan-out (its own Crashed trigger, or by hand) re-attaches to the runs that
+exist instead of starting duplicates, and starts a crashed one again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from prefect import flow
@@ -29,12 +37,16 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments.flow_runs import arun_deployment
 from prefect.logging import get_run_logger
 from prefect.runtime import deployment as current_deployment
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
+from prefect_coder.flows.deployments.fanout_shard import (
+    FanoutItem,
+    FanoutOutcome,
+    run_in_process,
+    run_many_in_process,
+)
 from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.retire import retire_workflow_chat
-from prefect_coder.flows.workflow.steps import prepare, run_steps
+from prefect_coder.flows.parts.params import WorkflowSettings
 
 __all__ = [
     "FanoutItem",
@@ -42,37 +54,20 @@ __all__ = [
     "agent_fanout",
     "fanout_idempotency_key",
     "run_in_process",
+    "shard_idempotency_key",
 ]
 
-#: The deployment a fan-out run starts its workflows on by default.
+#: The deployment a fan-out run starts its workflows on (``shard_size`` 1).
 WORKFLOW_DEPLOYMENT = "agent-workflow/agent-workflow"
-#: How often a re-attached workflow that ended Crashed is started again (the
-#: re-run returns finished steps from storage; the lease serialises it with the
+#: The deployment a fan-out run starts its shards on (``shard_size`` > 1).
+SHARD_DEPLOYMENT = "agent-fanout-shard/agent-fanout-shard"
+#: Workflows per shard by default: enough turns per process to amortise its start
+#: (≈ 2-4 s of CPU on a loaded machine) and still several shards to spread.
+DEFAULT_SHARD_SIZE = 20
+#: How often a re-attached run that ended Crashed is started again (the re-run
+#: returns finished steps from storage; the lease serialises it with a
 #: recover-turn run the Crashed trigger started).
 CRASHED_RESTARTS = 2
-
-
-class FanoutItem(BaseModel):
-    """One independent workflow of a fan-out (its own workflow id, chat and results)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workflow_id: str = Field(description="Stable id of this workflow (unique in the fan-out).")
-    steps: list[Step] = Field(description="The workflow's steps, run in order.")
-
-
-class FanoutOutcome(BaseModel):
-    """How one workflow of a fan-out ended."""
-
-    workflow_id: str
-    ok: bool
-    error: str | None = None
-    results: list[Any] = Field(default_factory=list)
-    #: The agent-workflow flow run (deployment mode), the last one if restarted.
-    flow_run_id: str | None = None
-    state: str | None = None
-    #: How many agent-workflow runs this fan-out attached to or started for it.
-    runs: int = 0
 
 
 def fanout_idempotency_key(workflow_id: str, after_run: str | None = None) -> str:
@@ -84,29 +79,43 @@ def fanout_idempotency_key(workflow_id: str, after_run: str | None = None) -> st
     )
 
 
-async def run_in_process(
-    workflow_id: str, steps: list[Step], settings: WorkflowSettings
-) -> list[Any]:
-    """One workflow inside the calling flow run: each step is a task of that flow
-    run (its result is persisted when the step ends). On failure it applies the
-    workflow's failure handler itself (archives the chat unless ``keep_chat``)."""
-    resources = await prepare(workflow_id, steps, settings)
-    try:
-        return await run_steps(workflow_id, steps, settings, resources, allow_approval=False)
-    except Exception:
-        if not settings.keep_chat:
-            try:
-                await retire_workflow_chat(
-                    workflow_id,
-                    resources,
-                    lease_wait_s=settings.lease_wait_s,
-                    lease_ttl_s=settings.lease_ttl_s,
-                )
-            except Exception:
-                get_run_logger().error(
-                    "could not archive the chat of %s", workflow_id, exc_info=True
-                )
-        raise
+def shard_idempotency_key(workflow_ids: list[str], after_run: str | None = None) -> str:
+    """The idempotency key of a shard's flow run: a digest of its workflow ids, so a
+    re-run of the fan-out with the same parameters finds each shard's run."""
+    digest = hashlib.sha256("\n".join(workflow_ids).encode()).hexdigest()[:24]
+    base = f"fanout-shard-{digest}"
+    return base if after_run is None else f"{base}-after-{after_run}"
+
+
+async def _run_once_or_again(
+    deployment: str,
+    parameters: dict[str, Any],
+    key: Any,
+    name: str,
+    poll_interval_s: float,
+) -> tuple[FlowRun, int]:
+    """``run_deployment`` under an idempotency key (re-attaching to a run that exists);
+    a run that ends Crashed is started again under a key naming it, at most
+    ``CRASHED_RESTARTS`` times. Returns the last run and how many runs it took."""
+    after: str | None = None
+    run: FlowRun | None = None
+    attempt = 0
+    for attempt in range(1 + CRASHED_RESTARTS):
+        run = await arun_deployment(
+            deployment,
+            parameters=parameters,
+            idempotency_key=key(after),
+            flow_run_name=name,
+            timeout=None,
+            poll_interval=poll_interval_s,
+            as_subflow=True,
+        )
+        state = run.state
+        if state is None or not state.is_crashed() or attempt == CRASHED_RESTARTS:
+            break
+        after = str(run.id)
+    assert run is not None
+    return run, attempt + 1
 
 
 async def _run_as_deployment(
@@ -120,30 +129,20 @@ async def _run_as_deployment(
         "steps": [s.model_dump(mode="json") for s in item.steps],
         "settings": settings.model_dump(mode="json"),
     }
-    after: str | None = None
-    run: FlowRun | None = None
-    for attempt in range(1 + CRASHED_RESTARTS):
-        run = await arun_deployment(
-            deployment,
-            parameters=params,
-            idempotency_key=fanout_idempotency_key(item.workflow_id, after),
-            flow_run_name=item.workflow_id,
-            timeout=None,
-            poll_interval=poll_interval_s,
-            as_subflow=True,
-        )
-        state = run.state
-        if state is None or not state.is_crashed() or attempt == CRASHED_RESTARTS:
-            break
-        after = str(run.id)
-    assert run is not None
+    run, runs = await _run_once_or_again(
+        deployment,
+        params,
+        lambda after: fanout_idempotency_key(item.workflow_id, after),
+        item.workflow_id,
+        poll_interval_s,
+    )
     state = run.state
     outcome = FanoutOutcome(
         workflow_id=item.workflow_id,
         ok=bool(state and state.is_completed()),
         flow_run_id=str(run.id),
         state=state.type.value if state else None,
-        runs=attempt + 1,
+        runs=runs,
     )
     if state is None:
         return outcome
@@ -158,6 +157,64 @@ async def _run_as_deployment(
     else:
         outcome.error = f"{state.type.value}: {state.message or ''}".strip()
     return outcome
+
+
+async def _run_shard(
+    shard: list[FanoutItem],
+    settings: WorkflowSettings,
+    deployment: str,
+    max_parallel: int,
+    poll_interval_s: float,
+) -> list[FanoutOutcome]:
+    ids = [w.workflow_id for w in shard]
+    name = ids[0] if len(ids) == 1 else f"{ids[0]}+{len(ids) - 1}"
+    params = {
+        "workflows": [w.model_dump(mode="json") for w in shard],
+        "settings": settings.model_dump(mode="json"),
+        "max_parallel": max_parallel,
+        "shard_name": name,
+    }
+    run, runs = await _run_once_or_again(
+        deployment,
+        params,
+        lambda after: shard_idempotency_key(ids, after),
+        f"shard-{name}",
+        poll_interval_s,
+    )
+    state = run.state
+    label = state.type.value if state else None
+    values: list[Any] | None = None
+    error: str | None = None
+    if state is not None and state.is_completed():
+        try:
+            values = list(await state.aresult())
+        except Exception as exc:  # result storage not shared with this worker
+            error = f"shard result not readable here: {type(exc).__name__}"
+    elif state is not None:
+        error = f"shard {state.type.value}: {state.message or ''}".strip()
+    else:
+        error = "shard run has no state"
+    if values is None or len(values) != len(shard):
+        return [
+            FanoutOutcome(
+                workflow_id=w,
+                ok=False,
+                error=error,
+                flow_run_id=str(run.id),
+                state=label,
+                runs=runs,
+            )
+            for w in ids
+        ]
+    outcomes = []
+    for value in values:
+        outcome = FanoutOutcome.model_validate(
+            value.model_dump() if isinstance(value, BaseModel) else value
+        )
+        outcome.flow_run_id, outcome.runs = str(run.id), runs
+        outcome.state = "COMPLETED" if outcome.ok else "FAILED"
+        outcomes.append(outcome)
+    return outcomes
 
 
 def _validate(workflows: list[FanoutItem], max_parallel: int) -> None:
@@ -189,48 +246,88 @@ async def agent_fanout(
     fail_on_error: bool = True,
     workflow_deployment: str | None = None,
     poll_interval_s: float = 2.0,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_deployment: str | None = None,
 ) -> list[FanoutOutcome]:
     """Run independent workflows in parallel; every turn stays within the turn-slot cap.
 
     Concurrency of *turns* is bounded deployment-wide by
     ``CoderCredentials.max_concurrent_turns``; ``max_parallel`` bounds how many
-    workflows this flow run drives at once. Per-workflow outcomes are returned
+    workflows this fan-out drives at once. Per-workflow outcomes are returned
     and, with ``settings.artifacts``, published as one table artifact.
 
     Args:
         workflows: the workflows; ids must be unique. Approval steps are not
             allowed here; run those workflows as their own ``agent-workflow`` runs.
         settings: shared by every workflow.
-        max_parallel: workflows driven (flow runs started and awaited) at once.
+        max_parallel: workflows driven at once (in shards: summed over the shards
+            running at once).
         fail_on_error: fail the fan-out run (after all finished) if any workflow failed.
-        workflow_deployment: the deployment each workflow runs on. Empty: when
-            this run is itself a deployment run, ``agent-workflow/agent-workflow``;
-            otherwise in process.
-        poll_interval_s: how often a workflow's flow run state is polled.
+        workflow_deployment: run every workflow as its own run of this deployment
+            (no shards).
+        poll_interval_s: how often a started flow run's state is polled.
+        shard_size: workflows per ``agent-fanout-shard`` run when this run is a
+            deployment run (or ``shard_deployment`` is given); 1: one
+            ``agent-workflow`` run per workflow instead.
+        shard_deployment: the deployment shards run on. Empty: when this run is
+            itself a deployment run, ``agent-fanout-shard/agent-fanout-shard``;
+            otherwise the workflows run in this process.
     """
     settings = settings or WorkflowSettings()
     _validate(workflows, max_parallel)
+    if shard_size < 1:
+        raise WorkflowParameterError("shard_size", "must be at least 1", "pass e.g. 20")
     logger = get_run_logger()
-    target = workflow_deployment or (WORKFLOW_DEPLOYMENT if current_deployment.id else None)
-    gate = asyncio.Semaphore(max_parallel)
+    deployed = bool(current_deployment.id)
+    per_workflow = workflow_deployment or (
+        WORKFLOW_DEPLOYMENT if deployed and shard_size == 1 else None
+    )
+    shards_on = (
+        None if per_workflow else shard_deployment or (SHARD_DEPLOYMENT if deployed else None)
+    )
 
-    async def one(item: FanoutItem) -> FanoutOutcome:
-        async with gate:
-            try:
-                if target is not None:
-                    return await _run_as_deployment(item, settings, target, poll_interval_s)
-                results = await run_in_process(item.workflow_id, item.steps, settings)
-            except Exception as exc:
-                return FanoutOutcome(
-                    workflow_id=item.workflow_id, ok=False, error=f"{type(exc).__name__}: {exc}"
-                )
-            return FanoutOutcome(workflow_id=item.workflow_id, ok=True, results=list(results))
+    if per_workflow is not None:
+        gate = asyncio.Semaphore(max_parallel)
 
-    outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
+        async def one(item: FanoutItem) -> FanoutOutcome:
+            async with gate:
+                try:
+                    return await _run_as_deployment(item, settings, per_workflow, poll_interval_s)
+                except Exception as exc:
+                    return FanoutOutcome(
+                        workflow_id=item.workflow_id,
+                        ok=False,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+
+        outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
+        mode = f"one {per_workflow} run per workflow"
+    elif shards_on is not None:
+        shards = [workflows[i : i + shard_size] for i in range(0, len(workflows), shard_size)]
+        # max_parallel is split over the shards that run at once.
+        per_shard = min(shard_size, max_parallel)
+        gate = asyncio.Semaphore(max(1, max_parallel // per_shard))
+
+        async def shard_of(shard: list[FanoutItem]) -> list[FanoutOutcome]:
+            async with gate:
+                try:
+                    return await _run_shard(shard, settings, shards_on, per_shard, poll_interval_s)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    return [
+                        FanoutOutcome(workflow_id=w.workflow_id, ok=False, error=error)
+                        for w in shard
+                    ]
+
+        outcomes = [o for part in await asyncio.gather(*map(shard_of, shards)) for o in part]
+        mode = f"{len(shards)} {shards_on} runs of ≤ {shard_size}"
+    else:
+        outcomes = await run_many_in_process(workflows, settings, max_parallel)
+        mode = "in process"
     failed = [o.workflow_id for o in outcomes if not o.ok]
     logger.info(
         "fan-out finished (%s): %d ok, %d failed",
-        target or "in process",
+        mode,
         len(outcomes) - len(failed),
         len(failed),
     )

@@ -22,6 +22,7 @@ from prefect.events import DeploymentEventTrigger
 
 from prefect_coder.flows.deployments.agent_fanout import agent_fanout
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.fanout_shard import agent_fanout_shard
 from prefect_coder.flows.deployments.recover_turn import recover_turn
 
 TOKEN = f"tok-fanout-{uuid.uuid4().hex}-SECRET"
@@ -37,9 +38,9 @@ def _triggers(name: str) -> list[Any]:
 
 
 async def deploy(pool: str) -> list[UUID]:
-    """The pool and the agent-workflow, recover-turn and agent-fanout deployments on it,
-    the latter two with their Crashed triggers from ``prefect.yaml``; returns their ids
-    (for :func:`undeploy`)."""
+    """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
+    deployments on it, with their Crashed triggers from ``prefect.yaml``; returns their
+    ids (for :func:`undeploy`)."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
@@ -47,6 +48,7 @@ async def deploy(pool: str) -> list[UUID]:
         (agent_workflow, "agent-workflow"),
         (recover_turn, "recover-turn"),
         (agent_fanout, "agent-fanout"),
+        (agent_fanout_shard, "agent-fanout-shard"),
     ):
         dep = await fl.ato_deployment(
             name=name,

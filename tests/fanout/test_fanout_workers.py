@@ -1,15 +1,18 @@
 """``agent-fanout`` through the real path: a Prefect server, two ``prefect worker start``
-process workers on one pool, ``run_deployment``. Every workflow is its own
-``agent-workflow`` flow run, so both workers run turns; then the worker that runs the
-fan-out is SIGKILLed together with its flow-run processes mid-way.
+process workers on one pool, ``run_deployment``. The fan-out runs its workflows in
+shards (``shard_size`` 2: four ``agent-fanout-shard`` flow runs), so both workers run
+turns; then the worker that runs the fan-out is SIGKILLed together with its flow-run
+processes mid-way (the fan-out and the shards it hosts die together).
 
 A host killed with its worker leaves its runs ``Running`` (nothing reports the exit);
 in production the zombie automation (tests/hostloss) marks them Crashed. Here the test
 does that state change itself through the API, as that automation's action does, so
 the test does not wait ≥ 40 s for heartbeats. From the Crashed events on, everything is
-the product: the ``prefect.yaml`` triggers start ``recover-turn`` for each crashed
-workflow and a new ``agent-fanout`` run with the same parameters, which re-attaches to
-the workflow runs that exist (idempotency keys) instead of starting them again.
+the product: the ``prefect.yaml`` trigger starts a new ``agent-fanout`` run with the
+same parameters, which re-attaches to the shard runs that exist (idempotency keys),
+reads the finished shards' outcomes and starts each crashed shard again; the new
+shard run takes over its workflows' leases, returns their finished steps from storage
+and recovers the turns that were in flight before sending anything.
 
 Measured from the emulator: every workflow finished, one user message per step (no
 duplicate turn), no chat left unarchived, the turn cap never exceeded.
@@ -54,6 +57,7 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 CAP = 3
 WORKFLOWS = 8
+SHARD_SIZE = 2
 STEPS = ("plan", "do")
 
 
@@ -148,6 +152,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         "settings": settings.model_dump(mode="json"),
         "max_parallel": WORKFLOWS,
         "fail_on_error": True,
+        "shard_size": SHARD_SIZE,
     }
     try:
         async with get_client() as client:
@@ -163,7 +168,12 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 mine = [r for r, h in hosts.of_run.items() if h == host and r != str(first.id)]
                 return host if host and mine and done >= 2 else None
 
-            victim_name = await _until("a fan-out mid-way", 120, midway)
+            try:
+                victim_name = await _until("a fan-out mid-way", 120, midway)
+            except AssertionError:
+                runs = await client.read_flow_runs(limit=200)
+                table = [(r.name, r.state_name, r.state and r.state.message) for r in runs]
+                raise AssertionError((table, hosts.of_run, len(emu.event_log(["turn_end"]))))
             victim = next(w for w in workers if w.name == victim_name)
             victim.kill_with_children()
             await victim.proc.wait()
@@ -224,6 +234,11 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 return all(r.state and r.state.is_final() for r in runs)
 
             await _until("the recover-turn runs", 120, recoveries_done)
+            shard_runs = await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(
+                    name=DeploymentFilterName(any_=["agent-fanout-shard"])
+                )
+            )
     finally:
         for w in workers:
             await stop_worker(w)
@@ -236,7 +251,11 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         outcomes,
         logs,
     )
-    # Both workers ran workflow runs.
+    # The workflows ran in shards; the victim's shards crashed with it and ran again.
+    states = [r.state_type for r in shard_runs]
+    assert states.count(StateType.COMPLETED) == WORKFLOWS // SHARD_SIZE, states
+    assert StateType.CRASHED in states, states
+    # Both workers ran shard runs.
     assert {h for r, h in hosts.of_run.items()} == {w.name for w in workers}, hosts.of_run
     # One user message per step, counted from the emulator's event log.
     user_ids = {

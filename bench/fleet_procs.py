@@ -1,0 +1,232 @@
+"""The benchmarks' process fleet: a private PostgreSQL cluster, a Prefect API server on
+it (a subprocess), and the chatd emulator as its own program (``coder-chat-emulator``).
+
+Separate processes on purpose: a fan-out benchmark measures the worker process
+(turns/s, CPU and memory per turn), so neither the emulator nor the Prefect server
+may run inside it and eat its core. PostgreSQL, not SQLite, behind the Prefect
+server: a SQLite-backed server answers 503 "database is locked" to concurrent
+writers on a busy machine (the first two-worker run lost 5 of 24 workflows to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+from urllib.request import Request, urlopen
+
+__all__ = [
+    "EmulatorProcess",
+    "create_database",
+    "loadavg",
+    "prefect_server",
+    "private_postgres",
+    "process_cpu_s",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_bindir() -> Path:
+    env = os.environ.get("PREFECT_CODER_TEST_PG_BIN")
+    if env:
+        return Path(env)
+    found = sorted(p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        raise SystemExit("PostgreSQL binaries not found: set PREFECT_CODER_TEST_PG_BIN")
+    return found[-1]
+
+
+def _as_pg_user(cmd: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return cmd
+    if shutil.which("runuser"):
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[str]:
+    """A throwaway cluster (initdb + pg_ctl, no fsync); yields an asyncpg URL of ``postgres``."""
+    bindir = _pg_bindir()
+    root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
+    if os.geteuid() == 0:
+        import pwd
+
+        pg = pwd.getpwnam("postgres")
+        os.chown(root, pg.pw_uid, pg.pw_gid)
+    data = root / "data"
+    port = _free_port()
+
+    def run(cmd: list[str]) -> None:
+        subprocess.run(_as_pg_user(cmd), check=True, capture_output=True, timeout=120)
+
+    run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
+    opts = (
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    )
+    run(
+        [
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            opts,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ]
+    )
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        with contextlib.suppress(Exception):
+            run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` in the cluster of ``admin_url``; returns its URL."""
+    import asyncio
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+
+    async def create() -> None:
+        conn = await asyncpg.connect(
+            host=url.host, port=url.port, user=url.username, database=url.database
+        )
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+@contextlib.contextmanager
+def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tuple[str, int]]:
+    """A Prefect API server subprocess on ``database_url``; yields its API URL (also this
+    process's ``PREFECT_API_URL`` for the duration, as in tests/conftest.py) and pid."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.server.database.dependencies import temporary_database_interface
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporary_database_interface())
+        stack.enter_context(
+            temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url})
+        )
+        server = SubprocessASGIServer(port=_free_port())
+        previous = SubprocessASGIServer._instances.get(None)
+        SubprocessASGIServer._instances[None] = server
+        try:
+            server.start(timeout=startup_timeout)
+            stack.callback(server.stop)
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url}))
+            stack.enter_context(_temporary_global_settings_context(get_settings_context()))
+            assert server.server_process is not None
+            yield server.api_url, server.server_process.pid
+        finally:
+            stack.close()
+            if previous is not None:
+                SubprocessASGIServer._instances[None] = previous
+            else:
+                SubprocessASGIServer._instances.pop(None, None)
+
+
+@dataclass
+class EmulatorProcess:
+    """``coder-chat-emulator`` as its own process; its event log through the control API."""
+
+    proc: subprocess.Popen[str]
+    base_url: str
+    organization_id: str
+    admin_token: str
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, token: str, *, capacity: int = 0) -> Iterator[EmulatorProcess]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "coder_chat.emulator.cli",
+            "--token",
+            token,
+            "--delta-delay",
+            "0",
+            "--max-concurrent-root-chats",
+            str(capacity),
+        ]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            env: dict[str, str] = {}
+            assert proc.stdout is not None
+            while "CODER_EMULATOR_ADMIN_TOKEN" not in env:
+                line = proc.stdout.readline()
+                if not line:
+                    raise RuntimeError("the emulator exited before it was ready")
+                k, _, v = line.strip().partition("=")
+                env[k] = v
+            yield cls(
+                proc, env["CODER_URL"], env["CODER_ORG_ID"], env["CODER_EMULATOR_ADMIN_TOKEN"]
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _get(self, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+        url = f"{self.base_url}/__emulator__/{path}"
+        if query:
+            url += "?" + urlencode(query)
+        req = Request(url, headers={"X-Emulator-Admin-Token": self.admin_token})
+        with urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def event_log(self, kinds: list[str] | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """Events (``time``, ``mono``, ``kind``, ``chat_id``, ``details``), oldest first;
+        ``since`` skips that many of the (filtered) log."""
+        q = [("kind", k) for k in kinds or []] + [("since", str(since))]
+        return list(self._get("events", q))
+
+    def chats(self) -> list[dict[str, Any]]:
+        return list(self._get("chats"))
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of one process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])

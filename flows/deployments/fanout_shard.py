@@ -1,0 +1,184 @@
+"""The ``agent-fanout-shard`` deployment: a batch of a fan-out's workflows in one flow run.
+
+``agent-fanout`` splits its workflows into shards and starts each shard as its
+own flow run, so the pool's workers share the fan-out while one process runs
+many turns (a flow run on a process worker is a process start: seconds of CPU,
+more than a one-turn workflow itself costs). Inside a shard every workflow runs
+in process: each step is a task of the shard's flow run, written to result
+storage the moment the step ends — never a task nested in a task (Prefect writes
+a nested task's result only when the outer task commits, so a crash lost the
+finished steps of every workflow in flight).
+
+A crashed shard is started again by its fan-out (or by the fan-out's re-run);
+the new run takes over the workflows' leases of the crashed run at once, returns
+their finished steps from storage and recovers a turn that was in flight from
+its chat before sending anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prefect import flow
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from prefect_coder.flows.parts import registry
+from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.parts.params import (
+    Step,
+    WorkflowSettings,
+    validate_steps,
+    validate_workflow_id,
+)
+from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.retire import retire_workflow_chat
+from prefect_coder.flows.workflow.steps import run_steps
+
+__all__ = [
+    "FanoutItem",
+    "FanoutOutcome",
+    "agent_fanout_shard",
+    "run_in_process",
+    "run_many_in_process",
+]
+
+
+class FanoutItem(BaseModel):
+    """One independent workflow of a fan-out (its own workflow id, chat and results)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow_id: str = Field(description="Stable id of this workflow (unique in the fan-out).")
+    steps: list[Step] = Field(description="The workflow's steps, run in order.")
+
+
+class FanoutOutcome(BaseModel):
+    """How one workflow of a fan-out ended."""
+
+    workflow_id: str
+    ok: bool
+    error: str | None = None
+    results: list[Any] = Field(default_factory=list)
+    #: The flow run that ran it (an agent-workflow or agent-fanout-shard run), the
+    #: last one if restarted; empty in process.
+    flow_run_id: str | None = None
+    state: str | None = None
+    #: How many flow runs this fan-out attached to or started for it.
+    runs: int = 0
+
+
+def _validate(item: FanoutItem) -> None:
+    validate_workflow_id(item.workflow_id)
+    validate_steps(
+        item.steps,
+        tool_names=registry.tool_names(),
+        output_model_names=registry.output_model_names(),
+    )
+
+
+async def run_in_process(
+    workflow_id: str,
+    steps: list[Step],
+    settings: WorkflowSettings,
+    resources: TurnResources | None = None,
+) -> list[Any]:
+    """One workflow inside the calling flow run: each step is a task of that flow
+    run (its result is persisted when the step ends). On failure it applies the
+    workflow's failure handler itself (archives the chat unless ``keep_chat``).
+
+    ``resources`` (credentials and store) may be shared by every workflow of a
+    shard: they are the same blocks, and loading them is two API calls."""
+    if resources is None:
+        registry.load_tool_modules(settings.tool_modules)
+        _validate(FanoutItem(workflow_id=workflow_id, steps=steps))
+        resources = await load_resources(settings)
+    try:
+        return await run_steps(workflow_id, steps, settings, resources, allow_approval=False)
+    except Exception:
+        if not settings.keep_chat:
+            try:
+                await retire_workflow_chat(
+                    workflow_id,
+                    resources,
+                    lease_wait_s=settings.lease_wait_s,
+                    lease_ttl_s=settings.lease_ttl_s,
+                )
+            except Exception:
+                get_run_logger().error(
+                    "could not archive the chat of %s", workflow_id, exc_info=True
+                )
+        raise
+
+
+async def run_many_in_process(
+    workflows: list[FanoutItem], settings: WorkflowSettings, max_parallel: int
+) -> list[FanoutOutcome]:
+    """Every workflow in the calling flow run, at most ``max_parallel`` at once; one
+    outcome per workflow, in order (a workflow's failure is its outcome, not an
+    exception). Blocks are loaded once for all of them."""
+    registry.load_tool_modules(settings.tool_modules)
+    invalid: dict[str, str] = {}
+    for item in workflows:
+        try:
+            _validate(item)
+        except WorkflowParameterError as exc:
+            invalid[item.workflow_id] = f"{type(exc).__name__}: {exc}"
+    resources: TurnResources | None = None
+    if len(invalid) < len(workflows):
+        try:
+            resources = await load_resources(settings)
+        except WorkflowParameterError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            return [
+                FanoutOutcome(workflow_id=w.workflow_id, ok=False, error=error) for w in workflows
+            ]
+    gate = asyncio.Semaphore(max_parallel)
+
+    async def one(item: FanoutItem) -> FanoutOutcome:
+        if item.workflow_id in invalid:
+            return FanoutOutcome(
+                workflow_id=item.workflow_id, ok=False, error=invalid[item.workflow_id]
+            )
+        async with gate:
+            try:
+                results = await run_in_process(item.workflow_id, item.steps, settings, resources)
+            except Exception as exc:
+                return FanoutOutcome(
+                    workflow_id=item.workflow_id, ok=False, error=f"{type(exc).__name__}: {exc}"
+                )
+        return FanoutOutcome(workflow_id=item.workflow_id, ok=True, results=list(results))
+
+    return list(await asyncio.gather(*(one(w) for w in workflows)))
+
+
+@flow(
+    name="agent-fanout-shard",
+    flow_run_name="shard-{shard_name}",
+    persist_result=True,
+    result_serializer="json",
+)
+async def agent_fanout_shard(
+    workflows: list[FanoutItem],
+    settings: WorkflowSettings | None = None,
+    max_parallel: int = 64,
+    shard_name: str = "",
+) -> list[FanoutOutcome]:
+    """Run a batch of a fan-out's workflows in this flow run (started by ``agent-fanout``).
+
+    Returns one outcome per workflow; a workflow's failure does not fail the shard
+    (the fan-out decides). Every turn stays within the turn-slot cap.
+
+    Args:
+        workflows: the shard's workflows (no approval steps).
+        settings: shared by every workflow.
+        max_parallel: workflows run at once in this process.
+        shard_name: names the flow run (``agent-fanout`` passes the first workflow id
+            and the shard's size).
+    """
+    settings = settings or WorkflowSettings()
+    outcomes = await run_many_in_process(workflows, settings, max_parallel)
+    failed = sum(not o.ok for o in outcomes)
+    get_run_logger().info("shard finished: %d ok, %d failed", len(outcomes) - failed, failed)
+    return outcomes
