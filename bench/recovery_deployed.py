@@ -21,16 +21,23 @@ Per kill, from Prefect's API, the result storage and the emulator's event log:
 * detection   kill → the killed run's Crashed state
 * trigger     Crashed → the ``recover-turn`` run created by the automation
 * pickup      created → Pending (a worker's poll, ``PREFECT_WORKER_QUERY_SECONDS``)
-* start       Pending → Running (flow-run process start, imports, flow load)
+* start       Pending → Running (flow-run process start, imports, flow load), split
+              into spawn (Pending → pull steps done: Prefect 3.9's workspace-resolver
+              process) and load (→ Running: the engine process, imports, flow load)
 * recover     Running → the crashed step's result stored (file in the result storage)
 * total       kill → recovered result stored;  done: kill → workflow finished
 
-and how the crashed step was finished: ``followed`` (its attempt was live at the kill
-and finished without a second user turn), ``resubmitted`` (a second user turn with
-the step's marker), ``recovered`` (at rest at the kill, rebuilt from history),
-``not sent`` (the step had sent nothing yet), ``none`` (no step in flight). Effects
-of ``charge_card`` are counted by the payments service per ledger key: each workflow
-must have exactly 2 (one per charging step); more are duplicate effects.
+and how the crashed step was finished (from the emulator): ``kept`` (its attempt was
+live at the kill and finished without a second user turn: the model's work was kept),
+``resubmitted`` (a second user turn with the step's marker), ``recovered`` (at rest at
+the kill, rebuilt from history), ``not sent`` (the step had sent nothing yet), ``none``
+(no step in flight); and recovery's own verdict from its log: ``followed`` (it
+re-attached to the still-running attempt), ``recovered`` (the attempt had finished by
+the time recovery looked: read from history), ``resubmit``. ``overhead``: the
+recovered result minus the later of the kill and the end of the crashed attempt's
+turn on the server (what recovery added on top of the model's own remaining work).
+Effects of ``charge_card`` are counted by the payments service per ledger key: each
+workflow must have exactly 2 (one per charging step); more are duplicate effects.
 """
 
 from __future__ import annotations
@@ -64,7 +71,9 @@ from deployed_env import DeployedEnv, deployed_env, snapshot_head  # noqa: E402
 STEP_NAMES = ("plan", "pay", "report")
 CHARGING_STEPS = 2
 _MARKER = re.compile(r"\[(b[kfh]-[^\]/\s]+)/([^\]\s]+)\]")
-COLUMNS = ("detect", "trigger", "pickup", "spawn", "load", "start", "recover", "TOTAL", "done")
+COLUMNS = (
+    "detect", "trigger", "pickup", "spawn", "load", "start", "recover", "TOTAL", "overhd", "done"
+)  # fmt: skip
 _VERDICT = re.compile(r"recovery of (\S+) on chat \S+: (\w+)")
 LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
 
@@ -156,6 +165,7 @@ class Kill:
     recover_log: list[tuple[float, str]] = field(default_factory=list)
     t_pulled: float | None = None  # the recover run's pull steps done (a log line)
     verdict: str = ""  # recovery's own verdict, from its log: followed/recovered/resubmit
+    t_model_end: float | None = None  # the crashed attempt's turn end in the emulator
 
     def phases(self) -> dict[str, float | None]:
         def d(a: float | None, b: float | None) -> float | None:
@@ -171,6 +181,8 @@ class Kill:
             "start": d(self.t_recover_pending, self.t_recover_running),
             "recover": d(self.t_recover_running, result),
             "total": d(self.t_kill, result),
+            # what recovery added on top of the model's own remaining work
+            "overhead": d(max(self.t_kill, self.t_model_end or 0.0), result),
             "done": d(self.t_kill, self.t_done),
         }
 
@@ -373,12 +385,23 @@ class Bench:
             mine = [r for r in rows if r[1] == k.crashed_step]
             k.extra_user_turns = max(0, len(mine) - 1)
             before = [r for r in mine if r[2] and r[2] <= k.t_kill]
+            if before:  # the crashed attempt ran on: when did the model finish it?
+                k.t_model_end = next(
+                    (
+                        e["time"]
+                        for e in events
+                        if e["kind"] == "turn_end"
+                        and e["chat_id"] == before[0][0]
+                        and e["time"] > k.t_kill
+                    ),
+                    None,
+                )
             if not before:
                 k.how = "not sent"
             elif k.extra_user_turns:
                 k.how = "resubmitted"
             elif k.chat_status_at_kill.get(before[0][0]) in LIVE:
-                k.how = "followed"
+                k.how = "kept"
             else:
                 k.how = "recovered"
 
@@ -414,7 +437,8 @@ def report(kills: list[Kill], args: argparse.Namespace, fault_free_s: float) -> 
         print(f"\n{mode} kills: {len(rows)} (skipped {skipped})")
         stats: dict[str, Any] = {"n": len(rows)}
         for phase in (
-            "detection", "trigger", "pickup", "spawn", "load", "start", "recover", "total", "done"
+            "detection", "trigger", "pickup", "spawn", "load", "start", "recover", "total",
+            "overhead", "done",
         ):  # fmt: skip
             vals = [v for k in rows if (v := k.phases()[phase]) is not None]
             if not vals:
@@ -431,17 +455,17 @@ def report(kills: list[Kill], args: argparse.Namespace, fault_free_s: float) -> 
         verdicts: dict[str, int] = {}
         for k in rows:
             hows[k.how] = hows.get(k.how, 0) + 1
-            if k.how in ("followed", "resubmitted"):
+            if k.how in ("kept", "resubmitted"):
                 verdicts[k.verdict or "?"] = verdicts.get(k.verdict or "?", 0) + 1
-        live = hows.get("followed", 0) + hows.get("resubmitted", 0)
-        share = hows.get("followed", 0) / live if live else float("nan")
+        live = hows.get("kept", 0) + hows.get("resubmitted", 0)
+        share = hows.get("kept", 0) / live if live else float("nan")
         dup = sum(max(0, k.effects - CHARGING_STEPS) for k in rows)
         missing = sum(max(0, CHARGING_STEPS - k.effects) for k in rows)
         bad = [k.workflow_id for k in rows if k.recover_state != "Completed"]
         print(
             "  crashed turns: "
             + ", ".join(f"{h} {n}" for h, n in sorted(hows.items()))
-            + f"; live turns finished by following: {hows.get('followed', 0)}/{live}"
+            + f"; live at the kill and finished without resubmitting: {hows.get('kept', 0)}/{live}"
             + (f" ({share:.0%})" if live else "")
             + "; recovery's verdict on those live turns: "
             + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items()))
@@ -451,7 +475,7 @@ def report(kills: list[Kill], args: argparse.Namespace, fault_free_s: float) -> 
             f"{sum(k.extra_user_turns for k in rows)}; chats left unarchived: "
             f"{sum(k.unarchived for k in rows)}; recover-turn not Completed: {len(bad)}"
         )
-        stats.update(hows=hows, verdicts=verdicts, followed_share=share, duplicates=dup, missing=missing,
+        stats.update(hows=hows, verdicts=verdicts, kept_share=share, duplicates=dup, missing=missing,
                      not_completed=bad)  # fmt: skip
         summary["modes"][mode] = stats
     return summary
