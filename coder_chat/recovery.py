@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from coder_chat.agent import NoTurnToFollowError
+from coder_chat.core.follow import crashed_pause_budget
 from coder_chat.core.recovery import (
     JournalView,
     LedgerAction,
@@ -349,13 +350,20 @@ class TurnRecovery:
 
     # ------------------------------------------------------------------ reconcile
 
-    async def reconcile(self, attempts: int, *, timeout: float) -> bool:
+    async def reconcile(
+        self, attempts: int, *, timeout: float, run_unstarted: bool = False
+    ) -> bool:
         """Answer a ``requires_action`` pause from the ledger; returns ``unstarted``.
 
         ``unstarted`` (→ ``cut_short``) is True only when this fell back to
         interrupting: after a submission with no unstarted call nothing was cut
         short, and the result check must classify the resumed run's finish as a
         completed attempt, not resubmit it.
+
+        ``run_unstarted``: the pause is this step's crashed attempt (see
+        :func:`coder_chat.core.follow.crashed_pause_budget`): a call that never ran
+        is run now, through the tool's ledger under its stable key, instead of
+        being cut short.
         """
         messages = await fetch_turn(self.client, self.chat_id, timeout=timeout)
         # Pending = the last assistant message's client (non-provider-executed,
@@ -373,18 +381,27 @@ class TurnRecovery:
                 None if entry is None else entry.state,
                 replayable=isinstance(tool, StructuredOutput | PureTool),
             )
+            why = {
+                LedgerAction.SUBMIT_RECORDED: "effect committed, result stranded",
+                LedgerAction.REDRIVE: "ambiguous write-ahead: re-drive with the same key",
+                LedgerAction.REPLAY: "pure tool: answering it has no effect",
+                LedgerAction.UNSTARTED: "the tool never ran: interrupting loses nothing",
+            }[action]
+            if action is LedgerAction.UNSTARTED and run_unstarted:
+                # The crashed attempt's own next call: run it as the dead process
+                # would have (ledger write-ahead, the call id's stable key).
+                action = LedgerAction.REPLAY
+                why = (
+                    "the tool never ran and the pause is this step's crashed attempt: "
+                    "run it through the ledger (stable key) instead of cutting the attempt short"
+                )
             plan.append((call, action, entry))
             self._decide(
                 "reconcile",
                 f"pending {call['tool_name']} {call['tool_call_id']}: ledger "
                 f"{'none' if entry is None else entry.state}",
-                action.value,
-                {
-                    LedgerAction.SUBMIT_RECORDED: "effect committed, result stranded",
-                    LedgerAction.REDRIVE: "ambiguous write-ahead: re-drive with the same key",
-                    LedgerAction.REPLAY: "pure tool: answering it has no effect",
-                    LedgerAction.UNSTARTED: "the tool never ran: interrupting loses nothing",
-                }[action],
+                "run" if why.startswith("the tool never ran and") else action.value,
+                why,
             )
         verdict = batch_verdict(a for _, a, _ in plan)
         if verdict is None:
@@ -461,13 +478,32 @@ class TurnRecovery:
     def _can_follow(self) -> bool:
         return self.follower is not None and not self._follow_off
 
-    def _follow_revived(self, seen: str, attempts: int) -> SettleResult:
+    def _pause_budget(self, entry: JournalView | None, attempts: int) -> float | None:
+        """How long recovery may answer (and then follow) this pause itself; None:
+        cut calls that never ran short (see ``crashed_pause_budget``)."""
+        if not self._can_follow() or self.known_failure or entry is None:
+            return None
+        return crashed_pause_budget(
+            state=entry.state,
+            entry_marker=entry.marker,
+            entry_attempt=entry.attempt,
+            entry_at=entry.at,
+            marker=self.marker,
+            attempts=attempts,
+            now=self.clock(),
+            turn_budget=self.timings.settle_budget,
+        )
+
+    def _follow_revived(
+        self, seen: str, attempts: int, budget: float | None = None
+    ) -> SettleResult:
         """Recorded results revived the step's own run: follow it to its settle
         rather than only polling it, so a NEW client-tool pause of it is answered
         with the step's tools (through the ledger) as the dead process would have —
         instead of cutting the attempt short and resubmitting the whole step,
-        whose earlier rounds the model would then run again under new call ids."""
-        budget = self.timings.settle_budget
+        whose earlier rounds the model would then run again under new call ids.
+        ``budget``: the crashed attempt's own turn deadline when known."""
+        budget = self.timings.settle_budget if budget is None else budget
         self._decide(
             "settle",
             seen,
@@ -526,12 +562,26 @@ class TurnRecovery:
                 "the crashed attempt's turn deadline has passed: stop it",
             )
         if action is SettleAction.RECONCILE:
+            answer_budget = self._pause_budget(entry, attempts)
             self._decide(
-                "settle", seen, "reconcile", "client-tool pause: reconcile, never interrupt"
+                "settle",
+                seen,
+                "reconcile",
+                "client-tool pause: reconcile, never interrupt"
+                + (
+                    f"; this step's crashed attempt (≤ {answer_budget:.1f}s left): "
+                    "calls that never ran are run, not cut short"
+                    if answer_budget is not None
+                    else ""
+                ),
             )
-            cut_short = await self.reconcile(attempts, timeout=probe_left())
+            cut_short = await self.reconcile(
+                attempts, timeout=probe_left(), run_unstarted=answer_budget is not None
+            )
             if not cut_short and self._can_follow():
-                return self._follow_revived(f"status {probed}, reconciled", attempts)
+                return self._follow_revived(
+                    f"status {probed}, reconciled", attempts, budget=answer_budget
+                )
         elif action is SettleAction.LET_FINISH:
             cut_short = False
             if self._can_follow():

@@ -37,6 +37,7 @@ from coder_chat.core.queued_gate import QueuedGate
 __all__ = [
     "DoneStep",
     "FollowPlan",
+    "crashed_pause_budget",
     "history_covers",
     "pick_queued",
     "pick_turn",
@@ -189,3 +190,41 @@ def plan_follow(
             after = step.last_id
             current, calls, outputs = [], {}, {}
     return FollowPlan(user_message_id, tuple(done), after, frozenset(answered))
+
+
+def crashed_pause_budget(
+    *,
+    state: str | None,
+    entry_marker: str | None,
+    entry_attempt: int | None,
+    entry_at: float | None,
+    marker: str,
+    attempts: int,
+    now: float,
+    turn_budget: float,
+) -> float | None:
+    """Seconds recovery may spend answering a ``requires_action`` pause itself, or None.
+
+    Beyond the seed design (which interrupts a pause whose call never ran): when
+    the pause is THIS step's crashed attempt, a call with no ledger entry is the
+    crashed process's own next tool call — run it through the ledger (its key is
+    the call id's, stable across crashes), submit, and follow the revived run.
+    Interrupting it instead restarts the model, which calls a tool anew under a
+    NEW id, and the resubmitted step redoes the attempt's earlier rounds.
+
+    The pause is the step's attempt when the journal's ``submitting`` entry for the
+    marker sits below the attempt count (the send landed; the budget is what is
+    left of that attempt's turn deadline, ``<= 0`` → None: stop it), or when an
+    earlier recovery pass journaled ``resumed`` for this very attempt (it revived
+    the run; a turn budget). Anything else — no attempt of the step in history,
+    a ``cut-short`` verdict, another step's entry — returns None: unstarted calls
+    are cut short, as before.
+    """
+    if attempts <= 0 or entry_marker != marker or entry_attempt is None:
+        return None
+    if state == "submitting" and attempts > entry_attempt and entry_at is not None:
+        left = min(turn_budget, entry_at + turn_budget - now)
+        return left if left > 0 else None
+    if state == "resumed" and attempts == entry_attempt:
+        return turn_budget
+    return None

@@ -13,12 +13,14 @@ import contextlib
 from pydantic import BaseModel, Field
 
 from coder_chat.errors import CoderApiError, CoderChatError
+from coder_chat.models import Chat
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import CoderCredentials
+from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.flows.parts.observe import TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease
 from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.parts.unfinished_attempt import journal_cut_short
 
 __all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
 
@@ -42,9 +44,18 @@ class ArchiveOutcome(BaseModel):
 
 
 async def _retire_one(
-    credentials: CoderCredentials, chat_id: str, interrupt_bound_s: float, poll_s: float
+    credentials: CoderCredentials,
+    chat_id: str,
+    interrupt_bound_s: float,
+    poll_s: float,
+    store: StateStore | None = None,
 ) -> str:
-    """Stop and archive one chat; returns "archived", "already" or "gone"."""
+    """Stop and archive one chat; returns "archived", "already" or "gone".
+
+    With ``store`` (the checkpointed chat) the first interrupt is journaled
+    ``cut-short`` before it is sent: an attempt the archive truncates must never
+    be taken for a finished one when a rerun recovers the step from the archived
+    chat's history."""
     async with credentials.get_client() as client:
         try:
             chat = await client.get_chat(chat_id, timeout=interrupt_bound_s)
@@ -59,8 +70,21 @@ async def _retire_one(
         # interrupts): stop_chat brings it to rest, then archives, retrying 409s
         # while the run winds down — all within one bound.
         bound = interrupt_bound_s + ARCHIVE_SETTLE_S
+        journaled = False
+
+        async def before_interrupt(_chat: Chat) -> None:
+            nonlocal journaled
+            if store is not None and not journaled:
+                await journal_cut_short(client, store, chat_id)
+                journaled = True
+
         stopped = await stop_chat(
-            client, chat_id, timeout=bound, archive=True, poll_interval=poll_s
+            client,
+            chat_id,
+            timeout=bound,
+            archive=True,
+            poll_interval=poll_s,
+            before_interrupt=before_interrupt,
         )
     if not stopped.archived:
         why = f"; last error: {stopped.last_error}" if stopped.last_error else ""
@@ -110,8 +134,25 @@ async def retire_workflow_chat(
             c for c in stranded if c != outcome.chat_id
         ]
         for chat_id in targets:
-            verdict = await _retire_one(resources.credentials, chat_id, interrupt_bound_s, POLL_S)
-            await store.forget_chat(chat_id)
+            checkpointed = chat_id == outcome.chat_id
+            verdict = await _retire_one(
+                resources.credentials,
+                chat_id,
+                interrupt_bound_s,
+                POLL_S,
+                store if checkpointed else None,
+            )
+            if checkpointed:
+                # The checkpoint still names the chat: keep its journal entry. A
+                # rerun whose step results were lost recovers them from the archived
+                # chat's history, and the entry is what says whether its newest
+                # attempt finished (flows/parts/unfinished_attempt.py). The ledger
+                # guards nothing on a chat that can never pause again.
+                async with store.transaction() as tx:
+                    await tx.ledger.clear(chat_id)
+                    await tx.stranded.remove(chat_id)
+            else:
+                await store.forget_chat(chat_id)
             if verdict == "archived":
                 outcome.archived_chat_ids.append(chat_id)
                 TurnObserver(

@@ -21,29 +21,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 from prefect.artifacts import acreate_table_artifact
 
+from coder_chat.core.fields import field
+from coder_chat.core.recovery import RecoveryDecision
 from coder_chat.crash_safe import crash_point
-from coder_chat.errors import CoderTransportError
-from coder_chat.history import DynamicToolPart, count_marker_attempts, fetch_until
+from coder_chat.errors import CoderRecoveryError, CoderTransportError
+from coder_chat.history import (
+    DynamicToolPart,
+    count_marker_attempts,
+    fetch_until,
+    recover_turn_result,
+)
 from coder_chat.recovery import Follower, RecoveryOutcome, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from coder_chat.results import GenerateResult
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.flows.parts.artifacts import artifact_key
+from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
 from prefect_coder.flows.parts.run_log import run_logger
 
 __all__ = [
     "SendPlan",
+    "StepInHistory",
+    "archived_tail_finished",
+    "earlier_steps",
     "journal_cut_short",
     "journal_send",
+    "locate_step",
     "note_failed_attempt",
     "publish_recovery",
     "recover_before_send",
@@ -98,6 +112,9 @@ class SendPlan:
     #: Set when the crashed attempt was still running and was followed to its
     #: settle: its ``generate()`` result, nothing sent.
     followed: GenerateResult | None = None
+    #: The checkpointed chat is archived and holds no finished attempt of the
+    #: step: send it in a fresh chat (which becomes the checkpoint).
+    fresh_chat: bool = False
 
 
 def recovered_result(
@@ -139,6 +156,99 @@ def recovered_result(
     )
 
 
+#: Markers of the steps that run BEFORE the current one in its workflow, set by
+#: ``run_steps`` around each turn (:func:`earlier_steps`). Unset (``agent-turn``,
+#: ``recover-turn``): the step order is unknown here.
+_EARLIER: ContextVar[frozenset[str] | None] = ContextVar(
+    "prefect_coder_earlier_step_markers", default=None
+)
+
+
+@contextlib.contextmanager
+def earlier_steps(markers: Iterable[str]) -> Iterator[None]:
+    """Tell :func:`recover_before_send` which steps come before the one about to run.
+
+    It is what keeps the common send cheap: a journal naming an EARLIER step proves
+    this step never sent (its own write-ahead would name it), so no history read is
+    needed. Any other journal entry — none, or a LATER step's (a finished step whose
+    result was lost while the workflow went on) — makes the step look for its
+    marker in history first."""
+    token = _EARLIER.set(frozenset(markers))
+    try:
+        yield
+    finally:
+        _EARLIER.reset(token)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInHistory:
+    """Where a step's attempts sit in a chat's history."""
+
+    #: User messages carrying the step's marker in its newest block (its attempts).
+    attempts: int
+    #: The newest of them (the step's last attempt), None if the marker is absent.
+    last_user_message_id: int | None
+    #: The last attempt is the chat's newest user message: nothing was sent after it.
+    tail: bool
+
+
+def _text_of(message: Any) -> str:
+    return "".join(
+        field(p, "text", "") or ""
+        for p in field(message, "content", []) or []
+        if field(p, "type") == "text"
+    )
+
+
+def locate_step(messages: Iterable[Any], marker: str) -> StepInHistory:
+    """Find a step's last attempt in ``messages`` (any order; pure).
+
+    Steps run sequentially on a chat, so a user message of ANOTHER step after the
+    step's last attempt means the workflow moved on: that attempt finished (its
+    result was handed back), even if its recording was lost since."""
+    users = sorted(
+        (m for m in messages if field(m, "role") == "user"),
+        key=lambda m: int(field(m, "id", 0)),
+        reverse=True,
+    )
+    later = False
+    for i, m in enumerate(users):
+        if marker not in _text_of(m):
+            later = True
+            continue
+        attempts = 0
+        for older in users[i:]:
+            if marker not in _text_of(older):
+                break
+            attempts += 1
+        return StepInHistory(attempts, int(field(m, "id")), tail=not later)
+    return StepInHistory(0, None, tail=False)
+
+
+def archived_tail_finished(
+    entry: JournalEntry | None, marker: str, attempts: int, status: str
+) -> tuple[bool, str]:
+    """Did the last attempt of a step that is an ARCHIVED chat's newest turn finish?
+
+    Only positive evidence counts: the journal entry of the step's landed send
+    (``submitting`` below the count) or of a run revived by our answers
+    (``resumed``), and a chat that ended ``waiting``. The archive journals
+    ``cut-short`` before any interrupt of its own, and a failed send journals it
+    too, so a truncated attempt never passes; with no entry for the step (an older
+    archive dropped it) the attempt is not trusted: an extra turn in a fresh chat,
+    never a truncated answer returned as the step's result.
+    """
+    if entry is None or entry.marker != marker:
+        return False, "no journal entry of the step survives: its last attempt is not trusted"
+    if status not in ("waiting", "completed"):
+        return False, f"the archived chat ended {status!r}"
+    if entry.state == "submitting" and entry.attempt < attempts:
+        return True, "its send landed and nothing cut it short"
+    if entry.state == "resumed" and entry.attempt == attempts:
+        return True, "recovery revived it and nothing cut it short"
+    return False, f"journal {entry.state}/{entry.attempt} at {attempts} attempt(s): cut short"
+
+
 async def publish_recovery(
     workflow_id: str, step_name: str, outcome: RecoveryOutcome, *, artifacts: bool = True
 ) -> None:
@@ -169,6 +279,258 @@ async def publish_recovery(
         log.warning("could not publish the recovery artifact", exc_info=True)
 
 
+def _has_step(messages: list[Any], marker: str) -> bool:
+    return locate_step(messages, marker).last_user_message_id is not None
+
+
+async def _restore(store: StateStore, chat_id: str, before: JournalEntry | None) -> None:
+    """Put back the entry ``store.turns.begin`` replaced with a write-ahead that was
+    not followed by a send: the journal must keep naming the step that sent last,
+    or that step's own rerun would take the journal for an earlier step's and
+    send itself again."""
+    if before is None:
+        await store.journal.clear(chat_id)
+    else:
+        await store.journal.set(chat_id, before)
+
+
+async def _finish_from_history(
+    *,
+    store: StateStore,
+    workflow_id: str,
+    step: Step,
+    chat_id: str,
+    messages: list[Any],
+    where: StepInHistory,
+    status: str,
+    decisions: list[RecoveryDecision],
+    reason: str,
+    before: JournalEntry | None,
+    wrote: bool,
+    tools: Sequence[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    artifacts: bool,
+) -> SendPlan | None:
+    """The step's finished last attempt, rebuilt from history; nothing is sent.
+    ``None`` for a structured step whose attempt holds no valid answer."""
+    rec = recover_turn_result(
+        messages,
+        client_tool_names=frozenset(t.name for t in tools),
+        user_message_id=where.last_user_message_id,
+        marker=step_marker(workflow_id, step.name),
+        output_model=answer.model if answer is not None else None,
+        structured_tool_name=answer.name if answer is not None else "structured_output",
+    )
+    if rec is None or (answer is not None and rec.structured is None):
+        return None
+    if wrote:
+        crash_point("recovery.before_restore")
+        await _restore(store, chat_id, before)
+    outcome = RecoveryOutcome(
+        classification="recovered",
+        chat_id=chat_id,
+        marker=step_marker(workflow_id, step.name),
+        status=status,
+        cut_short=False,
+        attempts=where.attempts,
+        recovered=rec,
+        reason=reason,
+        decisions=[*decisions, RecoveryDecision("result", "finished attempt", "recovered", reason)],
+    )
+    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    return SendPlan(
+        attempt=max(1, where.attempts),
+        result=recovered_result(workflow_id, step, outcome, tools),
+        outcome=outcome,
+    )
+
+
+async def _on_archived(
+    *,
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    step: Step,
+    chat_id: str,
+    status: str,
+    before: JournalEntry | None,
+    wrote: bool,
+    tools: Sequence[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    timings: RecoveryTimings,
+    artifacts: bool,
+    messages: list[Any] | None = None,
+) -> SendPlan:
+    """The checkpointed chat is archived (no message can be sent to it ever again).
+
+    The step's finished attempt, if the chat holds one, is its result (read from
+    history); otherwise the step continues in a fresh chat, which its send makes
+    the workflow's checkpoint — so every later step continues there too. Never a
+    400 on every rerun."""
+    marker = step_marker(workflow_id, step.name)
+    if messages is None:
+        messages, _ = await fetch_until(
+            client, chat_id, lambda ms: _has_step(ms, marker), timeout=timings.settle_budget
+        )
+    where = locate_step(messages, marker)
+    seen = (
+        f"chat archived ({status}); {where.attempts} attempt(s) of the step, "
+        + ("the newest turn" if where.tail else "a later step sent after it")
+        + ("" if before is None else f"; journal {before.state}/{before.attempt} {before.marker}")
+    )
+    decisions: list[RecoveryDecision] = []
+    why = "the step never landed on the archived chat"
+    if where.last_user_message_id is not None:
+        if where.tail:
+            finished, why = archived_tail_finished(before, marker, where.attempts, status)
+        else:
+            finished, why = True, "a later step was sent after it: it finished"
+        decisions.append(
+            RecoveryDecision("archived", seen, "recover" if finished else "fresh chat", why)
+        )
+        if finished:
+            plan = await _finish_from_history(
+                store=store,
+                workflow_id=workflow_id,
+                step=step,
+                chat_id=chat_id,
+                messages=messages,
+                where=where,
+                status=status,
+                decisions=decisions,
+                reason=f"recovered from the archived chat's history: {why}",
+                before=before,
+                wrote=wrote,
+                tools=tools,
+                answer=answer,
+                artifacts=artifacts,
+            )
+            if plan is not None:
+                return plan
+            why = "its attempt holds no valid structured answer (no re-ask on an archived chat)"
+    decisions.append(RecoveryDecision("archived", seen, "fresh chat", why))
+    log = run_logger(__name__)
+    # A crash after the fresh chat was created but before it was checkpointed left
+    # an orphan: retire it (the archived chat is not listed, it is at rest).
+    orphans = await strand_workflow_orphans(
+        client, store, workflow_id, bound_s=timings.probe_bound, logger=log
+    )
+    if orphans:
+        decisions.append(
+            RecoveryDecision(
+                "archived", f"orphans {orphans}", "stranded", "no checkpoint names them"
+            )
+        )
+    # The archived chat's records guard nothing now (nothing can run on it); the
+    # fresh chat's first send journals with its checkpoint. A crash before that
+    # makes the same decision again: only this step's tail verdict read the entry.
+    await store.forget_chat(chat_id)
+    outcome = RecoveryOutcome(
+        classification="resubmit",
+        chat_id=chat_id,
+        marker=marker,
+        status=status,
+        cut_short=True,
+        attempts=where.attempts,
+        recovered=None,
+        reason=f"the chat is archived; the step continues in a fresh chat: {why}",
+        decisions=decisions,
+    )
+    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    return SendPlan(attempt=1, outcome=outcome, fresh_chat=True)
+
+
+async def _look_in_history(
+    *,
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    step: Step,
+    chat_id: str,
+    before: JournalEntry | None,
+    wrote: bool,
+    tools: Sequence[ClientTool[Any]],
+    answer: StructuredOutput[Any] | None,
+    timings: RecoveryTimings,
+    artifacts: bool,
+    journal_names_step: bool = False,
+) -> SendPlan | None:
+    """Find the step's marker in history before sending (or recovering) it.
+
+    An archived chat → :func:`_on_archived`. A last attempt that a LATER step's
+    prompt follows finished: its result comes from history, nothing is sent or
+    stopped (the live run, if any, is the later step's). Returns ``None`` when the
+    ordinary recovery must settle the step (its attempt is the chat's newest turn,
+    or — ``journal_names_step`` — its journaled send never landed)."""
+    marker = step_marker(workflow_id, step.name)
+    chat = await client.get_chat(chat_id, timeout=timings.probe_bound)
+    messages, _ = await fetch_until(
+        client, chat_id, lambda ms: _has_step(ms, marker), timeout=timings.settle_budget
+    )
+    if chat.archived:
+        return await _on_archived(
+            client=client,
+            store=store,
+            workflow_id=workflow_id,
+            step=step,
+            chat_id=chat_id,
+            status=chat.status,
+            before=before,
+            wrote=wrote,
+            tools=tools,
+            answer=answer,
+            timings=timings,
+            artifacts=artifacts,
+            messages=messages,
+        )
+    where = locate_step(messages, marker)
+    if where.last_user_message_id is None and journal_names_step:
+        return None
+    if where.last_user_message_id is None:
+        if not wrote:
+            # Write-ahead BEFORE the send: the whole history holds no attempt.
+            await store.journal.set(
+                chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
+            )
+        return SendPlan(attempt=1)
+    if where.tail:
+        return None
+    seen = f"{where.attempts} attempt(s) in history, a later step sent after them; journal " + (
+        "none" if before is None else f"{before.state}/{before.attempt} {before.marker}"
+    )
+    if journal_names_step:
+        # The later step's own entry was lost (a crash between a write-ahead of
+        # this step and its restore): clear the journal, so that step looks in
+        # history too instead of taking this step's entry for an earlier one's.
+        before, wrote = None, True
+    reason = "a later step was sent after its last attempt: it finished, its result was lost"
+    decisions = [RecoveryDecision("history", seen, "recover, send nothing", reason)]
+    plan = await _finish_from_history(
+        store=store,
+        workflow_id=workflow_id,
+        step=step,
+        chat_id=chat_id,
+        messages=messages,
+        where=where,
+        status=chat.status,
+        decisions=decisions,
+        reason=reason,
+        before=before,
+        wrote=wrote,
+        tools=tools,
+        answer=answer,
+        artifacts=artifacts,
+    )
+    if plan is None:
+        raise CoderRecoveryError(
+            f"step {step.name!r} of {workflow_id!r}: its last attempt on chat {chat_id} holds "
+            "no valid structured answer, yet the workflow went on after it; re-asking now "
+            "would land after a later step's turn. Decide by hand (rerun the workflow under "
+            "a new workflow_id, or archive the chat with archive-workflow-chat)."
+        )
+    return plan
+
+
 async def recover_before_send(
     *,
     client: ChatClient,
@@ -184,12 +546,15 @@ async def recover_before_send(
     follower: Follower | None = None,
     entry: JournalEntry | None = None,
     journaled: bool = False,
+    replaced: JournalEntry | EllipsisType | None = ...,
 ) -> SendPlan:
     """Run before every send of ``step`` on a checkpointed chat.
 
     ``entry``/``journaled``: what ``store.turns.begin`` read and wrote in the
     turn's first transaction (``journaled``: it wrote this send's write-ahead);
     without them the journal is read (and the write-ahead written) here.
+    ``replaced``: the entry begin's write-ahead replaced (None: there was none);
+    without it a journaled send is always checked against history.
 
     No journal entry for this step's marker proves no send of it ever started
     (every send is journaled first, a first turn's with its checkpoint), so the
@@ -199,16 +564,65 @@ async def recover_before_send(
     """
     marker = step_marker(workflow_id, step.name)
     if journaled:
-        return SendPlan(attempt=1)  # begin wrote the first send's write-ahead
-    if entry is None:
+        # begin wrote this step's write-ahead over ``replaced`` (Ellipsis: not told).
+        before = None if isinstance(replaced, EllipsisType) else replaced
+    else:
+        if entry is None:
+            entry = await store.journal.get(chat_id)
+        before = entry
+    if before is None or before.marker != marker:
+        if before is not None and before.marker in (_EARLIER.get() or ()):
+            # The common send: the journal names an EARLIER step of this workflow,
+            # which proves this one never sent (its write-ahead would name it).
+            if not journaled:
+                # Write-ahead BEFORE the send. The count before this step's first
+                # send is 0 (an earlier send would have journaled this marker).
+                await store.journal.set(
+                    chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
+                )
+            return SendPlan(attempt=1)
+        # No entry (an archived chat's records were dropped), a LATER step's (this
+        # step's result was lost while the workflow went on), or the order is
+        # unknown: the step's marker may be in history. Look before sending.
+        plan = await _look_in_history(
+            client=client,
+            store=store,
+            workflow_id=workflow_id,
+            step=step,
+            chat_id=chat_id,
+            before=before,
+            wrote=journaled,
+            tools=tools,
+            answer=answer,
+            timings=timings,
+            artifacts=artifacts,
+        )
+        if plan is not None:
+            return plan
+        # This step's attempt is the chat's newest turn under a journal that does
+        # not name it: the ordinary recovery below settles it.
         entry = await store.journal.get(chat_id)
-    if entry is None or entry.marker != marker:
-        # Write-ahead BEFORE the send: no entry proves no send ever started. The
-        # count before this step's first send is 0 (an earlier send would have
-        # journaled this marker).
-        await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=0))
-        return SendPlan(attempt=1)
-    if known_failure and entry.state == "submitting":
+    else:
+        entry = before
+        # The recovery path: an archived chat, or a later step sent after this
+        # one's attempt, is found in history before anything is stopped or sent.
+        plan = await _look_in_history(
+            client=client,
+            store=store,
+            workflow_id=workflow_id,
+            step=step,
+            chat_id=chat_id,
+            before=before,
+            wrote=False,
+            tools=tools,
+            answer=answer,
+            timings=timings,
+            artifacts=artifacts,
+            journal_names_step=True,
+        )
+        if plan is not None:
+            return plan
+    if known_failure and entry is not None and entry.state == "submitting":
         # The failed attempt left its write-ahead in place: its send was not in
         # history after the failure (note_failed_attempt), so the SDK's
         # best-effort interrupt, fired before that read, cannot have cut a run of

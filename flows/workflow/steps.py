@@ -23,6 +23,7 @@ from prefect_coder.flows.parts.errors import WorkflowParameterError
 from prefect_coder.flows.parts.params import (
     Step,
     WorkflowSettings,
+    step_marker,
     validate_steps,
     validate_toolset,
     validate_workflow_id,
@@ -35,6 +36,7 @@ from prefect_coder.flows.parts.resources import (
 )
 from prefect_coder.flows.parts.results import TurnResult
 from prefect_coder.flows.parts.toolset import Toolset
+from prefect_coder.flows.parts.unfinished_attempt import earlier_steps
 from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
 from prefect_coder.flows.turn.durable_turn import run_turn
 from prefect_coder.flows.turn.model_step import ModelStepResult, model_step
@@ -137,9 +139,15 @@ async def run_steps(
                             update={"prompt": decision.next_prompt}
                         )
                 else:
-                    results.append(
-                        await turn(workflow_id, step, settings, cast(Any, quote(shared)), toolset)
-                    )
+                    # The step order lets the turn's recovery prove cheaply that this
+                    # step never sent (the journal names an earlier one) — and look
+                    # in history when the journal names a later one (a lost result).
+                    with earlier_steps(step_marker(workflow_id, s.name) for s in steps[:i]):
+                        results.append(
+                            await turn(
+                                workflow_id, step, settings, cast(Any, quote(shared)), toolset
+                            )
+                        )
             if not settings.keep_chat:
                 await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
     finally:

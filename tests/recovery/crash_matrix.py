@@ -93,9 +93,12 @@ CASES = [
         "recovery: between a resumed verdict and its submission",
         ("tool.after_done:2", "recovery.after_verdict:1"),
     ),
+    # The mid-stream pause's call never ran: recovery runs it through the ledger and
+    # submits (the crashed attempt is answered, not cut short) — and dies right after
+    # the submission; the next pass follows the revived run (journaled "resumed").
     Case(
         "a second crash during recovery",
-        ("turn.mid_stream:2", "recovery.before_resubmit:1"),
+        ("turn.mid_stream:2", "recovery.after_submit:1"),
         may_resubmit=frozenset({"pay"}),
     ),
     Case(

@@ -4,8 +4,10 @@ the workflow (forked from the warm server) and recovered at once by a plain reru
 * a long model continuation after a tool result: the rerun follows the crashed
   attempt (no interrupt, no resubmission, the continuation's next client tool is
   answered once through the ledger);
-* a pause whose resumed model pauses again: recovery stops it (double interrupt)
-  instead of waiting out its budget;
+* a crashed attempt paused on a call that never ran: recovery runs the call through
+  the ledger and follows the revived run (nothing resubmitted, nothing interrupted);
+  past the attempt's turn deadline it is stopped instead (double interrupt: the
+  resumed model pauses again);
 * an applied effect the server recorded as "timed out": the step fails with
   ``ToolOutcomeLostError`` instead of returning the model's answer;
 * ``eager_checkpoint: false``: a finished first step is recovered, never resent;
@@ -186,7 +188,7 @@ def _two_rounds() -> list[Step]:
     ]
 
 
-async def test_a_pause_whose_resumed_model_pauses_again_is_stopped(
+async def test_a_crashed_attempts_pause_whose_call_never_ran_is_answered_and_followed(
     fork_server: ForkServer,
     settings: WorkflowSettings,
     workflow_id: str,
@@ -196,16 +198,53 @@ async def test_a_pause_whose_resumed_model_pauses_again_is_stopped(
 ) -> None:
     steps = _two_rounds()
     spec = child_spec(workflow_id, settings, steps=steps)
-    # SIGKILL while pay streams: its first call then pauses with no ledger entry
-    # (it never ran), so recovery cuts the attempt short. An interrupt of the pause
-    # resumes the model, which calls the next tool: it must be stopped again.
+    # SIGKILL while pay streams: its first call then pauses with no ledger entry (it
+    # never ran). The pause is pay's own crashed attempt, within its turn deadline:
+    # recovery runs the call through the ledger (the call id's key), submits, and
+    # follows the revived run, whose next pause (the fee) the follower answers.
     await _crash(fork_server, "turn.mid_stream:2", workflow_id, spec)
     chat = _main_chat(emu, workflow_id)
     await emu.await_status(chat, "requires_action")
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
     pay = step_marker(workflow_id, "pay")
+    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
+    assert _interrupts(emu, chat) == 0  # the paused attempt was not cut short
+    calls = _charge_calls(emu, chat)
+    assert len(calls) == 3, _transcript(emu, chat)  # plan's, pay's two rounds: no new id
+    effects = _effects(payments, chat)
+    # each call's effect once, under its own call id's key
+    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
+    assert {k.rsplit("/", 1)[-1] for k in effects} == set(calls), effects
+    await _at_rest(emu, chat)
+
+
+async def test_a_pause_past_its_turn_deadline_is_stopped_even_when_it_pauses_again(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+    baseline: list[str],
+) -> None:
+    steps = _two_rounds()
+    # A short turn deadline that every turn of this emulator run fits easily.
+    turn_s = 4.0
+    short = settings.model_copy(update={"turn_timeout_s": turn_s})
+    spec = child_spec(workflow_id, short, steps=steps)
+    await _crash(fork_server, "turn.mid_stream:2", workflow_id, spec)
+    chat = _main_chat(emu, workflow_id)
+    await emu.await_status(chat, "requires_action")
+    # The crashed attempt's deadline (its send + the turn timeout) has passed once a
+    # turn timeout has gone by since the kill: a crash never extends a turn, so the
+    # call that never ran is cut short. Interrupting the pause resumes the model,
+    # which calls the next tool: it must be stopped again (one stop primitive).
+    await asyncio.sleep(turn_s)
+    results = await run_workflow(workflow_id, steps, short)
+    assert [r.text for r in results] == [baseline[0], "All paid."]
+    pay = step_marker(workflow_id, "pay")
     assert len(_user_turns(emu, chat, pay)) == 2  # the cut-short attempt + the resubmission
+    assert _interrupts(emu, chat) >= 1
     effects = _effects(payments, chat)
     # plan's charge and the resubmitted attempt's two: the stopped calls never ran
     assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])

@@ -326,3 +326,26 @@ async def test_pause_on_a_pure_tool_is_answered_by_running_it_again(
     await emu.await_status(chat2, "requires_action")
     again = await _recovery(client, store, chat2, marker2, [lookup]).run()
     assert again.classification == "resubmit" and calls == ["nightly-7"]
+
+
+async def test_begin_reports_the_entry_its_write_ahead_replaced(store: StateStore) -> None:
+    # recover_before_send tells a LATER step's entry (a lost result: look in history)
+    # from an earlier one's by what begin's write-ahead replaced.
+    wf = f"wf-{uuid.uuid4().hex[:8]}"
+    assert (await store.turns.begin(wf, "[x/a]")).checkpoint is None  # no chat yet
+    await store.checkpoints.set(wf, "chat-1", None)
+    first = await store.turns.begin(wf, "[x/a]")
+    assert first.journaled and first.replaced is None  # there was no entry
+    later = JournalEntry(state="submitting", marker="[x/b]", attempt=1, at=123.0)
+    await store.journal.set("chat-1", later)
+    again = await store.turns.begin(wf, "[x/a]")
+    assert again.journaled and again.journal is not None and again.journal.marker == "[x/a]"
+    assert again.replaced is not None
+    assert (again.replaced.state, again.replaced.marker, again.replaced.attempt) == (
+        "submitting",
+        "[x/b]",
+        1,
+    )
+    assert again.replaced.at == 123.0
+    same = await store.turns.begin(wf, "[x/a]")
+    assert not same.journaled and same.replaced is None  # its own entry: nothing written
