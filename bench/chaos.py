@@ -135,30 +135,39 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
             workdir.mkdir()
             if n:
                 await opened[n - 1].wait()
-            async with open_rig(child_env, workdir, payments) as rig:
-                opened[n].set()
-                while True:
-                    try:
-                        seed = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    try:
-                        outcome = await run_schedule(rig, make_schedule(seed))
-                    except Exception:
-                        harness_errors.append((seed, traceback.format_exc()))
-                        print(f"seed {seed}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
-                        continue
-                    outcomes.append(outcome)
-                    status = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
-                    print(
-                        f"seed {seed}: {status} in {outcome.seconds:.1f} s "
-                        f"[{len(outcomes)}/{len(seeds)}]",
-                        flush=True,
-                    )
-                    if not outcome.ok or args.verbose:
-                        print(outcome.report(), flush=True)
+            try:
+                async with open_rig(child_env, workdir, payments) as rig:
+                    opened[n].set()
+                    await drain(rig)
+            finally:
+                opened[n].set()  # a rig that failed to start must not hold up the next
+
+        async def drain(rig: Any) -> None:
+            while True:
+                if time.monotonic() > deadline:
+                    return  # out of time: summarize what ran
+                try:
+                    seed = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    outcome = await run_schedule(rig, make_schedule(seed))
+                except Exception:
+                    harness_errors.append((seed, traceback.format_exc()))
+                    print(f"seed {seed}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
+                    continue
+                outcomes.append(outcome)
+                status = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
+                print(
+                    f"seed {seed}: {status} in {outcome.seconds:.1f} s "
+                    f"[{len(outcomes)}/{len(seeds)}]",
+                    flush=True,
+                )
+                if not outcome.ok or args.verbose:
+                    print(outcome.report(), flush=True)
 
         t_run = time.perf_counter()
+        deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else float("inf")
         await asyncio.gather(*(worker(n) for n in range(args.parallel)))
         wall = time.perf_counter() - t_run
 
@@ -236,6 +245,12 @@ if __name__ == "__main__":
     p.add_argument("--first", type=int, default=1, help="first seed (default 1)")
     p.add_argument("--only", default="", help="comma-separated seeds to run instead")
     p.add_argument("--parallel", type=int, default=3, help="independent rigs (default 3)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0,
+        help="start no new schedule after this long (0 = no limit); the summary says how many ran",
+    )
     p.add_argument("--verbose", action="store_true", help="print every schedule's report")
     p.add_argument("--json", default="", help="write every outcome to this file")
     sys.exit(main(p.parse_args()))

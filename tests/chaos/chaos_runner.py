@@ -184,6 +184,7 @@ async def _timed(rig: Rig, t: Timed, stop: asyncio.Event) -> str | None:
 
 async def _sweep(s: SweepRun, settings: WorkflowSettings) -> str:
     from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+    from prefect_coder.flows.deployments.sweep_settings import SweepSettings
     from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
 
     await asyncio.sleep(s.at_s)
@@ -198,13 +199,14 @@ async def _sweep(s: SweepRun, settings: WorkflowSettings) -> str:
         request_timeout_s=5,
         emit_events=False,
     )
+    sweep_settings = SweepSettings.model_validate(settings)
     try:
         if s.kind == "stuck":
             report = await sweep_stuck_turns(
-                settings, turn_budget_s=0.01, action_budget_s=0.01, options=opts
+                sweep_settings, turn_budget_s=0.01, action_budget_s=0.01, options=opts
             )
         else:
-            report = await sweep_orphans(settings, grace_s=0, options=opts)
+            report = await sweep_orphans(sweep_settings, grace_s=0, options=opts)
     except Exception as exc:  # a sweep beside faults may fail; the next one sweeps anyway
         return f"{s.kind} sweep raised {type(exc).__name__}: {str(exc)[:120]}"
     rows = ", ".join(f"{r.decision}/{'ok' if r.ok else 'failed'}" for r in report.rows)
@@ -323,7 +325,16 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     violations = check(ev)
     if hung:
         violations.append(Violation("phase-bounded", f"a run outlived {PHASE_LIMIT_S:g} s"))
-    return Outcome(schedule, workflow_id, violations, time.monotonic() - t0, phases=log, cuts=cuts)
+    return Outcome(
+        schedule,
+        workflow_id,
+        violations,
+        time.monotonic() - t0,
+        phases=log,
+        cuts=cuts,
+        fired=ev.fired,
+        notes=ev.notes,
+    )
 
 
 def _evidence(

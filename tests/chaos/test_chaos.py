@@ -11,8 +11,11 @@ import pytest
 from chaos_runner import Rig, run_schedule
 from chaos_schedule import make_schedule
 
-#: Chosen to cover, between them, every kind of event (see docs/chaos.md).
-SEEDS = [1, 2, 3, 4, 5, 6]
+#: Short schedules that cover, between them, kills in both steps and both recovery
+#: modes, a followed continuation, lost responses, 5xx on sends and interrupts,
+#: dropped/closed streams, refused upgrades, an emulator restart and both sweeps
+#: racing recovery (bench/chaos.py runs hundreds; docs/chaos.md).
+SEEDS = [1, 4, 7, 8]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
