@@ -284,3 +284,101 @@ def test_lost_outcomes_need_a_timeout_and_a_ledger_effect() -> None:
         ("c1", "charge", "done"),
         ("c2", "charge", "committing"),
     ]
+
+
+# --------------------------------------------------------------------------- issue 15 / 11 rules
+
+
+def _pause_budget(state: str | None, attempt: int | None, attempts: int, **kw: object) -> object:
+    from coder_chat.core.follow import crashed_pause_budget
+
+    args: dict[str, object] = {
+        "state": state,
+        "entry_marker": "[w/s]" if state else None,
+        "entry_attempt": attempt,
+        "entry_at": 100.0,
+        "marker": "[w/s]",
+        "attempts": attempts,
+        "now": 103.0,
+        "turn_budget": 10.0,
+    }
+    args.update(kw)
+    return crashed_pause_budget(**args)  # type: ignore[arg-type]
+
+
+def test_a_crashed_attempts_pause_is_answered_within_its_own_deadline() -> None:
+    # the landed send of attempt 0: 7 s of its 10 s turn are left
+    assert _pause_budget("submitting", 0, 1) == pytest.approx(7.0)
+    # a resubmission (count was 1 before it) that landed
+    assert _pause_budget("submitting", 1, 2) == pytest.approx(7.0)
+    # a writer's clock ahead never stretches the turn
+    assert _pause_budget("submitting", 0, 1, now=50.0) == pytest.approx(10.0)
+    # an earlier recovery pass revived this very attempt: a turn budget
+    assert _pause_budget("resumed", 1, 1) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "attempts", "kw"),
+    [
+        ("submitting", 0, 1, {"now": 110.0}),  # the deadline passed
+        ("submitting", 0, 1, {"now": 200.0}),
+        ("submitting", 1, 1, {}),  # the send never landed: the pause is not its
+        ("submitting", 0, 0, {}),  # no attempt of the step in history
+        ("cut-short", 1, 1, {}),  # a verdict stands
+        ("resumed", 0, 1, {}),  # another attempt's verdict
+        (None, None, 1, {}),  # no entry
+        ("submitting", 0, 1, {"entry_marker": "[w/other]"}),  # another step's entry
+    ],
+)
+def test_a_pause_that_is_not_the_crashed_attempts_own_is_cut_short(
+    state: str | None, attempt: int | None, attempts: int, kw: dict[str, object]
+) -> None:
+    assert _pause_budget(state, attempt, attempts, **kw) is None
+
+
+def _msg(mid: int, role: str, text: str) -> dict[str, object]:
+    return {"id": mid, "role": role, "content": [{"type": "text", "text": text}]}
+
+
+def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() -> None:
+    from prefect_coder.flows.parts.unfinished_attempt import locate_step
+
+    history = [
+        _msg(1, "user", "[w/a] first"),
+        _msg(2, "assistant", "A"),
+        _msg(3, "user", "[w/b] second"),
+        _msg(4, "assistant", "B, cut"),
+        _msg(5, "user", "[w/b] second again"),
+        _msg(6, "assistant", "B"),
+        _msg(7, "user", "[w/c] third"),
+    ]
+    a = locate_step(reversed(history), "[w/a]")  # any order
+    assert (a.attempts, a.last_user_message_id, a.tail) == (1, 1, False)
+    b = locate_step(history, "[w/b]")
+    assert (b.attempts, b.last_user_message_id, b.tail) == (2, 5, False)
+    c = locate_step(history, "[w/c]")
+    assert (c.attempts, c.last_user_message_id, c.tail) == (1, 7, True)
+    d = locate_step(history, "[w/d]")
+    assert (d.attempts, d.last_user_message_id, d.tail) == (0, None, False)
+    assert locate_step(history[:6], "[w/b]").tail  # b's resubmission is the newest turn
+
+
+def test_an_archived_chats_newest_attempt_is_trusted_only_on_positive_evidence() -> None:
+    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.flows.parts.unfinished_attempt import archived_tail_finished
+
+    def e(state: str, attempt: int, marker: str = "[w/s]") -> JournalEntry:
+        return JournalEntry(state=state, marker=marker, attempt=attempt)  # type: ignore[arg-type]
+
+    assert archived_tail_finished(e("submitting", 0), "[w/s]", 1, "waiting")[0]
+    assert archived_tail_finished(e("resumed", 1), "[w/s]", 1, "waiting")[0]
+    for entry, attempts, status in [
+        (e("cut-short", 1), 1, "waiting"),  # the archive (or a failure) cut it short
+        (e("submitting", 1), 1, "waiting"),  # an unlanded resubmission over a cut attempt
+        (e("submitting", 0), 1, "error"),
+        (e("resumed", 0), 1, "waiting"),
+        (e("submitting", 0, "[w/other]"), 1, "waiting"),
+        (None, 1, "waiting"),  # an older archive dropped the entry: not trusted
+    ]:
+        finished, why = archived_tail_finished(entry, "[w/s]", attempts, status)
+        assert not finished and why, (entry, attempts, status)
