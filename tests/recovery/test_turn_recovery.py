@@ -349,3 +349,48 @@ async def test_begin_reports_the_entry_its_write_ahead_replaced(store: StateStor
     assert again.replaced.at == 123.0
     same = await store.turns.begin(wf, "[x/a]")
     assert not same.journaled and same.replaced is None  # its own entry: nothing written
+
+
+async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlier_step(
+    store: StateStore,
+) -> None:
+    # A step's send after an earlier step of its workflow must cost no chat read:
+    # the journal naming an earlier step proves this one never sent. Against a
+    # server that is not there, any read would fail.
+    from coder_chat.errors import CoderTransportError
+    from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+    from prefect_coder.flows.parts.unfinished_attempt import (
+        earlier_steps,
+        recover_before_send,
+        recovery_timings,
+    )
+
+    wf = f"wf-{uuid.uuid4().hex[:8]}"
+    first, second = Step(name="a", prompt="A"), Step(name="b", prompt="B")
+    await store.checkpoints.set(wf, "chat-1", None)
+    await store.journal.set(
+        "chat-1", JournalEntry(state="submitting", marker=step_marker(wf, "a"), attempt=0)
+    )
+    start = await store.turns.begin(wf, step_marker(wf, "b"))
+    async with ChatClient("http://127.0.0.1:9", "tok", organization_id="o") as nowhere:
+        kw: dict[str, Any] = {
+            "client": nowhere,
+            "store": store,
+            "workflow_id": wf,
+            "step": second,
+            "chat_id": "chat-1",
+            "tools": [],
+            "answer": None,
+            "timings": recovery_timings(WorkflowSettings(settle_wait_s=1), 1.0, 2.0),
+            "known_failure": False,
+            "artifacts": False,
+            "entry": start.journal,
+            "journaled": start.journaled,
+            "replaced": start.replaced,
+        }
+        with earlier_steps([step_marker(wf, first.name)]):
+            plan = await recover_before_send(**kw)
+        assert plan.attempt == 1 and plan.result is None and not plan.fresh_chat
+        # Without the step order (agent-turn, recover-turn) it must look first.
+        with pytest.raises(CoderTransportError):
+            await recover_before_send(**kw)
