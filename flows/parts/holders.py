@@ -116,9 +116,12 @@ async def holders_over(holders: list[str]) -> set[str]:
     """
     runs = {h: holder_run_id(h) for h in holders}
     now = time.monotonic()
+    ours = _current_run_id()
     ask: dict[str, uuid.UUID] = {}
     for run_id in runs.values():
-        if run_id is not None:
+        # The run this code runs in is not over: no call (an in-process fan-out's
+        # turns all hold their slots under the fan-out's run).
+        if run_id is not None and str(run_id) != ours:
             answer = _answers.get(str(run_id))
             if answer is None or now - answer[0] >= RECHECK_S:
                 ask[str(run_id)] = run_id
@@ -142,5 +145,5 @@ async def holders_over(holders: list[str]) -> set[str]:
     return {
         h
         for h, run_id in runs.items()
-        if run_id is not None and _answers.get(str(run_id), (0.0, False))[1]
+        if run_id is not None and str(run_id) != ours and _answers.get(str(run_id), (0.0, False))[1]
     }

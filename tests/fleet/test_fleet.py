@@ -70,7 +70,9 @@ def _step(name: str, seconds: float) -> Step:
 async def test_fanout_of_50_never_runs_more_than_5_turns(
     prefect_server: Path, emu: Emulator, store_url: str
 ) -> None:
-    settings = await _settings(emu, store_url, cap=5)
+    # The wait only bounds a hang: on a 2-core machine at load 20 the last of 50
+    # turns waited over 60 s for its slot (10 rounds of 5 turns, each slowed down).
+    settings = await _settings(emu, store_url, cap=5, wait=300.0)
     run = uuid.uuid4().hex[:6]
     items = [
         FanoutItem(workflow_id=f"fan-{run}-{i}", steps=[_step("only", 0.3)]) for i in range(50)
@@ -162,7 +164,9 @@ async def test_two_steps_each_take_and_return_a_slot(
     outcomes = await agent_fanout(items, settings)
     assert all(o.ok for o in outcomes)
     assert len(emu.event_log(["turn_start"])) == 12
-    assert emu.max_concurrent_turns() == 2
+    # Never over the cap. (Whether two 50 ms turns overlap is up to the machine's
+    # load; overlap is shown where it is arranged: the cross-process test.)
+    assert 1 <= emu.max_concurrent_turns() <= 2
     block = cast(ChatStateStore, await ChatStateStore.aload(str(settings.store_block)))
     store = block.get_store()
     try:
