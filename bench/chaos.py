@@ -139,6 +139,9 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
                 async with open_rig(child_env, workdir, payments) as rig:
                     opened[n].set()
                     await drain(rig)
+            except Exception:  # this rig is lost; the others go on with the seeds
+                harness_errors.append((-1, traceback.format_exc()))
+                print(f"rig {n}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
             finally:
                 opened[n].set()  # a rig that failed to start must not hold up the next
 

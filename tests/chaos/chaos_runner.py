@@ -128,6 +128,21 @@ def process_env(payments: Payments) -> Iterator[None]:
                 os.environ[k] = v
 
 
+async def _start_fork_server(env: dict[str, str], workdir: Path) -> ForkServer:
+    """The warm fork server; on a heavily loaded machine its import can outlast the
+    60 s ready bound, so a slow start is retried (the slow one is stopped first)."""
+    for attempt in range(1, 4):
+        fork = ForkServer(env, workdir / f"chaos-children-{attempt}.log")
+        try:
+            await fork.start()
+            return fork
+        except TimeoutError:
+            await fork.stop()
+            if attempt == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.asynccontextmanager
 async def open_rig(
     child_env: dict[str, str], workdir: Path, payments: Payments
@@ -137,9 +152,8 @@ async def open_rig(
     ``workdir`` must exist."""
     token = f"tok-chaos-{uuid.uuid4().hex}"
     with Emulator.running_in_thread(tokens=[token], delta_delay=0.0, log_requests=False) as emu:
-        fork = ForkServer(
-            env_for_children({**child_env, **FAST_ENV}, payments.url),
-            workdir / "chaos-children.log",
+        fork = await _start_fork_server(
+            env_for_children({**child_env, **FAST_ENV}, payments.url), workdir
         )
         try:
             block = f"chaos-coder-{uuid.uuid4().hex[:8]}"
@@ -150,7 +164,6 @@ async def open_rig(
                 request_timeout=5.0,
                 turn_timeout=20.0,
             ).save(block, overwrite=True)
-            await fork.start()
             rig = Rig(emu, payments, fork, block, f"sqlite+aiosqlite:///{workdir / 'chaos.db'}")
             names = sorted(TEMPLATES)
             settings = await rig.settings_for("calibrate", 0)
