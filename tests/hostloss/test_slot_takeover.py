@@ -1,14 +1,16 @@
-"""A worker killed mid-turn gives up its turn slot when its turn has ended server-side,
-not before and not only after the slot's ttl.
+"""A worker killed mid-turn gives up each turn slot when that slot's turn has ended
+server-side: not before (the cap counts turns running on the server), and not only
+after the slot's ttl (the fleet would stall).
 
-Real parts: a child process runs a workflow (``agent_fanout``, cap 1, slot ttl 60 s)
-whose turn is still running on the emulator when the child is SIGKILLed; its flow run
-is marked Crashed through the API (the zombie automation's action). A workflow in this
-process then waits: Prefect says the holder is over, but the emulator says its chat still
-runs, so the slot is kept (cap 1 holds). When that turn ends server-side (interrupted
-here, as a sweep or the turn's own end would), the waiter takes the slot over at once,
-well before its ttl. Order facts from the emulator's event log and the slot row (database
-clock), not wall-clock bounds.
+Real parts: a child process runs two workflows (``agent_fanout``, cap 2, slot ttl 60 s)
+and holds both slots; it is SIGKILLed while both turns still run on the emulator, and its
+flow run is marked Crashed through the API (the zombie automation's action). Two
+workflows in this process then wait: Prefect says the holder is over, but the emulator
+says both chats still run, so both slots are kept. When one dead turn ends server-side
+(interrupted here, as a sweep or the turn's own end would), its slot is taken over at
+once and both waiting workflows run through it, one after the other, while the other
+dead turn keeps its slot. Order facts from the emulator's event log and the slot rows
+(database clock), not wall-clock bounds.
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
 from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import slot_key
+from prefect_coder.flows.parts.turn_slot import SLOT_PREFIX, slot_key
 
 ROOT = Path(__file__).resolve().parents[2]
-TTL = 60.0  # the dead slot's ttl: the test is over long before it could lapse
+CAP = 2
+TTL = 60.0  # the dead slots' ttl: the test is over long before it could lapse
 
 _WORKER = """
 import asyncio, json, sys
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import WorkflowSettings
 
 args = json.loads(sys.argv[1])
@@ -53,7 +58,7 @@ asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"]
 async def _settings(creds: CoderCredentials, store_url: str, tenant: str) -> WorkflowSettings:
     name = uuid.uuid4().hex[:10]
     await creds.model_copy(
-        update={"max_concurrent_turns": 1, "turn_slot_wait": 120.0, "turn_slot_ttl": TTL}
+        update={"max_concurrent_turns": CAP, "turn_slot_wait": 120.0, "turn_slot_ttl": TTL}
     ).save(f"hl-coder-{name}", overwrite=True)
     await ChatStateStore(url=store_url, tenant=tenant).save(f"hl-store-{name}", overwrite=True)
     return WorkflowSettings(
@@ -77,7 +82,19 @@ async def _until(what: str, limit_s: float, check: Any) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def test_dead_workers_slot_is_taken_over_once_its_turn_ended_server_side(
+async def _slot_rows(store: StateStore) -> dict[str, Any]:
+    """Every slot row by key, lapsed or not."""
+    async with store.read() as conn:
+        rows = await conn.execute(
+            sa.select(lease_table).where(
+                lease_table.c.tenant == store.tenant,
+                lease_table.c.key.in_([slot_key(i) for i in range(CAP)]),
+            )
+        )
+        return {str(r.key): r for r in rows}
+
+
+async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
     prefect_harness: Any,
     postgres_url: str,
     emu: Emulator,
@@ -87,12 +104,12 @@ async def test_dead_workers_slot_is_taken_over_once_its_turn_ended_server_side(
     tenant = f"hostloss-{uuid.uuid4().hex[:8]}"
     settings = await _settings(creds, postgres_url, tenant)
     run = uuid.uuid4().hex[:6]
-    dead_wf, next_wf = f"dead-{run}", f"next-{run}"
-    # The dead worker's turn would run for 10 minutes server-side.
+    # The dead worker's turns would run for 10 minutes server-side.
     long_turn = Step(name="s", prompt='work #emu {"sleep": 600, "text": "late"}')
+    dead_items = [FanoutItem(workflow_id=f"dead-{run}-{i}", steps=[long_turn]) for i in range(2)]
     payload = json.dumps(
         {
-            "items": [FanoutItem(workflow_id=dead_wf, steps=[long_turn]).model_dump(mode="json")],
+            "items": [i.model_dump(mode="json") for i in dead_items],
             "settings": settings.model_dump(mode="json"),
         }
     )
@@ -108,81 +125,85 @@ async def test_dead_workers_slot_is_taken_over_once_its_turn_ended_server_side(
     )  # fmt: skip
     store = StateStore(postgres_url, tenant=tenant)
     waiter: asyncio.Task[Any] | None = None
+    quick = Step(name="s", prompt='work #emu {"text": "next"}')
     try:
         started = await _until(
-            "the worker's turn to start server-side", 180, lambda: emu.event_log(["turn_start"])
+            "both of the worker's turns to run server-side",
+            180,
+            lambda: len(emu.event_log(["turn_start"])) == CAP,
         )
-        dead_chat = started[0]["chat_id"]
+        assert started
         os.killpg(worker.pid, signal.SIGKILL)  # a real crash: no release, no renewals
         await worker.wait()
-        slot = await store.leases.get(slot_key(0))
-        assert slot is not None
-        dead = slot[0]
-        assert holder_workflow_id(dead.holder) == dead_wf
-        run_id = holder_run_id(dead.holder)
-        assert run_id is not None
-        # The process is gone; its turn is not: chatd runs the agent loop.
-        assert emu.chat(dead_chat)["status"] == "running"
+        workflow_of = {c["id"]: c["labels"][LABEL_WORKFLOW] for c in emu.chats()}
+        chat_of = {wf: chat for chat, wf in workflow_of.items()}
+        dead = {str(k): r for k, r in (await _slot_rows(store)).items()}
+        assert len(dead) == CAP
+        slot_of = {holder_workflow_id(r.holder): key for key, r in dead.items()}
+        assert set(slot_of) == {i.workflow_id for i in dead_items}
+        run_ids = {holder_run_id(r.holder) for r in dead.values()}
+        assert len(run_ids) == 1 and None not in run_ids
+        # The process is gone; its turns are not: chatd runs the agent loop.
+        assert {emu.chat(c)["status"] for c in workflow_of} == {"running"}
         async with get_client() as client:  # what the zombie automation does
-            await client.set_flow_run_state(run_id, Crashed(), force=True)
+            await client.set_flow_run_state(run_ids.pop(), Crashed(), force=True)
 
         with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
             waiter = asyncio.create_task(
                 agent_fanout(
-                    [
-                        FanoutItem(
-                            workflow_id=next_wf,
-                            steps=[Step(name="s", prompt='work #emu {"text": "next"}')],
-                        )
-                    ],
+                    [FanoutItem(workflow_id=f"next-{run}-{i}", steps=[quick]) for i in range(2)],
                     settings,
                 )
             )
 
-            def kept_for_running_chat() -> bool:
-                return waiter.done() or any(
-                    f"chat {dead_chat} is still running" in r.getMessage() for r in caplog.records
+            def kept_for_running_chats() -> bool:
+                said = " ".join(r.getMessage() for r in caplog.records)
+                return waiter.done() or all(
+                    f"chat {chat} is still running" in said for chat in workflow_of
                 )
 
-            # The waiter knows the holder's run is over, and still keeps off its slot:
-            # the dead worker's turn runs server-side.
-            await _until("the waiter to judge the dead slot", 180, kept_for_running_chat)
+            # The waiters know the holder's run is over, and still keep off both slots:
+            # the dead worker's turns run server-side.
+            await _until("the waiters to judge the dead slots", 180, kept_for_running_chats)
             assert not waiter.done()
-            assert [e["chat_id"] for e in emu.event_log(["turn_start"])] == [dead_chat]
-            held = await store.leases.get(slot_key(0))
-            assert held is not None and held[0].holder == dead.holder
+            assert len(emu.event_log(["turn_start"])) == CAP
+            assert {r.holder for r in (await _slot_rows(store)).values()} == {
+                r.holder for r in dead.values()
+            }
 
-            # The dead worker's turn ends server-side; the waiter takes the slot then.
+            # One dead turn ends server-side: its slot is taken over, and both waiting
+            # workflows run through it while the other dead turn keeps its slot.
+            ended, running = dead_items[0].workflow_id, dead_items[1].workflow_id
             async with creds.get_client() as coder:
-                await coder.interrupt_chat(dead_chat)
+                await coder.interrupt_chat(chat_of[ended])
             outcomes = await asyncio.wait_for(waiter, 120)
-        assert [o.ok for o in outcomes] == [True]
-        assert any("taken over from" in r.getMessage() for r in caplog.records)
+            assert [o.ok for o in outcomes] == [True, True]
+            assert emu.chat(chat_of[running])["status"] == "running"
+        index = slot_of[ended].removeprefix(SLOT_PREFIX)
+        said = f"turn slot {index} taken over from {dead[slot_of[ended]].holder}"
+        assert any(said in r.getMessage() for r in caplog.records)
+        rows = await _slot_rows(store)
     finally:
         if waiter is not None and not waiter.done():
             waiter.cancel()
         if worker.returncode is None:
             os.killpg(worker.pid, signal.SIGKILL)
             await worker.wait()
-        async with store.read() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(lease_table).where(
-                        lease_table.c.tenant == tenant, lease_table.c.key == slot_key(0)
-                    )
-                )
-            ).one()
         await store.aclose()
 
-    # (1) The cap on running turns held server-side: the next turn started only after
-    # the dead worker's turn had ended, and never more than one ran at once.
-    ends = [e for e in emu.event_log(["turn_end"]) if e["chat_id"] == dead_chat]
-    starts = [e for e in emu.event_log(["turn_start"]) if e["chat_id"] != dead_chat]
-    assert len(ends) == 1 and len(starts) == 1
-    assert starts[0]["mono"] > ends[0]["mono"]
-    assert emu.max_concurrent_turns() == 1
-    # (2) It got the slot by taking it over from the dead holder (fence + 1), before the
-    # dead row's expiry (database clock), not by waiting out the ttl.
-    assert holder_workflow_id(row.holder) == next_wf
-    assert row.fence == dead.fence + 1
-    assert row.acquired_at < dead.expires_at.timestamp()
+    # (1) The cap on running turns held server-side: the waiting workflows' turns
+    # started only after the dead turn had ended, and never more than CAP ran at once.
+    log = emu.event_log(["turn_start", "turn_end"])
+    end = next(e for e in log if e["kind"] == "turn_end" and e["chat_id"] == chat_of[ended])
+    starts = [e for e in log if e["kind"] == "turn_start" and e["chat_id"] not in workflow_of]
+    assert len(starts) == 2
+    assert all(e["mono"] > end["mono"] for e in starts)
+    assert emu.max_concurrent_turns() == CAP
+    # (2) The ended turn's slot went to the waiting workflows before the dead row's
+    # expiry (database clock): only a takeover moves a live row, the ttl was not waited
+    # out. The still-running turn's slot stayed with its dead holder.
+    taken, kept = rows[slot_of[ended]], rows[slot_of[running]]
+    assert (holder_workflow_id(taken.holder) or "").startswith(f"next-{run}-")
+    assert taken.fence > dead[slot_of[ended]].fence
+    assert taken.acquired_at < dead[slot_of[ended]].expires_at
+    assert kept.holder == dead[slot_of[running]].holder
