@@ -142,11 +142,13 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
         slot_of = {holder_workflow_id(r.holder): key for key, r in dead.items()}
         assert set(slot_of) == {i.workflow_id for i in dead_items}
         run_ids = {holder_run_id(r.holder) for r in dead.values()}
-        assert len(run_ids) == 1 and None not in run_ids
+        assert len(run_ids) == 1  # both slots: the dead worker's one flow run
+        run_id = run_ids.pop()
+        assert run_id is not None
         # The process is gone; its turns are not: chatd runs the agent loop.
         assert {emu.chat(c)["status"] for c in workflow_of} == {"running"}
         async with get_client() as client:  # what the zombie automation does
-            await client.set_flow_run_state(run_ids.pop(), Crashed(), force=True)
+            await client.set_flow_run_state(run_id, Crashed(), force=True)
 
         with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
             waiter = asyncio.create_task(
