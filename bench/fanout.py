@@ -53,6 +53,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+# The fan-out tests' worker fleet helpers (deploy, start_worker, ...).
+sys.path.insert(0, str(ROOT / "tests" / "fanout"))
 
 from fleet_procs import (  # noqa: E402
     EmulatorProcess,
@@ -171,10 +173,10 @@ def _rss_kib() -> int:
     return 0
 
 
-async def _sample_rss(samples: list[tuple[float, int]]) -> None:
+async def _sample_rss(samples: list[tuple[float, int]], every_s: float) -> None:
     while True:
         samples.append((time.time(), _rss_kib()))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every_s)
 
 
 def _store_url(fleet: Fleet, kind: str, name: str) -> str:
@@ -194,22 +196,31 @@ async def _in_process(
     load0 = loadavg()
     samples: list[tuple[float, int]] = []
     rss0 = _rss_kib()
-    sampler = asyncio.create_task(_sample_rss(samples))
+    # Reading /proc costs loop CPU: often only when memory is what is measured.
+    sampler = asyncio.create_task(_sample_rss(samples, 0.05 if turn_s >= 1 else 0.5))
     emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     try:
-        outcomes = await agent_fanout(items, settings, max_parallel=max(64, 2 * cap))
+        outcomes = await agent_fanout(
+            items, settings, max_parallel=max(64, 2 * cap), fail_on_error=False
+        )
     finally:
         sampler.cancel()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
     srv_cpu = process_cpu_s(fleet.server_pid) - srv0
-    bad = [o.error for o in outcomes if not o.ok]
+    bad = [o.error or "" for o in outcomes if not o.ok]
     starts = fleet.emu.event_log(["turn_start"], since=before)
-    turns = n * steps
-    assert not bad and len(starts) == turns, (len(bad), bad[:3], len(starts))
+    # Turns that finished (a failed workflow's turns are not counted as throughput).
+    turns = (n - len(bad)) * steps
+    if bad:
+        kinds: dict[str, int] = {}
+        for e in bad:
+            kinds[e[:90]] = kinds.get(e[:90], 0) + 1
+        print(f"cap {cap}: {len(bad)} of {n} workflows FAILED: {kinds}", flush=True)
+    turns = max(1, turns)
     peak_event = max(starts, key=lambda e: e["details"]["running"])
     peak = int(peak_event["details"]["running"])
     at_peak = min(samples, key=lambda s: abs(s[0] - peak_event["time"]))[1] if samples else rss0

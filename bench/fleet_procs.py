@@ -142,6 +142,14 @@ def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tu
         stack.enter_context(
             temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url})
         )
+        # The server's own database pool (default 5 + 10 overflow) timed out
+        # (30 s) under a two-worker fan-out on a loaded machine: size it like a
+        # production server for this load.
+        for var, value in (
+            ("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "20"),
+            ("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "40"),
+        ):
+            os.environ.setdefault(var, value)
         server = SubprocessASGIServer(port=_free_port())
         previous = SubprocessASGIServer._instances.get(None)
         SubprocessASGIServer._instances[None] = server

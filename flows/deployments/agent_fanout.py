@@ -52,6 +52,7 @@ __all__ = [
     "FanoutItem",
     "FanoutOutcome",
     "agent_fanout",
+    "cut_shards",
     "fanout_idempotency_key",
     "run_in_process",
     "shard_idempotency_key",
@@ -85,6 +86,17 @@ def shard_idempotency_key(workflow_ids: list[str], after_run: str | None = None)
     digest = hashlib.sha256("\n".join(workflow_ids).encode()).hexdigest()[:24]
     base = f"fanout-shard-{digest}"
     return base if after_run is None else f"{base}-after-{after_run}"
+
+
+def cut_shards(
+    workflows: list[FanoutItem], shard_size: int, max_parallel: int
+) -> tuple[list[list[FanoutItem]], int, int]:
+    """The shards (in order, so a re-run with the same parameters cuts the same ones and
+    finds them by key), the workflows each runs at once and the shards run at once:
+    ``max_parallel`` is split over the shards that run at the same time."""
+    shards = [workflows[i : i + shard_size] for i in range(0, len(workflows), shard_size)]
+    per_shard = min(shard_size, max_parallel)
+    return shards, per_shard, max(1, max_parallel // per_shard)
 
 
 async def _run_once_or_again(
@@ -303,10 +315,8 @@ async def agent_fanout(
         outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
         mode = f"one {per_workflow} run per workflow"
     elif shards_on is not None:
-        shards = [workflows[i : i + shard_size] for i in range(0, len(workflows), shard_size)]
-        # max_parallel is split over the shards that run at once.
-        per_shard = min(shard_size, max_parallel)
-        gate = asyncio.Semaphore(max(1, max_parallel // per_shard))
+        shards, per_shard, at_once = cut_shards(workflows, shard_size, max_parallel)
+        gate = asyncio.Semaphore(at_once)
 
         async def shard_of(shard: list[FanoutItem]) -> list[FanoutOutcome]:
             async with gate:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 from prefect import flow
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +45,10 @@ __all__ = [
     "run_in_process",
     "run_many_in_process",
 ]
+
+#: Attempts and first back-off of loading the blocks in a shard (1, 2, 4, 8 s).
+LOAD_ATTEMPTS = 5
+LOAD_BACKOFF_S = 1.0
 
 
 class FanoutItem(BaseModel):
@@ -112,6 +118,27 @@ async def run_in_process(
         raise
 
 
+def _transient(exc: Exception) -> bool:
+    if isinstance(exc, PrefectHTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, httpx.TransportError)
+
+
+async def _load_resources_patiently(settings: WorkflowSettings) -> TurnResources:
+    """``load_resources``, retried on a transient Prefect API failure: a shard loads the
+    blocks once for all its workflows, so one 500 from a loaded server (measured: its
+    database pool timed out) would otherwise fail them all."""
+    for attempt in range(LOAD_ATTEMPTS):
+        try:
+            return await load_resources(settings)
+        except Exception as exc:
+            if not _transient(exc) or attempt == LOAD_ATTEMPTS - 1:
+                raise
+            get_run_logger().warning("loading the blocks failed (%s), retrying", type(exc).__name__)
+            await asyncio.sleep(LOAD_BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 async def run_many_in_process(
     workflows: list[FanoutItem], settings: WorkflowSettings, max_parallel: int
 ) -> list[FanoutOutcome]:
@@ -128,8 +155,8 @@ async def run_many_in_process(
     resources: TurnResources | None = None
     if len(invalid) < len(workflows):
         try:
-            resources = await load_resources(settings)
-        except WorkflowParameterError as exc:
+            resources = await _load_resources_patiently(settings)
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             return [
                 FanoutOutcome(workflow_id=w.workflow_id, ok=False, error=error) for w in workflows

@@ -141,8 +141,11 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    # --limit 3: the fan-out and its 4 shards are 5 runs, so the worker that runs the
+    # fan-out always runs a shard too (the other takes at most 3) — the kill below
+    # takes shards with it.
     workers = [
-        await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=4)
+        await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=3)
         for i in (1, 2)
     ]
     hosts = Hosts(workers)
@@ -173,7 +176,9 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
             except AssertionError:
                 runs = await client.read_flow_runs(limit=200)
                 table = [(r.name, r.state_name, r.state and r.state.message) for r in runs]
-                raise AssertionError((table, hosts.of_run, len(emu.event_log(["turn_end"]))))
+                raise AssertionError(
+                    (table, hosts.of_run, len(emu.event_log(["turn_end"])))
+                ) from None
             victim = next(w for w in workers if w.name == victim_name)
             victim.kill_with_children()
             await victim.proc.wait()
