@@ -28,6 +28,7 @@ def _evidence(**change: Any) -> Evidence:
         text="Results: ok",
         user_message_id=1,
         message_ids=[2, 4],
+        generate_ms=1.0,
     )
     base: dict[str, Any] = {
         "workflow_id": "wf",
