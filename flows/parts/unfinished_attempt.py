@@ -9,6 +9,15 @@ journals the resubmission write-ahead. So a plain retry or rerun of a crashed
 flow run is safe. After a *known* failure, :func:`note_failed_attempt` journals
 the attempt "cut-short" for whichever recovery comes next.
 
+A step the journal does not name may still be in the chat's history — its
+result lost while the workflow went on (the journal then names a later step).
+Unless the journal names an EARLIER step of the workflow (``run_steps`` passes
+the order: :func:`earlier_steps`), the step looks for its marker first: an
+attempt that a later step's prompt follows finished, and is rebuilt from history
+(:func:`locate_step`). A checkpoint that names an ARCHIVED chat gives back its
+finished steps from history; the rest are sent in a fresh chat, which becomes
+the checkpoint (:attr:`SendPlan.fresh_chat`, :func:`archived_tail_finished`).
+
 Each recovery decision is logged and published as a table artifact (what was
 seen, what was decided, why).
 

@@ -10,6 +10,7 @@ chat of the workflow left in ``requires_action`` or running.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -52,9 +53,24 @@ async def crash(
         finally:
             emu.faults.clear()
         assert rc == 3, (rc, server.stderr_tail())
-    for point in case.crashes:
+    for i, point in enumerate(case.crashes):
+        if i:
+            # A second crash point inside recovery is reached only on the path the
+            # crashed attempt leaves once the model is done streaming (a pause, or
+            # rest); a child started while it still streams would follow it instead.
+            # With eight children on a loaded machine that can take a while: wait.
+            await _not_streaming(emu, workflow_id)
         rc = await server.run(point, spec)
         assert rc == -9, (point, rc, server.stderr_tail())
+
+
+async def _not_streaming(emu: Emulator, workflow_id: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(c["status"] not in {"running", "pending"} for c in chats_of(emu, workflow_id)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{workflow_id}: a chat still streams after {within:g}s")
 
 
 MODES = ["rerun", "recover-turn"]

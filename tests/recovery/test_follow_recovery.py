@@ -81,12 +81,19 @@ async def test_the_crashed_attempts_live_run_is_followed(
     client: ChatClient, emu: Emulator, sqlite: StateStore
 ) -> None:
     marker = f"[wf-{uuid.uuid4().hex[:8]}/s]"
+    # The run must still be generating when recovery probes it — on a loaded machine
+    # that can be seconds after it started — and finish well inside the follow's
+    # turn budget (its own here, not BUDGET) and the agent's 5 s segment timeout.
+    sleep_s = 2.0
     chat_id = await _live_chat(
-        client, emu, marker, {"sleep": 0.5, "text": "finished late", "deltas": 3}
+        client, emu, marker, {"sleep": sleep_s, "text": "finished late", "deltas": 3}
     )
     # the crashed process journaled its send (count 0 before it); it landed
     await sqlite.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=0))
-    outcome, _ = await _run(client, sqlite, chat_id, marker, timings=FAST)
+    timings = RecoveryTimings(
+        probe_bound=5.0, settle_budget=4 * sleep_s, poll_interval=0.02, commit_horizon=0.5
+    )
+    outcome, _ = await _run(client, sqlite, chat_id, marker, timings=timings)
     assert outcome.classification == "followed"
     assert outcome.followed is not None and outcome.followed.text == "finished late"
     assert not outcome.cut_short and outcome.attempts == 1
