@@ -116,8 +116,11 @@ class AppliedAutomation:
 
 
 def _comparable(a: Automation) -> dict[str, object]:
+    # Python mode keeps the trigger's sets (``expect``, ``after``) as sets: JSON mode
+    # turns them into lists in iteration order, which differs between the server's copy
+    # and ours, and an unchanged automation then reads as "updated".
     return a.model_dump(
-        mode="json", include={"name", "description", "enabled", "trigger", "actions"}
+        mode="python", include={"name", "description", "enabled", "trigger", "actions"}
     )
 
 
