@@ -21,7 +21,11 @@ process and the same rounds: per step one ``agent.run`` with one tool call on
 flow left out, as ours). Its overhead per step is the durable step minus the plain
 one; the ratio ours / peer is printed per store.
 
-Run: ``.venv/bin/python bench/durable.py [--turns 20] [--rounds 3] [--pg-url URL] [--no-pg] [--peer]``.
+``--store-only`` measures just the state store's work of one steady-state turn (the
+four single-purpose calls vs ``store.turns``), process CPU and wall per turn.
+
+Run: ``.venv/bin/python bench/durable.py [--turns 20] [--rounds 3] [--pg-url URL] [--no-pg]
+[--stores sqlite,pg] [--peer] [--store-only]``.
 Without ``--pg-url`` a private throwaway PostgreSQL cluster is started when the
 server binaries exist (``/usr/lib/postgresql/*/bin``); Prefect runs against a
 temporary test server with result storage in a temp dir.
@@ -267,6 +271,57 @@ class Peer:
         return out
 
 
+async def store_work(url: str, mode: str, n: int = 200) -> tuple[float, float]:
+    """(process CPU ms, median wall ms) of one steady-state turn's store work, ``n``
+    turns on one checkpointed chat: ``four`` = the single-purpose calls the turn made
+    before ``store.turns`` (checkpoint get, journal get, journal set, checkpoint set),
+    ``turns`` = ``store.turns.begin`` + ``store.turns.record``."""
+    from prefect_coder.blocks import JournalEntry, StateStore
+
+    store = StateStore(url, tenant=f"micro-{uuid.uuid4().hex[:8]}")
+
+    async def turn(i: int) -> None:
+        marker = f"[wf/s{i}]"
+        if mode == "four":
+            await store.checkpoints.get("wf")
+            await store.journal.get("chat")
+            entry = JournalEntry(state="submitting", marker=marker, attempt=0)
+            await store.journal.set("chat", entry)
+            await store.checkpoints.set("wf", "chat", i + 1)
+        else:
+            await store.turns.begin("wf", marker)
+            await store.turns.record("wf", "chat", i + 1)
+
+    try:
+        await store.checkpoints.set("wf", "chat", 1)
+        for i in range(20):  # warm-up: pools, prepared statements
+            await turn(n + i)
+        cpu0 = time.process_time()
+        walls = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            await turn(i)
+            walls.append((time.perf_counter() - t0) * 1000)
+        return (time.process_time() - cpu0) * 1000 / n, statistics.median(walls)
+    finally:
+        await store.aclose()
+
+
+def store_only(pg_url: str | None) -> None:
+    """``--store-only``: the store's work per turn, both ways, without Prefect."""
+    root = tempfile.mkdtemp(prefix="bench-store-")
+    urls = [("SQLite", f"sqlite+aiosqlite:///{root}/state.db")]
+    if pg_url:
+        urls.append(("PostgreSQL", pg_url))
+    try:
+        for label, url in urls:
+            for mode in ("four", "turns", "four", "turns"):
+                cpu, wall = asyncio.run(store_work(url, mode))
+                print(f"{label:10s} {mode:5s} CPU {cpu:5.2f} ms/turn, wall median {wall:6.2f} ms")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def peer_version() -> str:
     from importlib.metadata import version
 
@@ -373,7 +428,19 @@ def main() -> None:
     parser.add_argument(
         "--peer", action="store_true", help="also run Pydantic AI's PrefectDurability peer"
     )
+    parser.add_argument(
+        "--store-only",
+        action="store_true",
+        help="only the state store's work per turn (4 single calls vs store.turns), no Prefect",
+    )
     args = parser.parse_args()
+    if args.store_only:
+        if args.no_pg or args.pg_url:
+            store_only(None if args.no_pg else args.pg_url)
+        else:
+            with private_postgres() as url:
+                store_only(url)
+        return
     args.stores = {s.strip() for s in args.stores.split(",") if s.strip()}
     if "pg" not in args.stores:
         args.no_pg = True
