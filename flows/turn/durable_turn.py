@@ -4,9 +4,10 @@ Walk of one turn (``execute_turn``):
 
 1. Prefect looks the step's result key up first (``turn_cache_key``): a step
    that already finished returns its stored result and sends nothing.
-2. Take the workflow's lease (single-flight across workers); a run that had to
-   wait re-checks the stored result under the lease, because the holder it
-   waited for may have just finished this very step.
+2. Take the workflow's lease (single-flight across workers) unless the calling
+   flow holds it already; a turn that took it itself re-checks the stored result
+   under the lease, because the holder it waited for may have just finished this
+   very step (a flow that held it when Prefect looked the result up needs not).
 3. ``store.turns.begin`` (one transaction): load the checkpoint (chat id +
    optional cursor) and its chat's journal entry; on a checkpointed chat whose
    entry does not name this step's marker, journal "submitting" (marker,
