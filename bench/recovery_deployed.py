@@ -49,6 +49,7 @@ import math
 import os
 import random
 import re
+import resource
 import signal
 import statistics
 import sys
@@ -481,16 +482,21 @@ def report(kills: list[Kill], args: argparse.Namespace, fault_free_s: float) -> 
     return summary
 
 
-async def import_seconds(source: Path) -> float:
-    """Wall time of a fresh ``import`` of the recover-turn flow here and now: how slow
-    a flow-run process start is on this machine at this load."""
+async def import_seconds(source: Path) -> tuple[float, float]:
+    """Wall and CPU time of a fresh ``import`` of the recover-turn flow here and now:
+    how slow a flow-run process start is on this machine at this load (wall ≈ CPU on
+    an idle machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "import prefect.engine, prefect_coder.flows.deployments.recover_turn",
         cwd=str(source), env={**os.environ, "PYTHONPATH": str(source)},
     )  # fmt: skip
     await proc.wait()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -524,7 +530,11 @@ async def run(args: argparse.Namespace) -> None:
                 await env.set_pool_command(f"{sys.executable} -m prefect.engine")
                 print("pool command: python -m prefect.engine (one process per run)", flush=True)
             imp0 = await import_seconds(source)
-            print(f"fresh import of recover-turn + prefect.engine: {imp0:.1f} s", flush=True)
+            print(
+                f"fresh import of recover-turn + prefect.engine: {imp0[0]:.1f} s "
+                f"({imp0[1]:.1f} s CPU)",
+                flush=True,
+            )
             for i in range(args.workers):
                 await env.start_worker(f"w{i + 1}")
             bench = Bench(env, args, payments)
@@ -575,7 +585,10 @@ async def run(args: argparse.Namespace) -> None:
                     )
             load1 = os.getloadavg()
             imp1 = await import_seconds(source)
-            print(f"\nfresh import of recover-turn + prefect.engine at the end: {imp1:.1f} s")
+            print(
+                f"\nfresh import of recover-turn + prefect.engine at the end: {imp1[0]:.1f} s "
+                f"({imp1[1]:.1f} s CPU)"
+            )
             summary = report(kills, args, ff)
             summary["load_start"], summary["load_end"] = load0, load1
             summary["import_s"] = (imp0, imp1)
