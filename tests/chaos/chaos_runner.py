@@ -56,6 +56,8 @@ class Outcome:
     cuts: int = 0
     fired: int = 0
     notes: list[str] = field(default_factory=list)
+    #: the workflow's chats as the emulator stored them (violations only)
+    transcript: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ class Outcome:
         lines.append(f"  kills that left a live attempt: {self.cuts}; faults fired: {self.fired}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  VIOLATION {v}" for v in self.violations]
+        lines += [f"    {t}" for t in self.transcript]
         return "\n".join(lines)
 
 
@@ -347,7 +350,35 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
         cuts=cuts,
         fired=ev.fired,
         notes=ev.notes,
+        transcript=_transcript(ev) if violations else [],
     )
+
+
+def _transcript(ev: Evidence) -> list[str]:
+    """Each chat's rows and its status/turn-end sequence: the evidence of a violation."""
+    out = []
+    for c in ev.chats:
+        out.append(f"chat {c['id']} ({c['status']}, archived={c.get('archived', False)})")
+        for m in ev.messages.get(c["id"], []):
+            for p in m.get("content") or []:
+                kind = p.get("type")
+                if kind == "text":
+                    out.append(f"  {m['id']} {m['role']}: {p.get('text', '')[:70]!r}")
+                elif kind == "tool-call":
+                    out.append(f"  {m['id']} call {p.get('tool_call_id')} {p.get('args')}")
+                elif kind == "tool-result":
+                    out.append(
+                        f"  {m['id']} result {p.get('tool_call_id')} {str(p.get('result'))[:60]}"
+                    )
+        seq = [
+            e["details"].get("new") or f"<{e['details'].get('outcome')}>"
+            for e in ev.events
+            if e["chat_id"] == c["id"] and e["kind"] in ("status", "turn_end")
+        ]
+        out.append("  status/turn-end: " + " ".join(str(x) for x in seq))
+    for key, (n, amount) in sorted(ev.effects.items()):
+        out.append(f"effect {amount} x{n} key {key}")
+    return out
 
 
 def _evidence(
