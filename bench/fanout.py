@@ -422,7 +422,7 @@ async def _mark_dead_runs_crashed(client: Any, dead: set[int]) -> int:
                 type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
             )
         ),
-        limit=500,
+        limit=200,
     )
     marked = 0
     for run in runs:
@@ -506,7 +506,7 @@ async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
 
 
 async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict[str, str]) -> None:
-    from fanout_env import Hosts, start_worker, stop_worker
+    from fanout_env import parent_of, start_worker, stop_worker
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -521,7 +521,7 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
     items = _items(f"bk-{uuid.uuid4().hex[:6]}", args.kill_workflows, 1, args.kill_turn_s)
     params = await _fanout_params(items, settings, args)
     store = ChatStateStore(url=fleet.pg_store_url).get_store()
-    hosts = Hosts(workers)
+    by_pid = {w.proc.pid: w.name for w in workers}
     try:
         async with get_client() as client:
             t0 = time.perf_counter()
@@ -537,8 +537,9 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
                 await asyncio.sleep(0.2)
                 if time.perf_counter() - t0 > 300:
                     raise SystemExit("kill run: no worker held slots within 300 s")
-                await hosts.sample(client)
-                fan_host = hosts.of_run.get(str(fan.id))
+                fan_run = await client.read_flow_run(fan.id)
+                fan_pid = str(fan_run.infrastructure_pid or "").split(":")[-1]
+                fan_host = by_pid.get(parent_of(int(fan_pid)) or -1) if fan_pid else None
                 held = await _slot_holders(store, cap)
                 if len(held) < cap or fan_host is None:
                     continue
@@ -548,11 +549,15 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
                     for w in workers:
                         if parent == w.proc.pid and w.name != fan_host:
                             by_worker[w.name] = by_worker.get(w.name, 0) + 1
-                if by_worker:
+                # ... while the fan-out's worker runs a shard of its own (whose turns
+                # then wait for the dead worker's slots).
+                fan_worker = next((w for w in workers if w.name == fan_host), None)
+                if by_worker and fan_worker and len(_children_of(fan_worker.proc.pid)) >= 2:
                     most = max(by_worker.items(), key=lambda kv: kv[1])[0]
                     victim = next(w for w in workers if w.name == most)
             dead_pids = set(victim.kill_with_children())
             killed_at = time.perf_counter()
+            killed_wall = time.time()
             await victim.proc.wait()
             dead_slots = {i for i, h in held.items() if _holder_pid(h) in dead_pids}
             marked = await _mark_dead_runs_crashed(client, dead_pids)
@@ -563,17 +568,34 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
                 flush=True,
             )
             retaken: dict[int, float] = {}
+            freed_after: float | None = None
             while (
                 len(retaken) < len(dead_slots)
-                and time.perf_counter() - killed_at < 10 * args.slot_ttl + 60
+                and time.perf_counter() - killed_at < 10 * args.slot_ttl + 300
             ):
                 now_held = await _slot_holders(store, cap)
+                if freed_after is None and not any(
+                    _holder_pid(h) in dead_pids for h in now_held.values()
+                ):
+                    freed_after = time.perf_counter() - killed_at
                 for i in dead_slots - set(retaken):
                     now = now_held.get(i)
                     if now is not None and _holder_pid(now) not in dead_pids:
                         retaken[i] = time.perf_counter() - killed_at
                 await asyncio.sleep(0.1)
             times = sorted(retaken.values())
+            later = [
+                e["time"] - killed_wall
+                for e in fleet.emu.event_log(["turn_start"])
+                if e["time"] > killed_wall
+            ]
+            print(
+                f"kill: no slot held by the dead worker any more after "
+                f"{freed_after if freed_after is not None else float('nan'):.1f}s (lapsed "
+                f"or taken over); first turn started anywhere after the kill: "
+                f"{min(later) if later else float('nan'):.1f}s",
+                flush=True,
+            )
             print(
                 f"kill: the surviving worker held the dead worker's {len(dead_slots)} slots "
                 f"again after first {times[0] if times else float('nan'):.1f}s, median "
@@ -618,6 +640,12 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
         for w in workers:
             await stop_worker(w)
         await store.aclose()
+
+
+def _children_of(pid: int) -> list[int]:
+    from fanout_env import _children
+
+    return _children(pid)
 
 
 def _parent(pid: int) -> int | None:
