@@ -34,13 +34,21 @@ async def test_read_only_recovery_returns_a_finished_attempt_without_sending(
     assert len(users) == 2  # nothing was resubmitted
 
 
-async def test_read_only_recovery_reports_a_cut_short_attempt(
-    settings: WorkflowSettings, workflow_id: str, fork_server: ForkServer, emu: Emulator
+async def test_read_only_recovery_answers_the_crashed_attempts_pause_and_follows_it(
+    settings: WorkflowSettings,
+    workflow_id: str,
+    fork_server: ForkServer,
+    emu: Emulator,
+    baseline: list[str],
 ) -> None:
+    # pay is killed mid-stream: its call pauses, never run. Read-only recovery sends
+    # nothing, but the pause is the crashed attempt's own: its call is run through
+    # the ledger and the revived run followed to its answer (not cut short).
     rc = await fork_server.run("turn.mid_stream:2", child_spec(workflow_id, settings))
     assert rc == -9, fork_server.stderr_tail()
     report = await recover_turn(workflow_id, resubmit=False, settings=settings)
-    assert report.action == "would-resubmit", report
+    assert report.action == "recovered", report
+    assert report.result is not None and report.result.text == baseline[1]
     assert report.chat_id is not None
     # nothing left paused or running, and no second turn sent
     assert emu.chat(report.chat_id)["status"] in ("waiting", "error")
