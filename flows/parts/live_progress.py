@@ -10,8 +10,12 @@ and then updated in place.
 The hot path only updates a few fields per transport event (no rendering, no
 I/O, nothing awaited). Publishing runs in one background task that wakes at most
 once per ``interval_s`` (``PREFECT_CODER_PROGRESS_INTERVAL_S``, default 2 s)
-when something changed; :meth:`LiveProgress.finish` always publishes the last
-state. A failed publish is logged at debug and never touches the turn.
+when something changed. The first publish waits one interval from the turn's
+start: a turn shorter than that gets no live artifact at all (its finished-turn
+artifact says everything), which spares short turns two API calls — the largest
+CPU item per turn in ``bench/durable.py``'s profile. Once a live artifact exists,
+:meth:`LiveProgress.finish` always publishes the last state. A failed publish is
+logged at debug and never touches the turn.
 
 Nothing here sees the token: the picture is built from stream events (model
 text, tool names and arguments, statuses) and the deployment's base URL.
@@ -105,7 +109,8 @@ class LiveProgress:
         self.started = time.monotonic()
         self._changed = False
         self._finished = False
-        self._last_publish = 0.0
+        # The first publish waits one interval from the start (see the module doc).
+        self._last_publish = self.started
         self._artifact_id: UUID | None = None
         self._publisher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -270,6 +275,8 @@ class LiveProgress:
         if publisher is not None and not publisher.done():
             self._wake.set()
             await asyncio.wait([publisher])  # never raises
+        if self._artifact_id is None and self.updates == 0:
+            return  # never shown live (or its create failed): nothing to finish
         await self._publish()
 
     # ---------------------------------------------------------------- rendering

@@ -124,3 +124,26 @@ async def test_no_live_artifact_when_artifacts_are_off(
     results = await agent_workflow(workflow_id, [Step(name="quiet", prompt="hi" + say("ok"))], off)
     assert isinstance(results[0], TurnResult) and results[0].text == "ok"
     assert await _live_artifacts(workflow_id) == []
+
+
+async def test_a_turn_shorter_than_the_interval_gets_no_live_artifact(
+    emu: Emulator,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    prefect_env: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+
+    # The first live publish waits one interval from the turn's start: a turn that
+    # settles before then is shown by its finished-turn artifact alone (two API
+    # calls fewer per short turn). 600 s: no loaded machine runs a one-line turn that long.
+    monkeypatch.setenv(INTERVAL_ENV, "600")
+    results = await agent_workflow(
+        workflow_id, [Step(name="quick", prompt="hi" + say("ok"))], settings
+    )
+    assert isinstance(results[0], TurnResult) and results[0].text == "ok"
+    assert await _live_artifacts(workflow_id) == []
+    async with get_client() as client:
+        recent = await client.read_artifacts(sort=ArtifactSort.CREATED_DESC, limit=100)
+    assert [a for a in recent if a.key == artifact_key(workflow_id, "quick")]
