@@ -9,13 +9,20 @@ without a checkpoint; ``recover-turn`` runs it under the workflow's lease.
 
 from __future__ import annotations
 
+import asyncio
+
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.parts.retry import is_retryable_failure
 from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 
 __all__ = ["strand_workflow_orphans"]
+
+#: Backoffs between attempts of the whole check on a transient failure (a 503 on the
+#: chat listing failed a whole ``recover-turn`` run; the chaos test's seed 89).
+RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
 
 
 async def strand_workflow_orphans(
@@ -33,8 +40,33 @@ async def strand_workflow_orphans(
     Widened as the design asks: regardless of status (an orphaned first turn may
     settle on its own and then sit live and unarchived forever), and every
     orphan, not just the first.
+
+    A transient failure (5xx, 429, a reset connection) re-runs the whole check
+    after a short backoff, a few times: every part of it is idempotent (listing,
+    stopping a stopped chat, re-recording a stranded one).
     """
     log = logger or run_logger(__name__)
+    for backoff in (*RETRY_BACKOFF_S, None):
+        try:
+            return await _strand(client, store, workflow_id, keep, bound_s, log)
+        except Exception as exc:
+            if backoff is None or not is_retryable_failure(exc):
+                raise
+            log.warning(
+                "orphan check of %s failed (%s); retrying in %.1fs", workflow_id, exc, backoff
+            )
+            await asyncio.sleep(backoff)
+    raise AssertionError("unreachable")
+
+
+async def _strand(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    keep: str | None,
+    bound_s: float,
+    log: RunLogger,
+) -> list[str]:
     found: list[str] = []
     labels = {**scope_labels(store.tenant), LABEL_WORKFLOW: label_value(workflow_id)}
     async for chat in client.iter_chats(labels=labels, timeout=bound_s):
