@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
@@ -73,6 +73,7 @@ from coder_chat.errors import (
     CoderChatError,
     CoderError,
     CoderStreamError,
+    CoderTransportError,
 )
 from coder_chat.events import (
     SegmentSettle,
@@ -241,6 +242,16 @@ def _read_state(tr: TurnTranslator) -> ReadState:
     )
 
 
+def _transient(failure: BaseException | None) -> bool:
+    """A failure after which the submitted run may well be alive and healthy."""
+    if isinstance(failure, CoderTransportError):
+        return True
+    if isinstance(failure, CoderApiError):
+        code = failure.status
+        return code in (408, 425, 429) or code >= 500
+    return False
+
+
 def _wire_results(outcomes: Sequence[ToolOutcome]) -> list[WireToolResult]:
     return [
         WireToolResult(tool_call_id=o.tool_call_id, output=o.output, is_error=o.is_error)
@@ -271,6 +282,20 @@ class CoderAgent:
         max_steps: tool-loop cap per turn (64).
         stream_options: stream reader tunables (backoff, budget).
         timings: agent time constants (lost-event grace, archive window…).
+        before_interrupt: awaited with the chat id before every interrupt the
+            agent sends of its own turn's chat (a failed segment's teardown, the
+            step cap's wind-down): a durable caller journals the attempt cut short
+            there, so a later recovery never mistakes the truncated attempt for a
+            finished one. If it raises, that interrupt is not sent (the run is
+            left for the caller's recovery, which must then find it live).
+        leave_landed_runs: a segment that fails transiently (a transport error —
+            e.g. a POST that landed but whose response was lost — or a 408/425/429/5xx
+            answer) after its submission went out does NOT interrupt the chat: the
+            run may be the turn's own live continuation, and a durable caller's
+            recovery follows it instead (an interrupt would throw the work away,
+            and a resubmission lets the model repeat a committed tool call under a
+            new id). :attr:`left_run_live` then names the chat. Default off: the
+            plain SDK stops what nobody reads (agent-semantics §5.3).
     """
 
     def __init__(
@@ -293,6 +318,8 @@ class CoderAgent:
         max_steps: int = 64,
         stream_options: StreamOptions | None = None,
         timings: AgentTimings | None = None,
+        before_interrupt: Callable[[str], Awaitable[None]] | None = None,
+        leave_landed_runs: bool = False,
     ) -> None:
         if last_seen_message_id is not None:
             if (
@@ -367,6 +394,9 @@ class CoderAgent:
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._turn_deadline: float | None = None
+        self._before_interrupt = before_interrupt
+        self._leave_landed_runs = leave_landed_runs
+        self._left_live: str | None = None
         # Server-assigned workspace/MCP of a chat this instance created (for is_retryable).
         self._assigned_workspace: str | None = None
         self._assigned_mcp: list[str] = []
@@ -406,6 +436,12 @@ class CoderAgent:
     @property
     def tools(self) -> Mapping[str, ClientTool[Any]]:
         return dict(self._tools)
+
+    @property
+    def left_run_live(self) -> str | None:
+        """The chat whose live run the last turn's transient failure left alone
+        (``leave_landed_runs``), else ``None``; reset when a turn starts."""
+        return self._left_live
 
     @property
     def in_flight(self) -> bool:
@@ -492,6 +528,7 @@ class CoderAgent:
         follow: _FollowHint | None = None,
     ) -> GenerateResult:
         self._in_flight = True
+        self._left_live = None
         loop = asyncio.get_running_loop()
         self._turn_deadline = None if timeout is None else loop.time() + max(0.0, timeout)
         try:
@@ -651,6 +688,8 @@ class CoderAgent:
                 return
         except (CoderError, TimeoutError, OSError) as exc:
             _log.debug("wind-down submit failed: %s", type(exc).__name__)
+        if not await self._journal_interrupt(chat_id):
+            return
         with contextlib.suppress(CoderError, TimeoutError, OSError):
             await self._client.interrupt_chat(chat_id, timeout=self._timings.wind_down)
 
@@ -674,6 +713,7 @@ class CoderAgent:
         run = _SegmentRun(SegmentState(chat_id=self._chat_id))
         ending: Ending = "teardown"
         error_info: dict[str, str] | None = None
+        failure: BaseException | None = None
         try:
             await self._run_segment(run, kind, prompt, results, follow, closed_episodes)
             assert run.tr is not None and run.state.chat_id is not None
@@ -690,10 +730,11 @@ class CoderAgent:
             raise
         except BaseException as exc:
             ending = "failure"
+            failure = exc
             error_info = {"name": type(exc).__name__, "message": str(exc)}
             raise
         finally:
-            self._end_segment(run, ending, created_turn)
+            self._end_segment(run, ending, created_turn, failure)
             tr, reader = run.tr, run.reader
             settle_chat = run.state.chat_id
             settle_reader = reader.reader_id if reader is not None else None
@@ -887,7 +928,13 @@ class CoderAgent:
             return None
         return plan_follow(messages, user_message_id=uid, client_tool_names=self._tools.keys())
 
-    def _end_segment(self, run: _SegmentRun, ending: Ending, created_turn: bool) -> None:
+    def _end_segment(
+        self,
+        run: _SegmentRun,
+        ending: Ending,
+        created_turn: bool,
+        failure: BaseException | None = None,
+    ) -> None:
         """Apply :func:`coder_chat.core.segment.teardown` to the stream and the chat."""
         tr, reader = run.tr, run.reader
         self._active_reader = None
@@ -914,7 +961,12 @@ class CoderAgent:
             return
         if decision.strand:
             self._stranded[chat_id] = None
-        if decision.stop is Stop.INTERRUPT:
+        if decision.stop is Stop.INTERRUPT and self._leave_landed_runs and _transient(failure):
+            # The submission went out and only its answer (or a read) failed: the
+            # run may be this turn's own live continuation. Left for recovery to
+            # follow — cutting it would repeat its committed tool calls.
+            self._left_live = chat_id
+        elif decision.stop is Stop.INTERRUPT:
             self._fire_interrupt(chat_id)
         elif decision.stop is Stop.WITHDRAW and decision.withdraw_id is not None:
             self._fire_withdraw(chat_id, decision.withdraw_id)
@@ -1005,10 +1057,27 @@ class CoderAgent:
         """Best-effort, fire-and-forget interrupt of this turn's own chat."""
 
         async def run() -> None:
+            if not await self._journal_interrupt(chat_id):
+                return
             with contextlib.suppress(Exception):
                 await self._client.interrupt_chat(chat_id, timeout=self._timings.interrupt)
 
         self._spawn(run())
+
+    async def _journal_interrupt(self, chat_id: str) -> bool:
+        """Run ``before_interrupt``; False (do not interrupt) when it failed."""
+        if self._before_interrupt is None:
+            return True
+        try:
+            await self._before_interrupt(chat_id)
+        except Exception as exc:
+            _log.warning(
+                "before_interrupt failed (%s): chat %s is left for recovery",
+                type(exc).__name__,
+                chat_id,
+            )
+            return False
+        return True
 
     def _fire_withdraw(self, chat_id: str, queued_id: int) -> None:
         """A still-queued prompt is withdrawn, never left to run unattended."""

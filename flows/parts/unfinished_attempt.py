@@ -713,6 +713,8 @@ async def note_failed_attempt(
     chat_id: str | None,
     marker: str,
     failure: BaseException | None = None,
+    *,
+    left_live: bool = False,
 ) -> None:
     """After a *known* failure of a send (timeout, abort, error), journal the tail
     attempt "cut-short" so that a later recovery — in another flow run, without
@@ -728,8 +730,15 @@ async def note_failed_attempt(
     that history does not show yet keeps its ``submitting`` write-ahead. Its
     timestamp starts the commit horizon, so the retry sleeps the window out and
     finds the late-landing message (and follows it) instead of sending the step
-    a second time next to it."""
-    if not chat_id:
+    a second time next to it.
+
+    ``left_live``: the agent failed transiently and fired NO interrupt (its
+    ``leave_landed_runs``; e.g. a tool-results POST that landed but whose response
+    was lost). Nothing cut the attempt short, so nothing is journaled: the
+    ``submitting`` write-ahead stays, and the retry follows the live run (or
+    recovers its finished answer) instead of interrupting and resubmitting it,
+    which would repeat its committed tool calls under new call ids."""
+    if not chat_id or left_live:
         return
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.shield(_note_failed_attempt(client, store, chat_id, marker, failure))

@@ -56,6 +56,7 @@ from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.parts.turn_slot import turn_slot
 from prefect_coder.flows.parts.unfinished_attempt import (
+    journal_cut_short,
     journal_send,
     note_failed_attempt,
     recover_before_send,
@@ -231,11 +232,14 @@ async def _record_after_turn(
         # write and Prefect persisting the result leaves a checkpoint but no
         # journal entry, and "no entry ⇒ never sent" would resend a finished step.
         # A failed send journals attempt 1 so the retry pins cut_short (it must
-        # resubmit); a finished one attempt 0, the count before the send.
+        # resubmit); a finished one attempt 0, the count before the send — and so
+        # does a transient failure that left the live run alone (the agent's
+        # ``left_run_live``): the retry then follows that run instead of cutting it.
+        left_live = agent.left_run_live is not None
         async with store.transaction() as tx:
             entry = await tx.journal.get(chat_id)
             await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
-            if failed is not None:
+            if failed is not None and not left_live:
                 await tx.journal.set(
                     chat_id,
                     JournalEntry(state="submitting", marker=marker, attempt=1, at=started_at),
@@ -363,6 +367,10 @@ async def _turn_under_lease(
     shared = resources.client
     if shared is not None and resources.router is not None:
         resources.router.target = hook  # the shared client's HTTP/WS events
+
+    async def journal_before_interrupt(cid: str) -> None:
+        await journal_cut_short(agent.client, store, cid)
+
     agent = creds.get_agent(
         client=shared,
         chat_id=chat_id,
@@ -373,6 +381,12 @@ async def _turn_under_lease(
         request_timeout=request_timeout,
         on_transport_event=hook,
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),
+        # Every interrupt the agent sends of the checkpointed chat is journaled
+        # cut-short first (a later recovery's own 409 must not pass the truncated
+        # attempt off as finished), and a transient failure after a send landed
+        # leaves the live run for recovery to follow (issue 11, items 1 and 6).
+        before_interrupt=journal_before_interrupt,
+        leave_landed_runs=True,
     )
     attempt = 1
     followed: GenerateResult | None = None
@@ -464,7 +478,14 @@ async def _turn_under_lease(
                 if failed is not None:
                     # A timeout, an error or a cancellation: the SDK already fired its
                     # best-effort interrupt, so a later recovery must not trust a 409.
-                    await note_failed_attempt(agent.client, store, agent.chat_id, marker, failed)
+                    await note_failed_attempt(
+                        agent.client,
+                        store,
+                        agent.chat_id,
+                        marker,
+                        failed,
+                        left_live=agent.left_run_live is not None,
+                    )
             finally:
                 if failed is not None:
                     observer.emit(
