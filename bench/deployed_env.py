@@ -36,12 +36,8 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
-import re
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,6 +47,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pg_cluster import PgCluster, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -67,13 +65,6 @@ __all__ = [
     "parent_of",
     "snapshot_head",
 ]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parent_of(pid: int) -> int | None:
@@ -95,90 +86,6 @@ def children_of(pid: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------- PostgreSQL
-
-
-def _pg_bindir() -> Path:
-    env = os.environ.get("PREFECT_CODER_TEST_PG_BIN")
-    if env:
-        return Path(env)
-    found = sorted(
-        (p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "initdb").exists()),
-        key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)] or [0],
-    )
-    if not found:
-        raise RuntimeError("PostgreSQL binaries not found: set PREFECT_CODER_TEST_PG_BIN")
-    return found[-1]
-
-
-def _as_pg_user(cmd: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root.
-    if os.geteuid() != 0:
-        return cmd
-    if shutil.which("runuser"):
-        return ["runuser", "-u", "postgres", "--", *cmd]
-    return ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
-
-
-@dataclass
-class PgCluster:
-    """A throwaway PostgreSQL cluster; :meth:`create_database` gives asyncpg URLs."""
-
-    root: Path
-    port: int = 0
-    bindir: Path = field(default_factory=_pg_bindir)
-
-    @property
-    def admin_url(self) -> str:
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            pg = pwd.getpwnam("postgres")
-            os.chown(self.root, pg.pw_uid, pg.pw_gid)
-        data = self.root / "data"
-        self.port = free_port()
-        run: dict[str, Any] = {"check": True, "capture_output": True, "text": True, "timeout": 120}
-        subprocess.run(
-            _as_pg_user(
-                [str(self.bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                 "-E", "UTF8", "--no-sync"]
-            ),
-            **run,
-        )  # fmt: skip
-        opts = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            "-c max_connections=300 -c fsync=off -c synchronous_commit=off "
-            "-c full_page_writes=off"
-        )
-        subprocess.run(
-            _as_pg_user(
-                [str(self.bindir / "pg_ctl"), "-D", str(data), "-o", opts,
-                 "-l", str(self.root / "log"), "-w", "start"]
-            ),
-            **run,
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            subprocess.run(
-                _as_pg_user(
-                    [str(self.bindir / "pg_ctl"), "-D", str(self.root / "data"),
-                     "-m", "immediate", "stop"]
-                ),
-                check=False, capture_output=True, timeout=60,
-            )  # fmt: skip
-
-    async def create_database(self, name: str) -> str:
-        """Create database ``name``; its asyncpg URL."""
-        import asyncpg
-
-        conn = await asyncpg.connect(host="127.0.0.1", port=self.port, user="postgres")
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{name}"
 
 
 # --------------------------------------------------------------------------- emulator

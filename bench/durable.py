@@ -38,11 +38,8 @@ import asyncio
 import collections
 import json
 import os
-import shlex
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +52,9 @@ from typing import Any
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pg_cluster
 
 TOKEN = f"bench-{uuid.uuid4().hex}"
 
@@ -67,55 +67,14 @@ def pct(values: list[float], q: float) -> float:
 
 @contextmanager
 def private_postgres() -> Iterator[str | None]:
-    """A throwaway PostgreSQL cluster (initdb + pg_ctl), or None without binaries."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not bins:
+    """A throwaway PostgreSQL cluster (bench/pg_cluster.py), or None without binaries."""
+    try:
+        pg_cluster.pg_bindir()
+    except RuntimeError:
         yield None
         return
-    bindir = bins[-1].parent
-    root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
-    as_pg: list[str] = []
-    if os.geteuid() == 0:
-        import pwd
-
-        pg = pwd.getpwnam("postgres")
-        os.chown(root, pg.pw_uid, pg.pw_gid)
-        as_pg = ["runuser", "-u", "postgres", "--"] if shutil.which("runuser") else []
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = root / "data"
-
-    def run(cmd: list[str]) -> None:
-        full = (
-            as_pg + cmd
-            if as_pg or os.geteuid() != 0
-            else ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
-        )
-        subprocess.run(full, check=True, capture_output=True, timeout=60)
-
-    run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-    run(
-        [
-            str(bindir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-o",
-            opts,
-            "-l",
-            str(root / "log"),
-            "-w",
-            "start",
-        ]
-    )
-    try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        try:
-            run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+    with pg_cluster.private_postgres() as url:
+        yield url
 
 
 def prompts(n: int) -> list[str]:

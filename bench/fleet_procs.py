@@ -13,18 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 from urllib.request import Request, urlopen
+
+from pg_cluster import free_port, private_postgres
 
 __all__ = [
     "EmulatorProcess",
@@ -34,72 +32,6 @@ __all__ = [
     "private_postgres",
     "process_cpu_s",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pg_bindir() -> Path:
-    env = os.environ.get("PREFECT_CODER_TEST_PG_BIN")
-    if env:
-        return Path(env)
-    found = sorted(p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found:
-        raise SystemExit("PostgreSQL binaries not found: set PREFECT_CODER_TEST_PG_BIN")
-    return found[-1]
-
-
-def _as_pg_user(cmd: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return cmd
-    if shutil.which("runuser"):
-        return ["runuser", "-u", "postgres", "--", *cmd]
-    return ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
-
-
-@contextlib.contextmanager
-def private_postgres() -> Iterator[str]:
-    """A throwaway cluster (initdb + pg_ctl, no fsync); yields an asyncpg URL of ``postgres``."""
-    bindir = _pg_bindir()
-    root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
-    if os.geteuid() == 0:
-        import pwd
-
-        pg = pwd.getpwnam("postgres")
-        os.chown(root, pg.pw_uid, pg.pw_gid)
-    data = root / "data"
-    port = _free_port()
-
-    def run(cmd: list[str]) -> None:
-        subprocess.run(_as_pg_user(cmd), check=True, capture_output=True, timeout=120)
-
-    run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
-    opts = (
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300 "
-        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    )
-    run(
-        [
-            str(bindir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-o",
-            opts,
-            "-l",
-            str(root / "log"),
-            "-w",
-            "start",
-        ]
-    )
-    try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        with contextlib.suppress(Exception):
-            run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def create_database(admin_url: str, name: str) -> str:
@@ -150,7 +82,7 @@ def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tu
             ("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "40"),
         ):
             os.environ.setdefault(var, value)
-        server = SubprocessASGIServer(port=_free_port())
+        server = SubprocessASGIServer(port=free_port())
         previous = SubprocessASGIServer._instances.get(None)
         SubprocessASGIServer._instances[None] = server
         try:
