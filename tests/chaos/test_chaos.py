@@ -22,27 +22,10 @@ SEEDS: list[Any] = [
     4,
     7,
     8,
-    # Real bugs the chaos run found (docs/chaos.md, "Findings"): kept as strict
-    # xfails until fixed, then plain seeds.
-    pytest.param(
-        44,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a lost POST /tool-results response during a long continuation: "
-            "recovery interrupts the live attempt and resubmits, the model charges "
-            "again under a new tool-call id (issue 11 item 1 via a transient failure)",
-        ),
-    ),
-    pytest.param(
-        61,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a run failing on a lost POST /tool-results response leaves its "
-            "continuation interrupted; the rerun returns the cut-short attempt "
-            "(text '') as the step's answer and the second charge never runs "
-            "(issue 11 item 6: an interrupt not journaled as cut-short)",
-        ),
-    ),
+    # Real bugs the chaos run found (docs/chaos.md, "Findings"), fixed: a lost
+    # POST /tool-results response during a live continuation.
+    44,
+    61,
 ]
 
 
