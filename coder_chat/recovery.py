@@ -56,7 +56,12 @@ from coder_chat.core.recovery import (
 )
 from coder_chat.core.translator import pending_client_calls
 from coder_chat.crash_safe import CrashSafeTool, PureTool, ToolLedgerStore, crash_point
-from coder_chat.errors import CoderAgentError, CoderRecoveryError, CoderStreamError
+from coder_chat.errors import (
+    CoderAgentError,
+    CoderRecoveryError,
+    CoderStreamError,
+    CoderTransportError,
+)
 from coder_chat.history import (
     PAGE_SIZE,
     DynamicToolPart,
@@ -135,6 +140,10 @@ class JournalRecord:
 
 
 JournalEntryFactory = Callable[..., Any]
+
+
+#: Re-follows of a live attempt after transient follow failures, per recovery pass.
+_MAX_REFOLLOWS = 3
 
 
 class Follower(Protocol):
@@ -277,6 +286,7 @@ class TurnRecovery:
         self.decisions: list[RecoveryDecision] = []
         # Set once following found no turn: settle the ordinary way from then on.
         self._follow_off = False
+        self._refollows = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -770,11 +780,29 @@ class TurnRecovery:
             self._follow_off = True
             self._decide("follow", str(exc), "settle instead", "no turn to follow")
             return None
-        except (CoderAgentError, CoderStreamError, TimeoutError, OSError) as exc:
+        except (
+            CoderAgentError,
+            CoderStreamError,
+            CoderTransportError,
+            TimeoutError,
+            OSError,
+        ) as exc:
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if getattr(self.follower, "left_run_live", None) is not None:
+                # A transient failure (e.g. a tool-results POST that landed but whose
+                # response was lost) and the follower fired no interrupt: the run is
+                # still this attempt's own. Cutting it short now would let the
+                # resubmitted step repeat its committed calls under new ids; settle
+                # and follow it again (a few times), else leave it for a later pass.
+                self._refollows += 1
+                if self._refollows > _MAX_REFOLLOWS:
+                    self._decide("follow", why, "raise", "the run stays live for a later pass")
+                    raise
+                self._decide("follow", why, "settle again", "transient: the run was left live")
+                return None
             # The follower's teardown already fired a best-effort interrupt (as the
             # dead generate() would have): the attempt is cut short. Journal that
             # before bringing the chat to rest, so no later pass trusts a 409.
-            why = f"{type(exc).__name__}: {str(exc)[:200]}"
             self._follow_off = True
             await self._journal("cut-short", settled.attempts)
             try:

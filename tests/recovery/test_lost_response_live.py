@@ -37,7 +37,9 @@ from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 CONTINUATION_S = 2.5
 
 
+@pytest.mark.parametrize("lost_again", [False, True], ids=["once", "again-while-following"])
 async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_is_followed(
+    lost_again: bool,
     settings: WorkflowSettings,
     workflow_id: str,
     emu: Emulator,
@@ -62,7 +64,14 @@ async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_
     pay = step_marker(workflow_id, "pay")
     # The failed run left the live continuation alone.
     assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
-    results = await run_workflow(workflow_id, steps, settings)
+    if lost_again:
+        # The follower's answer to the continuation's pause lands, its response is
+        # lost too: recovery follows the run again instead of cutting it short.
+        emu.faults.drop_response(1, method="POST", path="/tool-results")
+    try:
+        results = await run_workflow(workflow_id, steps, settings)
+    finally:
+        emu.faults.clear()
     assert [r.text for r in results] == ["All paid."], _transcript(emu, chat)
     assert [c.name for c in results[0].tool_calls] == ["charge_card", "charge_card"]
     assert len(_user_turns(emu, chat, pay)) == 1, _transcript(emu, chat)  # never resubmitted
