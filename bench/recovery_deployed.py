@@ -19,13 +19,22 @@ the zombie automation (heartbeats) can mark the run Crashed.
 Per kill, from Prefect's API, the result storage and the emulator's event log:
 
 * detection   kill → the killed run's Crashed state
-* trigger     Crashed → the ``recover-turn`` run created by the automation
+* fired       Crashed → the recover-turn trigger fired (``prefect.automation.triggered``
+              event whose triggering event is that Crashed event)
+* created     fired → the ``recover-turn`` run created (the RunDeployment action)
 * pickup      created → Pending (a worker's poll, ``PREFECT_WORKER_QUERY_SECONDS``)
-* start       Pending → Running (flow-run process start, imports, flow load), split
-              into spawn (Pending → pull steps done: Prefect 3.9's workspace-resolver
-              process) and load (→ Running: the engine process, imports, flow load)
-* recover     Running → the crashed step's result stored (file in the result storage)
+* spawn       Pending → pull steps done (Prefect 3.9's workspace-supervisor process:
+              imports Prefect, reads the deployment, runs the pull steps)
+* load        → Running (the engine: ``exec`` of ``python -m prefect.engine``, imports,
+              flow load)
+* begin       Running → recover-turn's first line ("flow code begins": parameters,
+              the flow's own imports already done)
+* lease       → "lease taken" (blocks, store, the workflow lease: a crashed holder's
+              lease is taken over at once)
+* recover     lease taken → the crashed step's result stored (file in the result
+              storage): orphan check, settle, follow/history/resubmit
 * total       kill → recovered result stored;  done: kill → workflow finished
+* first decision  lease taken → recovery's first settle decision (its log line)
 
 and how the crashed step was finished (from the emulator): ``kept`` (its attempt was
 live at the kill and finished without a second user turn: the model's work was kept),
@@ -73,9 +82,17 @@ STEP_NAMES = ("plan", "pay", "report")
 CHARGING_STEPS = 2
 _MARKER = re.compile(r"\[(b[kfh]-[^\]/\s]+)/([^\]\s]+)\]")
 COLUMNS = (
-    "detect", "trigger", "pickup", "spawn", "load", "start", "recover", "TOTAL", "overhd", "done"
+    "detect", "fired", "create", "pickup", "spawn", "load", "begin", "lease", "recover", "TOTAL",
+    "overhd", "done",
+)  # fmt: skip
+#: The per-kill breakdown, in timeline order (the keys of ``Kill.phases``).
+PHASES = (
+    "detection", "fired", "created", "pickup", "spawn", "load", "begin", "lease", "recover",
+    "total", "overhead", "done",
 )  # fmt: skip
 _VERDICT = re.compile(r"recovery of (\S+) on chat \S+: (\w+)")
+#: recover_turn's timeline lines (flows/deployments/recover_turn.py ``_Timeline``).
+_MARK = re.compile(r"recover-turn (\S+): (.+?) \+([0-9.]+)s \(")
 LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
 
 
@@ -167,6 +184,10 @@ class Kill:
     t_pulled: float | None = None  # the recover run's pull steps done (a log line)
     verdict: str = ""  # recovery's own verdict, from its log: followed/recovered/resubmit
     t_model_end: float | None = None  # the crashed attempt's turn end in the emulator
+    t_fired: float | None = None  # the recover-turn trigger fired (automation.triggered event)
+    t_begins: float | None = None  # recover_turn's first line ("flow code begins")
+    t_lease: float | None = None  # recover_turn took the workflow's lease
+    first_decision_s: float | None = None  # lease taken → recovery's first settle decision
 
     def phases(self) -> dict[str, float | None]:
         def d(a: float | None, b: float | None) -> float | None:
@@ -175,12 +196,14 @@ class Kill:
         result = self.t_result if self.t_result is not None else self.t_done
         return {
             "detection": d(self.t_kill, self.t_crashed),
-            "trigger": d(self.t_crashed, self.t_recover_created),
+            "fired": d(self.t_crashed, self.t_fired),
+            "created": d(self.t_fired or self.t_crashed, self.t_recover_created),
             "pickup": d(self.t_recover_created, self.t_recover_pending),
             "spawn": d(self.t_recover_pending, self.t_pulled),
             "load": d(self.t_pulled, self.t_recover_running),
-            "start": d(self.t_recover_pending, self.t_recover_running),
-            "recover": d(self.t_recover_running, result),
+            "begin": d(self.t_recover_running, self.t_begins),
+            "lease": d(self.t_begins, self.t_lease),
+            "recover": d(self.t_lease or self.t_recover_running, result),
             "total": d(self.t_kill, result),
             # what recovery added on top of the model's own remaining work
             "overhead": d(max(self.t_kill, self.t_model_end or 0.0), result),
@@ -269,6 +292,33 @@ class Bench:
         )
         return [(float(lg.timestamp.timestamp()), lg.message[:200]) for lg in logs]
 
+    async def trigger_fired(self, client: Any, run_id: str, t_crashed: float) -> float | None:
+        """When a recover-turn trigger fired on ``run_id``'s Crashed event: the
+        ``prefect.automation.triggered`` event whose triggering event is that one."""
+        from datetime import UTC, datetime, timedelta
+
+        since = datetime.fromtimestamp(t_crashed, UTC) - timedelta(seconds=5)
+        body = {
+            "filter": {
+                "occurred": {"since": since.isoformat(), "until": datetime.now(UTC).isoformat()},
+                "event": {"name": ["prefect.automation.triggered"]},
+                "order": "ASC",
+            },
+            "limit": 50,
+        }
+        try:
+            resp = await client._client.post("/events/filter", json=body)
+            resp.raise_for_status()
+            events = resp.json().get("events", [])
+        except Exception:
+            return None
+        for ev in events:
+            trig = (ev.get("payload") or {}).get("triggering_event") or {}
+            res = (trig.get("resource") or {}).get("prefect.resource.id", "")
+            if trig.get("event") == "prefect.flow-run.Crashed" and res.endswith(run_id):
+                return datetime.fromisoformat(ev["occurred"]).timestamp()
+        return None
+
     async def episode(self, client: Any, k: Kill) -> Kill:
         run = await self.start_run(client, k.workflow_id)
         k.run_id = str(run.id)
@@ -343,9 +393,24 @@ class Bench:
             for t, msg in k.recover_log:
                 if k.t_pulled is None and "deployment steps completed" in msg:
                     k.t_pulled = t
+                mark = _MARK.search(msg)
+                if mark and mark.group(1) == k.workflow_id:
+                    if mark.group(2) == "flow code begins" and k.t_begins is None:
+                        k.t_begins = t
+                    elif mark.group(2) == "lease taken" and k.t_lease is None:
+                        k.t_lease = t
+                if (
+                    k.first_decision_s is None
+                    and k.t_lease is not None
+                    and msg.startswith("recovery [")
+                    and "] settle: saw" in msg
+                ):
+                    k.first_decision_s = t - k.t_lease
                 found_v = _VERDICT.search(msg)
                 if found_v and found_v.group(1) == f"{k.workflow_id}/{k.crashed_step}":
                     k.verdict = found_v.group(2)
+            if k.t_crashed is not None:
+                k.t_fired = await self.trigger_fired(client, k.run_id, k.t_crashed)
         elif not k.skipped:
             k.skipped = "no recover-turn run within the episode timeout"
         if victim is not None:  # the lost host's replacement (the survivor did the work)
@@ -437,11 +502,11 @@ def report(kills: list[Kill], args: argparse.Namespace, fault_free_s: float) -> 
         skipped = sum(1 for k in kills if k.mode == mode and k.skipped)
         print(f"\n{mode} kills: {len(rows)} (skipped {skipped})")
         stats: dict[str, Any] = {"n": len(rows)}
-        for phase in (
-            "detection", "trigger", "pickup", "spawn", "load", "start", "recover", "total",
-            "overhead", "done",
-        ):  # fmt: skip
-            vals = [v for k in rows if (v := k.phases()[phase]) is not None]
+        for phase in (*PHASES, "first decision"):
+            if phase == "first decision":  # lease taken → recovery's first settle decision
+                vals = [k.first_decision_s for k in rows if k.first_decision_s is not None]
+            else:
+                vals = [v for k in rows if (v := k.phases()[phase]) is not None]
             if not vals:
                 continue
             stats[phase] = {
@@ -538,6 +603,14 @@ async def run(args: argparse.Namespace) -> None:
             for i in range(args.workers):
                 await env.start_worker(f"w{i + 1}")
             bench = Bench(env, args, payments)
+            loads: list[float] = []
+
+            async def sample_load() -> None:
+                while True:
+                    loads.append(os.getloadavg()[0])
+                    await asyncio.sleep(15)
+
+            sampler = asyncio.create_task(sample_load())
             rng = random.Random(args.seed)
             kills: list[Kill] = []
             with env.prefect():
@@ -583,7 +656,12 @@ async def run(args: argparse.Namespace) -> None:
                     (tmp / "emulator-events.json").write_text(
                         json.dumps(await env.emulator.events())
                     )
+            sampler.cancel()
             load1 = os.getloadavg()
+            print(
+                f"\nload average (1 min) during the run: min {min(loads):.1f}, median "
+                f"{statistics.median(loads):.1f}, max {max(loads):.1f} ({len(loads)} samples)"
+            )
             imp1 = await import_seconds(source)
             print(
                 f"\nfresh import of recover-turn + prefect.engine at the end: {imp1[0]:.1f} s "
@@ -591,6 +669,7 @@ async def run(args: argparse.Namespace) -> None:
             )
             summary = report(kills, args, ff)
             summary["load_start"], summary["load_end"] = load0, load1
+            summary["load_during"] = loads
             summary["import_s"] = (imp0, imp1)
             summary["args"] = vars(args)
             (tmp / "kills.json").write_text(

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -87,9 +88,15 @@ __all__ = [
     "SettleResult",
     "ToolOutcomeLostError",
     "TurnRecovery",
+    "timeline_origin",
 ]
 
 _log = logging.getLogger(__name__)
+
+#: Wall-clock time (``time.time()``) the ``+N.Ns`` of recovery's log lines counts
+#: from, so one recovery's timeline reads straight off its run's logs: the
+#: ``recover-turn`` flow sets its run's start. Unset: each recovery's own start.
+timeline_origin: ContextVar[float | None] = ContextVar("recovery_timeline_origin", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,13 +294,24 @@ class TurnRecovery:
         # Set once following found no turn: settle the ordinary way from then on.
         self._follow_off = False
         self._refollows = 0
+        self._t0 = timeline_origin.get() or time.time()
 
     # ------------------------------------------------------------------ helpers
 
     def _decide(self, stage: str, seen: str, decided: str, why: str) -> None:
         d = RecoveryDecision(stage, seen, decided, why)
         self.decisions.append(d)
-        self.log.info("recovery [%s] %s: saw %s → %s (%s)", self.chat_id, stage, seen, decided, why)
+        self.log.info(
+            "recovery [%s] %s: saw %s → %s (%s) +%.1fs",
+            self.chat_id, stage, seen, decided, why, self._elapsed(),
+        )  # fmt: skip
+
+    def _elapsed(self) -> float:
+        return time.time() - self._t0
+
+    def _mark(self, what: str) -> None:
+        """A timeline line (``+N.Ns`` since :data:`timeline_origin`): where the time went."""
+        self.log.info("recovery [%s] %s +%.1fs", self.chat_id, what, self._elapsed())
 
     async def attempts(self, *, timeout: float | None = None) -> int:
         """Committed attempts of the step: user messages carrying the marker.
@@ -674,6 +692,7 @@ class TurnRecovery:
                 )
         # Turn-scale budget: a reconciled pause revives a full model/tool continuation.
         settle_deadline = time.monotonic() + t.settle_budget
+        waited_from: float | None = None
         while True:
             status = (
                 await self.client.get_chat(
@@ -683,13 +702,22 @@ class TurnRecovery:
             verdict = poll_verdict(status, cut_short)
             if verdict != "wait":
                 break
+            if waited_from is None:
+                waited_from = time.monotonic()
+                self._mark(f"settle wait: status {status}, polling")
             if time.monotonic() + t.poll_interval > settle_deadline:
                 raise TimeoutError(
                     f"chat {self.chat_id} still {status} after the {t.settle_budget:.0f}s "
                     "settle budget"
                 )
             await asyncio.sleep(t.poll_interval)  # acknowledged ≠ settled
-        self._decide("settle", f"status {status}", verdict, f"cut_short={cut_short}")
+        self._decide(
+            "settle",
+            f"status {status}"
+            + ("" if waited_from is None else f" after {time.monotonic() - waited_from:.1f}s"),
+            verdict,
+            f"cut_short={cut_short}",
+        )
         return SettleResult(status, cut_short, attempts, slept)
 
     # ------------------------------------------------------------------ result check
@@ -746,6 +774,7 @@ class TurnRecovery:
         """Settle-wait → result check, reconciling again while the run pauses anew;
         or, when the live run is this step's crashed attempt, follow it."""
         slept = 0.0
+        self._mark(f"starts ({self.marker})")
         for _ in range(self.timings.max_rounds):
             settled = await self.settle()
             slept += settled.horizon_slept_s
@@ -755,6 +784,7 @@ class TurnRecovery:
                 outcome = await self.check_result(settled)
             if outcome is not None:
                 outcome.horizon_slept_s = slept
+                self._mark(f"ends: {outcome.classification}")
                 return outcome
         raise CoderRecoveryError(
             f"chat {self.chat_id} kept pausing on client tools for "
@@ -774,6 +804,7 @@ class TurnRecovery:
         short: journaled "cut-short", stopped, and resubmitted.
         """
         assert self.follower is not None and settled.follow_s is not None
+        self._mark(f"follow begins (≤ {settled.follow_s:.1f}s)")
         try:
             gen = await self.follower.follow(marker=self.marker, timeout=settled.follow_s)
         except NoTurnToFollowError as exc:

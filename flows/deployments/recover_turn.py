@@ -11,18 +11,18 @@ workflow as an ``agent-workflow`` subflow.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 from prefect import flow
 from pydantic import BaseModel, Field
 
 from coder_chat.history import fetch_turn
-from coder_chat.recovery import TurnRecovery
+from coder_chat.recovery import TurnRecovery, timeline_origin
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry, LeaseUnavailableError, workflow_key
+from prefect_coder.blocks import JournalEntry
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.errors import WorkflowBusyError
 from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
 from prefect_coder.flows.parts.params import (
     Step,
@@ -30,9 +30,13 @@ from prefect_coder.flows.parts.params import (
     step_marker,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.resources import (
+    TurnResources,
+    hold_workflow_lease,
+    load_resources,
+)
 from prefect_coder.flows.parts.results import TurnResult
-from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.parts.run_log import RunLogger, run_logger, run_started_at
 from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.parts.unfinished_attempt import (
     publish_recovery,
@@ -63,6 +67,26 @@ class RecoverTurnReport(BaseModel):
     result: TurnResult | None = None
     orphans: list[str] = Field(default_factory=list)
     finished_workflow: bool = False
+
+
+class _Timeline:
+    """Log lines that put one recovery's waits on a time line (``+N.Ns`` since the
+    run started), readable from the run's logs in the UI; ``coder_chat.recovery``
+    counts its own lines from the same origin (``timeline_origin``)."""
+
+    def __init__(self, workflow_id: str, log: RunLogger) -> None:
+        self.workflow_id = workflow_id
+        self.log = log
+        self.origin = run_started_at()
+        self._last = time.monotonic()
+
+    def mark(self, what: str) -> None:
+        now = time.monotonic()
+        self.log.info(
+            "recover-turn %s: %s +%.1fs (%.1fs since the last mark)",
+            self.workflow_id, what, time.time() - self.origin, now - self._last,
+        )  # fmt: skip
+        self._last = now
 
 
 def _step_name(marker: str, workflow_id: str) -> str | None:
@@ -106,6 +130,7 @@ async def _inspect(
     step: str | None,
     steps: list[Step] | None,
     resubmit: bool,
+    timeline: _Timeline,
 ) -> _Plan:
     """Under the workflow's lease: sweep orphans, find the step, and — without
     ``resubmit`` — recover it read-only. Fills ``report``; returns what to run."""
@@ -113,9 +138,11 @@ async def _inspect(
     workflow_id = report.workflow_id
     checkpoint = await store.checkpoints.get(workflow_id)
     report.chat_id = checkpoint.chat_id if checkpoint else None
+    timeline.mark("orphan check begins")
     report.orphans = await strand_workflow_orphans(
         client, store, workflow_id, keep=report.chat_id, logger=log
     )
+    timeline.mark(f"orphan check done ({len(report.orphans)} stranded)")
     if checkpoint is None:
         report.reason = "no checkpoint: the workflow never got a chat to recover"
         return _Plan()
@@ -222,21 +249,28 @@ async def recover_turn(
             storage, the chat is archived at the end unless ``keep_chat``). The
             Crashed-run trigger in ``prefect.yaml`` sets it.
     """
+    log = run_logger(__name__)
+    timeline = _Timeline(workflow_id, log)
+    # coder_chat.recovery's lines (settle, follow) count from the run's start too.
+    timeline_origin.set(timeline.origin)
+    timeline.mark("flow code begins")
     settings = settings or WorkflowSettings()
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
     resources = await load_resources(settings)
+    timeline.mark("blocks and store loaded")
     report = RecoverTurnReport(workflow_id=workflow_id, action="nothing")
     client = resources.credentials.get_client()
     async with client, contextlib.AsyncExitStack() as stack:
-        try:
-            await stack.enter_async_context(
-                resources.store.lease(
-                    workflow_key(workflow_id), ttl=settings.lease_ttl_s, wait=settings.lease_wait_s
-                )
-            )
-        except LeaseUnavailableError as exc:
-            raise WorkflowBusyError(workflow_id, exc.waited) from None
+        timeline.mark("lease wait begins")
+        # The holder id names this run, and a holder whose run is over (the crashed
+        # run this recovery was triggered by) is taken over at once: a bare lease
+        # waited out the dead holder's ttl (up to lease_ttl_s, 60 s by default) —
+        # the 12-37 s gaps before the first settle decision (docs/deploy.md).
+        await stack.enter_async_context(
+            hold_workflow_lease(workflow_id, resources.store, settings, step=step or "-")
+        )
+        timeline.mark("lease taken")
         plan = await _inspect(
             report,
             client=client,
@@ -245,18 +279,22 @@ async def recover_turn(
             step=step,
             steps=steps,
             resubmit=resubmit,
+            timeline=timeline,
         )
     if plan.step is not None:
         # run_turn recovers first (and sends only when it must), under its own
         # lease, and persists the result under the step's key.
+        timeline.mark(f"run_turn begins ({plan.step.name}: lease, settle, follow or resubmit)")
         result = await run_turn(workflow_id, plan.step, settings, resources, plan.toolset)
         report.result = result
         # A recovered result took no generate() time.
         report.action = "recovered" if result.generate_ms == 0 else "ran"
         report.reason = f"run_turn returned attempt {result.attempt} of {plan.step.name!r}"
+        timeline.mark(f"step {plan.step.name} result stored ({report.action})")
     if finish_workflow and steps and resubmit:
         await agent_workflow(workflow_id, steps, settings)
         report.finished_workflow = True
-    log = run_logger(__name__)
+        timeline.mark("rest of the workflow finished")
+    timeline.mark(f"ends: {report.action}")
     log.info("recover-turn %s: %s (%s)", workflow_id, report.action, report.reason)
     return report
