@@ -34,7 +34,7 @@ from prefect_coder.flows.parts.params import (
     validate_steps,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
+from prefect_coder.flows.parts.resources import TurnResources, load_resources, shared_client
 from prefect_coder.flows.parts.retire import retire_workflow_chat
 from prefect_coder.flows.workflow.steps import run_steps
 
@@ -163,21 +163,27 @@ async def run_many_in_process(
             ]
     gate = asyncio.Semaphore(max_parallel)
 
-    async def one(item: FanoutItem) -> FanoutOutcome:
+    async def one(item: FanoutItem, shared: TurnResources | None) -> FanoutOutcome:
         if item.workflow_id in invalid:
             return FanoutOutcome(
                 workflow_id=item.workflow_id, ok=False, error=invalid[item.workflow_id]
             )
         async with gate:
             try:
-                results = await run_in_process(item.workflow_id, item.steps, settings, resources)
+                results = await run_in_process(item.workflow_id, item.steps, settings, shared)
             except Exception as exc:
                 return FanoutOutcome(
                     workflow_id=item.workflow_id, ok=False, error=f"{type(exc).__name__}: {exc}"
                 )
         return FanoutOutcome(workflow_id=item.workflow_id, ok=True, results=list(results))
 
-    return list(await asyncio.gather(*(one(w) for w in workflows)))
+    if resources is None:
+        return list(await asyncio.gather(*(one(w, None) for w in workflows)))
+    # One ChatClient (one connection pool) for every workflow of the shard, opened
+    # and closed on this event loop, which runs all of them; each turn's transport
+    # events still reach only its own hook (parts/resources.ContextRouter).
+    async with shared_client(resources) as shared:
+        return list(await asyncio.gather(*(one(w, shared) for w in workflows)))
 
 
 @flow(

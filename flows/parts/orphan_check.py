@@ -4,7 +4,8 @@ A crash after a first turn's chat was created but before its id was
 checkpointed leaves an orphan that may still be generating. Every chat carries
 the workflow's label, so this finds every orphan, interrupts it and records it
 stranded (the workflow's archive retires it). The turn runs it on a workflow
-without a checkpoint; ``recover-turn`` runs it under the workflow's lease.
+without a checkpoint — unless :func:`may_have_orphans` proves there can be none;
+``recover-turn`` runs it under the workflow's lease.
 """
 
 from __future__ import annotations
@@ -13,16 +14,33 @@ import asyncio
 
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import StateStore
+from prefect_coder.blocks import HeldLease, StateStore
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from prefect_coder.flows.parts.retry import is_retryable_failure
 from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 
-__all__ = ["strand_workflow_orphans"]
+__all__ = ["may_have_orphans", "strand_workflow_orphans"]
 
 #: Backoffs between attempts of the whole check on a transient failure (a 503 on the
 #: chat listing failed a whole ``recover-turn`` run; the chaos test's seed 89).
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
+
+
+def may_have_orphans(lease: HeldLease, *, retried: bool) -> bool:
+    """Whether a first turn must list the workflow's chats for orphans.
+
+    Not when this is the first hold ever of the workflow's lease (fence 1: the
+    store keeps released lease rows, and every other acquisition — a new run, a
+    retry of the flow run, a takeover — bumps the fence) and the turn is not a
+    retry within it: every chat of a workflow is created by a turn under that
+    lease, so no earlier turn can have left one. A fan-out of fresh workflows
+    then makes no listing per workflow (it was ≈ 2 % of a shard's loop and one
+    ``GET /chats`` per workflow on the Coder server).
+
+    Window: a store whose lease rows were wiped while chats of its tenant live
+    on — those are found by the ``sweep-orphans`` deployment, not here.
+    """
+    return retried or lease.fence != 1
 
 
 async def strand_workflow_orphans(

@@ -47,7 +47,7 @@ from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.parts.live_progress import LiveProgress
 from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
+from prefect_coder.flows.parts.orphan_check import may_have_orphans, strand_workflow_orphans
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease, load_resources
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
@@ -288,8 +288,9 @@ async def execute_turn(
             # other run can have finished the step since, so no re-check (it costs
             # two result-storage path resolutions per turn).
             resources.lease.raise_if_lost()
+            held = resources.lease
         else:
-            await stack.enter_async_context(
+            held = await stack.enter_async_context(
                 hold_workflow_lease(workflow_id, store, settings, step=step.name)
             )
             # We may have waited for the lease while its holder finished this very step.
@@ -310,7 +311,16 @@ async def execute_turn(
             credentials=creds,  # asks whether a dead holder's turn still runs
         ):
             return await _turn_under_lease(
-                workflow_id, step, settings, resources, marker, tools, answer, retry_reason, logger
+                workflow_id,
+                step,
+                settings,
+                resources,
+                marker,
+                tools,
+                answer,
+                retry_reason,
+                logger,
+                orphans_possible=may_have_orphans(held, retried=retry_reason is not None),
             )
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -325,6 +335,8 @@ async def _turn_under_lease(
     answer: StructuredOutput[Any] | None,
     retry_reason: str | None,
     logger: RunLogger,
+    *,
+    orphans_possible: bool = True,
 ) -> TurnResult:
     store = resources.store
     creds = resources.credentials
@@ -433,7 +445,7 @@ async def _turn_under_lease(
                 if await _prompt_was(agent, plan.result.user_message_id, reask):
                     raise StructuredAnswerError(step.name, step.output_model, chat_id, attempt)
                 reask_only = True
-        else:
+        elif orphans_possible:
             # No checkpoint: an earlier attempt may have left an orphan chat.
             await strand_workflow_orphans(agent.client, store, workflow_id, logger=logger)
         started_at = time.time()

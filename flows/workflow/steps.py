@@ -17,8 +17,7 @@ from typing import Any, cast
 
 from prefect.utilities.annotations import quote
 
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.background import drain as drain_background
+from prefect_coder.flows.parts import background, registry
 from prefect_coder.flows.parts.errors import WorkflowParameterError
 from prefect_coder.flows.parts.params import (
     Step,
@@ -94,62 +93,65 @@ async def run_steps(
     toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
     results: list[StepResult] = []
     edited: dict[str, Step] = {}
-    try:
-        # One lease for the whole run (not one per turn): another run of this
-        # workflow waits up to lease_wait_s, then finds the finished steps stored.
-        async with (
-            hold_workflow_lease(workflow_id, resources.store, settings) as held,
-            shared_client(resources) as shared,
-        ):
-            shared = dataclasses.replace(shared, lease=held)
-            for i, step in enumerate(steps):
-                step = edited.get(step.name, step)
-                # quote(): Prefect would otherwise walk (and rebuild) the blocks,
-                # the store and the client as task inputs on every turn.
-                if step.kind == "model":
-                    results.append(
-                        await model(
-                            workflow_id,
-                            step,
-                            settings,
-                            cast(Any, quote(shared)),
-                            _previous_answer(results),
-                        )
-                    )
-                elif step.kind == "approval":
-                    if not allow_approval:
-                        raise WorkflowParameterError(
-                            f"steps[{i}].kind",
-                            "approval steps need a flow run of their own (a subflow or a "
-                            "fan-out member cannot suspend)",
-                            "run this workflow as its own agent-workflow deployment run",
-                        )
-                    following = steps[i + 1] if i + 1 < len(steps) else None
-                    decision = await await_approval(
-                        workflow_id,
-                        step,
-                        last_text=_previous_answer(results),
-                        next_step=following,
-                    )
-                    results.append(decision)
-                    if decision.decision == "reject":
-                        break
-                    if decision.decision == "edit" and following is not None:
-                        edited[following.name] = following.model_copy(
-                            update={"prompt": decision.next_prompt}
-                        )
-                else:
-                    # The step order lets the turn's recovery prove cheaply that this
-                    # step never sent (the journal names an earlier one) — and look
-                    # in history when the journal names a later one (a lost result).
-                    with earlier_steps(step_marker(workflow_id, s.name) for s in steps[:i]):
+    # This workflow's artifacts and events only: in a fan-out shard its neighbours'
+    # share the loop, and its end must not wait on theirs.
+    with background.scope() as own_background:
+        try:
+            # One lease for the whole run (not one per turn): another run of this
+            # workflow waits up to lease_wait_s, then finds the finished steps stored.
+            async with (
+                hold_workflow_lease(workflow_id, resources.store, settings) as held,
+                shared_client(resources) as shared,
+            ):
+                shared = dataclasses.replace(shared, lease=held)
+                for i, step in enumerate(steps):
+                    step = edited.get(step.name, step)
+                    # quote(): Prefect would otherwise walk (and rebuild) the blocks,
+                    # the store and the client as task inputs on every turn.
+                    if step.kind == "model":
                         results.append(
-                            await turn(
-                                workflow_id, step, settings, cast(Any, quote(shared)), toolset
+                            await model(
+                                workflow_id,
+                                step,
+                                settings,
+                                cast(Any, quote(shared)),
+                                _previous_answer(results),
                             )
                         )
-            if not settings.keep_chat:
-                await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
-    finally:
-        await drain_background()
+                    elif step.kind == "approval":
+                        if not allow_approval:
+                            raise WorkflowParameterError(
+                                f"steps[{i}].kind",
+                                "approval steps need a flow run of their own (a subflow or a "
+                                "fan-out member cannot suspend)",
+                                "run this workflow as its own agent-workflow deployment run",
+                            )
+                        following = steps[i + 1] if i + 1 < len(steps) else None
+                        decision = await await_approval(
+                            workflow_id,
+                            step,
+                            last_text=_previous_answer(results),
+                            next_step=following,
+                        )
+                        results.append(decision)
+                        if decision.decision == "reject":
+                            break
+                        if decision.decision == "edit" and following is not None:
+                            edited[following.name] = following.model_copy(
+                                update={"prompt": decision.next_prompt}
+                            )
+                    else:
+                        # The step order lets the turn's recovery prove cheaply that this
+                        # step never sent (the journal names an earlier one) — and look
+                        # in history when the journal names a later one (a lost result).
+                        with earlier_steps(step_marker(workflow_id, s.name) for s in steps[:i]):
+                            results.append(
+                                await turn(
+                                    workflow_id, step, settings, cast(Any, quote(shared)), toolset
+                                )
+                            )
+                if not settings.keep_chat:
+                    await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
+        finally:
+            await background.drain(only=own_background)
     return results
