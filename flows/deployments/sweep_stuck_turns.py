@@ -37,7 +37,11 @@ async def sweep_stuck_turns(
     ``running``/``interrupting`` with no change (``updated_at``) for longer than
     ``turn_budget_s``, or ``requires_action`` for longer than ``action_budget_s``
     with no live run of its workflow answering → interrupt (a pause with a committed
-    effect on the ledger is reconciled instead). Every stuck chat emits a
+    effect on the ledger is reconciled instead). A checkpointed step's crashed
+    attempt still within its turn deadline (its journaled send + the turn timeout)
+    is never cut short: running, it is left to its workflow's recovery (which
+    follows it); paused, its calls are answered through the ledger — those that
+    never ran are run. Every stuck chat emits a
     ``coder.chat.stuck`` Prefect event (for automations) and a row of the table
     artifact; a chat whose workflow has a live run is reported, not touched.
 
@@ -61,6 +65,7 @@ async def sweep_stuck_turns(
             client,
             resources.store,
             turn_budget_s=budget,
+            turn_timeout_s=turn_timeout,
             action_budget_s=action_budget_s,
             dry_run=dry_run,
             options=opts,
@@ -69,7 +74,8 @@ async def sweep_stuck_turns(
         )
     await publish_sweep_artifact(
         report,
-        f"Turn budget {budget:g}s, action budget {action_budget_s:g}s.",
+        f"Turn budget {budget:g}s, action budget {action_budget_s:g}s; crashed attempts "
+        f"are left within their send + the {turn_timeout:g}s turn timeout.",
         opts.max_table_rows,
     )
     if opts.emit_events:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any, Literal
 
 from coder_chat.errors import CoderApiError
+from coder_chat.history import count_marker_attempts, fetch_until
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
@@ -22,9 +23,12 @@ from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
 from prefect_coder.flows.parts.run_log import RunLogger
 from prefect_coder.flows.parts.sweep_options import SweepOptions
 from prefect_coder.flows.parts.sweep_plan import (
+    CRASHED_ATTEMPT_STATUSES,
     Action,
     SweepDecision,
     busy_refinement,
+    crashed_attempt_left,
+    crashed_attempt_refinement,
     paused_refinement,
 )
 from prefect_coder.flows.parts.sweep_reconcile import Reconciler, ReconcileRequest
@@ -111,6 +115,7 @@ class SweepActor:
         reconciler: Reconciler,
         tool_modules: tuple[str, ...],
         logger: RunLogger,
+        turn_timeout_s: float | None = None,
     ) -> None:
         self.kind = kind
         self.client = client
@@ -120,6 +125,9 @@ class SweepActor:
         self.reconciler = reconciler
         self.tool_modules = tool_modules
         self.logger = logger
+        #: The workflows' turn timeout: a checkpointed step's crashed attempt is not
+        #: cut short within it (stuck-turn sweep; None: no such protection).
+        self.turn_timeout_s = turn_timeout_s
         self.report = SweepReport(sweep=kind, dry_run=dry_run, tenant=store.tenant)
         self._gate = asyncio.Semaphore(opts.concurrency)
 
@@ -183,6 +191,44 @@ class SweepActor:
     async def _ledgered(self, chat_id: str) -> bool:
         return bool(await self.store.ledger.list(chat_id))
 
+    async def _crashed_attempt_left(self, d: SweepDecision, status: str) -> float | None:
+        """Seconds left of the turn deadline when ``d``'s chat is the checkpointed
+        step's crashed attempt (:func:`crashed_attempt_left`); else None.
+
+        Only for the stuck-turn sweep, a chat its workflow's checkpoint still names
+        (no recovery of the workflow would ever look at another one), and a chat
+        generating or paused; one history read for the step's attempt count."""
+        if (
+            self.kind != "stuck-turns"
+            or self.turn_timeout_s is None
+            or d.action not in (Action.INTERRUPT, Action.RECONCILE)
+            or status not in CRASHED_ATTEMPT_STATUSES
+            or not d.workflow_id
+        ):
+            return None
+        cp = await self.store.checkpoints.get(d.workflow_id)
+        if cp is None or cp.chat_id != d.chat_id:
+            return None
+        entry = await self.store.journal.get(d.chat_id)
+        if entry is None or entry.state == "cut-short":
+            return None  # cut short already: nothing left to protect
+        marker = entry.marker
+        messages, _ = await fetch_until(
+            self.client,
+            d.chat_id,
+            lambda ms: count_marker_attempts(ms, marker)[1],
+            timeout=self.opts.request_timeout_s,
+        )
+        return crashed_attempt_left(
+            state=entry.state,
+            marker=marker,
+            journal_attempt=entry.attempt,
+            journal_at=entry.at,
+            attempts=count_marker_attempts(messages, marker)[0],
+            now=time.time(),
+            turn_timeout_s=self.turn_timeout_s,
+        )
+
     async def _preview(self, d: SweepDecision) -> tuple[SweepDecision, str]:
         """Dry run: the same refinements from read-only probes; nothing is written."""
         if d.action is Action.FORGET:
@@ -192,6 +238,9 @@ class SweepActor:
             d = busy_refinement(d, lease_holder=held[0].holder if held else None)
             if d.action is Action.BUSY:
                 return d, "dry run: busy"
+        d = crashed_attempt_refinement(
+            d, status=d.status, left_s=await self._crashed_attempt_left(d, d.status)
+        )
         d = paused_refinement(
             d, status=d.status, has_ledger_entries=await self._ledgered(d.chat_id)
         )
@@ -224,6 +273,13 @@ class SweepActor:
             return d, "already archived"
         if self.kind == "stuck-turns" and fresh.status != d.status:
             return d.but(Action.KEEP, f"moved on to {fresh.status}"), "left alone"
+        # Under the lease: no run of the workflow is answering. A checkpointed step's
+        # crashed attempt within its turn deadline is still its workflow's to finish
+        # (its recovery follows it); never cut it short (chaos seeds 14/71).
+        left = await self._crashed_attempt_left(d, fresh.status)
+        d = crashed_attempt_refinement(d, status=fresh.status, left_s=left)
+        if d.action is Action.LEAVE:
+            return d, "left running: its workflow's recovery follows it"
         ledgered = fresh.status == "requires_action" and await self._ledgered(d.chat_id)
         d = paused_refinement(d, status=fresh.status, has_ledger_entries=ledgered)
         steps: list[str] = []
@@ -236,12 +292,17 @@ class SweepActor:
                     d.workflow_id,
                     self.tool_modules,
                     self.opts.interrupt_bound_s,
+                    run_unstarted=left is not None,
                 )
             )
             if verdict == "unavailable":
                 return (
                     d,
-                    "left paused: the pause holds a committed effect and no reconciliation ran",
+                    "left paused: its workflow's recovery answers it (a crashed attempt "
+                    "within its deadline)"
+                    if left is not None
+                    else "left paused: the pause holds a committed effect and no "
+                    "reconciliation ran",
                 )
             if verdict == "resumed" or self.kind == "stuck-turns":
                 return d, f"reconciled ({verdict})"

@@ -20,6 +20,16 @@ A chat to retire or interrupt that is paused in ``requires_action`` with an
 entry on the tool ledger is **reconciled** instead (:func:`paused_refinement`):
 the pause may be the only record of a committed effect.
 
+A checkpointed chat whose live run is its step's **crashed attempt** (the
+journal's send landed, or a recovery pass revived it) and that is still within
+the step's turn deadline is never cut short by the stuck-turn sweep
+(:func:`crashed_attempt_left`, :func:`crashed_attempt_refinement`): a running
+attempt is **left** to its workflow's own recovery, which follows it; a paused
+one is **reconciled** with the calls that never ran run through the ledger —
+what the dead process (and that recovery) would have done. Cutting it short
+makes the workflow resubmit the step, and the model repeats the attempt's
+committed tool calls under new call ids.
+
 **Stuck-turn sweep** (agent semantics §8, "Preventing stuck turns"): a chat of
 this collection in ``running``/``interrupting`` with no change for longer than
 the turn budget, or in ``requires_action`` longer than the action budget with
@@ -40,15 +50,19 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from coder_chat.core.follow import crashed_pause_budget
 from prefect_coder.flows.parts.labels import owned_by, workflow_of
 
 __all__ = [
     "BUSY_STATUSES",
+    "CRASHED_ATTEMPT_STATUSES",
     "Accounting",
     "Action",
     "ChatFacts",
     "SweepDecision",
     "busy_refinement",
+    "crashed_attempt_left",
+    "crashed_attempt_refinement",
     "parse_time",
     "paused_refinement",
     "plan_orphan",
@@ -57,6 +71,11 @@ __all__ = [
 
 #: Statuses with a run in flight or a pause waiting for an answer.
 BUSY_STATUSES = frozenset({"running", "interrupting", "requires_action"})
+
+#: Statuses in which a crashed attempt within its turn deadline is not cut short:
+#: generating (left to its workflow's recovery) or paused on client tools
+#: (answered). ``interrupting`` is already being cut short by somebody.
+CRASHED_ATTEMPT_STATUSES = frozenset({"running", "pending", "paused", "requires_action"})
 
 
 class Action(StrEnum):
@@ -70,6 +89,7 @@ class Action(StrEnum):
     RECONCILE = "reconcile"  # paused with a committed effect: answer it from the ledger
     FORGET = "forget"  # stranded record of a chat already archived or gone
     BUSY = "busy"  # a live run of its workflow holds the lease: not now
+    LEAVE = "leave"  # its step's crashed attempt within its deadline: its recovery's job
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,4 +284,81 @@ def busy_refinement(d: SweepDecision, *, lease_holder: str | None) -> SweepDecis
     return d.but(
         Action.BUSY,
         d.reason + f"; a live run of workflow {d.workflow_id} holds its lease: left for later",
+    )
+
+
+def crashed_attempt_left(
+    *,
+    state: str,
+    marker: str,
+    journal_attempt: int,
+    journal_at: float,
+    attempts: int,
+    now: float,
+    turn_timeout_s: float,
+) -> float | None:
+    """Seconds left of the step's turn deadline when the chat's live run is that
+    step's crashed attempt; ``None`` when it is not (or the deadline has passed).
+
+    The same rule as the workflow's own recovery
+    (:func:`coder_chat.core.follow.crashed_pause_budget`, with
+    ``follows_crashed_attempt`` for a running chat): the journal's ``submitting``
+    entry sits below the step's attempt count (``attempts``: user messages carrying
+    the journal's marker) — the send landed, the run is that attempt's — or a
+    recovery pass journaled ``resumed`` for this very attempt (it revived the run).
+
+    The deadline is the journal's ``at`` plus the workflow's turn timeout: for a
+    ``submitting`` entry, the send's write-ahead, which is where the crashed
+    ``generate()``'s own turn bound started (recovery follows it for the same
+    time); for ``resumed``, the answer that revived the run — so each answered
+    pause gives the revived run one more turn timeout, never more, and a chat
+    whose workflow is gone for good is swept at most one turn timeout after the
+    last sign of its attempt. The store records no deadline, so the sweep uses
+    its own settings' turn timeout (the workflows' settings by default).
+    """
+    budget = crashed_pause_budget(
+        state=state,
+        entry_marker=marker,
+        entry_attempt=journal_attempt,
+        entry_at=journal_at,
+        marker=marker,
+        attempts=attempts,
+        now=now,
+        turn_budget=turn_timeout_s,
+    )
+    if budget is None:
+        return None
+    # crashed_pause_budget gives a revived ("resumed") run a whole turn budget from
+    # now; the sweep counts it from the revival, or a run nobody will ever finish
+    # would be left forever.
+    left = min(budget, journal_at + turn_timeout_s - now)
+    return left if left > 0 else None
+
+
+def crashed_attempt_refinement(
+    d: SweepDecision, *, status: str, left_s: float | None
+) -> SweepDecision:
+    """Never cut short a checkpointed step's crashed attempt within its turn deadline
+    (``left_s`` from :func:`crashed_attempt_left`; ``None``: act as planned).
+
+    * running → **leave**: the workflow's recovery follows it (re-attaches and
+      answers its pauses); interrupting it makes the step resubmit, and the model
+      charges its committed tool calls again under new call ids;
+    * paused on client tools → **reconcile**, with calls that never ran *run*
+      through the ledger (their key is the call id's, stable across crashes), not
+      cut short: the dead process's own next tool call, as its recovery would run it.
+    """
+    if left_s is None or d.action not in (Action.INTERRUPT, Action.RECONCILE):
+        return d
+    if status not in CRASHED_ATTEMPT_STATUSES:
+        return d
+    why = f"its step's crashed attempt, {left_s:.1f}s left of its turn deadline"
+    if status == "requires_action":
+        return d.but(
+            Action.RECONCILE,
+            d.reason + f"; {why}: answer its pause through the ledger (calls that never ran "
+            "are run), never cut it short",
+        )
+    return d.but(
+        Action.LEAVE, d.reason + f"; {why}: left to its workflow's recovery, which follows it"
     )

@@ -3,6 +3,15 @@
 A chat paused in ``requires_action`` whose effect already committed must not be
 interrupted away: the recorded outputs are submitted instead, with the same
 crash-recovery code a workflow's own recovery uses.
+
+When the pause is a checkpointed step's crashed attempt within its turn deadline
+(``ReconcileRequest.run_unstarted``, decided by
+:func:`prefect_coder.flows.parts.sweep_plan.crashed_attempt_refinement`), a call
+with no ledger entry (it never ran) is run through the ledger too, not cut
+short — the rule the workflow's own recovery follows
+(:func:`coder_chat.core.follow.crashed_pause_budget`). Cutting it short made the
+workflow's rerun resubmit the step, and the model repeated the attempt's earlier,
+committed tool calls under new call ids (chaos seeds 14/71, docs/chaos.md).
 """
 
 from __future__ import annotations
@@ -11,6 +20,9 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from coder_chat.core.fields import field
+from coder_chat.core.translator import pending_client_calls
+from coder_chat.history import fetch_turn
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry, StateStore
@@ -31,6 +43,10 @@ class ReconcileRequest:
     workflow_id: str | None
     tool_modules: tuple[str, ...]
     bound_s: float
+    #: The pause is its step's crashed attempt within its turn deadline: a call that
+    #: never ran is run through the ledger (never cut short); a pending call of a
+    #: tool this worker does not register leaves the pause alone.
+    run_unstarted: bool = False
 
 
 #: ``"resumed"`` (recorded results submitted: the run continues), ``"cut-short"``
@@ -68,9 +84,11 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
     """Answer a ``requires_action`` pause from the tool ledger with the crash-recovery
     code (``coder_chat.recovery.TurnRecovery.reconcile``): recorded ``done`` outputs
     are submitted, ``committing`` entries re-driven with the same idempotency key,
-    and only a call nothing was committed for falls back to an interrupt. The
-    verdict is journaled under the step's marker, so the workflow's own recovery
-    of that attempt later classifies it correctly."""
+    and only a call nothing was committed for falls back to an interrupt — unless
+    ``req.run_unstarted`` (a crashed attempt within its turn deadline): then that
+    call is run through the ledger as well. The verdict is journaled under the
+    step's marker, so the workflow's own recovery of that attempt later classifies
+    it correctly."""
     marker = await _marker_of(req)
     if marker is None:
         return "unavailable"
@@ -82,6 +100,11 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
     if any(
         e.tool_name and e.tool_name not in known for e in await req.store.ledger.list(req.chat_id)
     ):
+        return "unavailable"
+    if req.run_unstarted and await _unknown_pending(req, known):
+        # Reconciliation sees only registered names: an unknown pending call would
+        # look like "nothing of ours pending" and be interrupted — cutting short
+        # the very attempt this rule protects. Its workflow's recovery answers it.
         return "unavailable"
     tools = Toolset(tools=sorted(registry.tool_names())).resolve().tools
     recovery = TurnRecovery(
@@ -95,5 +118,21 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
         logger=run_logger(__name__),
     )
     attempts = await recovery.attempts(timeout=req.bound_s)
-    unstarted = await recovery.reconcile(attempts, timeout=req.bound_s)
+    unstarted = await recovery.reconcile(
+        attempts, timeout=req.bound_s, run_unstarted=req.run_unstarted
+    )
     return "cut-short" if unstarted else "resumed"
+
+
+async def _unknown_pending(req: ReconcileRequest, known: frozenset[str] | set[str]) -> bool:
+    """Does the pause wait on a call of a tool this worker does not register?"""
+    messages = await fetch_turn(req.client, req.chat_id, timeout=req.bound_s)
+    named = {
+        str(field(p, "tool_name"))
+        for m in messages
+        if field(m, "role") == "assistant"
+        for p in field(m, "content", []) or []
+        if field(p, "type") == "tool-call" and field(p, "tool_name")
+    }
+    _, pending = pending_client_calls(messages, after_id=0, client_tool_names=named)
+    return any(call["tool_name"] not in known for call in pending)

@@ -106,6 +106,7 @@ async def _begin(
     dry_run: bool,
     reconciler: Reconciler,
     tool_modules: tuple[str, ...],
+    turn_timeout_s: float | None = None,
 ) -> _Begun:
     logger = run_logger(__name__)
     started = time.perf_counter()
@@ -118,6 +119,7 @@ async def _begin(
         reconciler=reconciler,
         tool_modules=tool_modules,
         logger=logger,
+        turn_timeout_s=turn_timeout_s,
     )
     acct = await store_accounting(store)
     chats = await list_owned_chats(
@@ -197,6 +199,7 @@ async def run_stuck_sweep(
     store: StateStore,
     *,
     turn_budget_s: float,
+    turn_timeout_s: float | None,
     action_budget_s: float = DEFAULT_ACTION_BUDGET_S,
     dry_run: bool = False,
     options: SweepOptions | None = None,
@@ -204,7 +207,14 @@ async def run_stuck_sweep(
     tool_modules: tuple[str, ...] = (),
     now: Callable[[], float] = time.time,
 ) -> SweepReport:
-    """List, decide, interrupt (see :func:`sweep_stuck_turns`); usable without a flow run."""
+    """List, decide, interrupt (see :func:`sweep_stuck_turns`); usable without a flow run.
+
+    ``turn_timeout_s``: the workflows' turn timeout. A checkpointed step's crashed
+    attempt (the live run is that step's own: its send landed, or a recovery pass
+    revived it) is never cut short within its journaled send + this bound: left
+    running for its workflow's recovery, or its pause answered through the ledger
+    (``sweep_plan.crashed_attempt_refinement``). ``None`` turns that rule off —
+    only for callers that know no workflow recovers these chats."""
     opts = options or SweepOptions()
     sweeper, acct, chats, started, logger = await _begin(
         "stuck-turns",
@@ -215,6 +225,7 @@ async def run_stuck_sweep(
         dry_run=dry_run,
         reconciler=reconciler,
         tool_modules=tool_modules,
+        turn_timeout_s=turn_timeout_s,
     )
     sweeper.report.listed = len(chats)
     sweeper.report.list_s = round(time.perf_counter() - started, 3)

@@ -99,7 +99,7 @@ async def test_a_sweep_journals_cut_short_before_it_interrupts_a_checkpointed_tu
     )
     await wait_status(client, stuck, "running")
     await store.checkpoints.set(workflow_id, stuck)
-    await store.journal.set(stuck, JournalEntry(state="submitting", marker=marker, attempt=0))
+    await store.journal.set(stuck, JournalEntry(state="submitting", marker=marker, attempt=0, at=0))
     await asyncio.sleep(0.4)
     report = await sweep_stuck_turns(
         settings, turn_budget_s=0.3, action_budget_s=60, options=options
