@@ -26,6 +26,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -273,6 +274,26 @@ def prefect_harness(
             yield PrefectHarness(api_url, results, database)
             EventsWorker.drain_all(timeout=10)
             APILogWorker.drain_all(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _no_websocket_pings_during_hypothesis(request: pytest.FixtureRequest) -> None:
+    """Close Prefect's events websocket before a Hypothesis test draws its examples.
+
+    Hypothesis warns "Do not use the `random` module inside strategies" when the global
+    ``random`` state changes while it draws an example. Once a test of this session has
+    run a flow, Prefect's events worker keeps a websocket to the server open in a
+    background thread, and websockets picks each keepalive/checkpoint ping's payload
+    with the global ``random.getrandbits`` - so a ping landing in the middle of a draw
+    (tests/client/test_translator_props.py, 300 examples) made the warning. Draining
+    the worker sends what it holds and closes that socket; the next flow starts a new
+    one. Only when Prefect is already imported: pure-client tests never import it.
+    """
+    if request.node.get_closest_marker("hypothesis") is None:
+        return
+    events_worker = sys.modules.get("prefect.events.worker")
+    if events_worker is not None:
+        events_worker.EventsWorker.drain_all(timeout=10, at_exit=False)
 
 
 @pytest.fixture(scope="session")
