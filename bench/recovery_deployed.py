@@ -23,8 +23,9 @@ Per kill, from Prefect's API, the result storage and the emulator's event log:
               event whose triggering event is that Crashed event)
 * created     fired → the ``recover-turn`` run created (the RunDeployment action)
 * pickup      created → Pending (a worker's poll, ``PREFECT_WORKER_QUERY_SECONDS``)
-* spawn       Pending → pull steps done (Prefect 3.9's workspace-supervisor process:
-              imports Prefect, reads the deployment, runs the pull steps)
+* spawn       Pending → the workspace supervisor's first line (Prefect 3.9's first
+              process of a flow run: interpreter start, Prefect imports)
+* pull        → pull steps done (it reads the deployment, runs the pull steps)
 * load        → Running (the engine: ``exec`` of ``python -m prefect.engine``, imports,
               flow load)
 * begin       Running → recover-turn's first line ("flow code begins": parameters,
@@ -82,13 +83,13 @@ STEP_NAMES = ("plan", "pay", "report")
 CHARGING_STEPS = 2
 _MARKER = re.compile(r"\[(b[kfh]-[^\]/\s]+)/([^\]\s]+)\]")
 COLUMNS = (
-    "detect", "fired", "create", "pickup", "spawn", "load", "begin", "lease", "recover", "TOTAL",
-    "overhd", "done",
+    "detect", "fired", "create", "pickup", "spawn", "pull", "load", "begin", "lease", "recover",
+    "TOTAL", "overhd", "done",
 )  # fmt: skip
 #: The per-kill breakdown, in timeline order (the keys of ``Kill.phases``).
 PHASES = (
-    "detection", "fired", "created", "pickup", "spawn", "load", "begin", "lease", "recover",
-    "total", "overhead", "done",
+    "detection", "fired", "created", "pickup", "spawn", "pull", "load", "begin", "lease",
+    "recover", "total", "overhead", "done",
 )  # fmt: skip
 _VERDICT = re.compile(r"recovery of (\S+) on chat \S+: (\w+)")
 #: recover_turn's timeline lines (flows/deployments/recover_turn.py ``_Timeline``).
@@ -182,6 +183,7 @@ class Kill:
     skipped: str = ""
     recover_log: list[tuple[float, str]] = field(default_factory=list)
     t_pulled: float | None = None  # the recover run's pull steps done (a log line)
+    t_supervisor: float | None = None  # the supervisor's first line (its pull steps start)
     verdict: str = ""  # recovery's own verdict, from its log: followed/recovered/resubmit
     t_model_end: float | None = None  # the crashed attempt's turn end in the emulator
     t_fired: float | None = None  # the recover-turn trigger fired (automation.triggered event)
@@ -199,7 +201,8 @@ class Kill:
             "fired": d(self.t_crashed, self.t_fired),
             "created": d(self.t_fired or self.t_crashed, self.t_recover_created),
             "pickup": d(self.t_recover_created, self.t_recover_pending),
-            "spawn": d(self.t_recover_pending, self.t_pulled),
+            "spawn": d(self.t_recover_pending, self.t_supervisor or self.t_pulled),
+            "pull": d(self.t_supervisor, self.t_pulled),
             "load": d(self.t_pulled, self.t_recover_running),
             "begin": d(self.t_recover_running, self.t_begins),
             "lease": d(self.t_begins, self.t_lease),
@@ -390,25 +393,7 @@ class Bench:
                 if f.exists():
                     k.t_result = f.stat().st_mtime
             k.recover_log = await self.run_log(client, recover.id)
-            for t, msg in k.recover_log:
-                if k.t_pulled is None and "deployment steps completed" in msg:
-                    k.t_pulled = t
-                mark = _MARK.search(msg)
-                if mark and mark.group(1) == k.workflow_id:
-                    if mark.group(2) == "flow code begins" and k.t_begins is None:
-                        k.t_begins = t
-                    elif mark.group(2) == "lease taken" and k.t_lease is None:
-                        k.t_lease = t
-                if (
-                    k.first_decision_s is None
-                    and k.t_lease is not None
-                    and msg.startswith("recovery [")
-                    and "] settle: saw" in msg
-                ):
-                    k.first_decision_s = t - k.t_lease
-                found_v = _VERDICT.search(msg)
-                if found_v and found_v.group(1) == f"{k.workflow_id}/{k.crashed_step}":
-                    k.verdict = found_v.group(2)
+            read_marks(k)
             if k.t_crashed is not None:
                 k.t_fired = await self.trigger_fired(client, k.run_id, k.t_crashed)
         elif not k.skipped:
@@ -470,6 +455,75 @@ class Bench:
                 k.how = "kept"
             else:
                 k.how = "recovered"
+
+
+def read_marks(k: Kill) -> None:
+    """The phase times found in the recover run's log lines (``k.recover_log``)."""
+    for t, msg in k.recover_log:
+        if k.t_pulled is None and "deployment steps completed" in msg:
+            k.t_pulled = t
+        if k.t_supervisor is None and "deployment pull step(s)" in msg:
+            k.t_supervisor = t
+        mark = _MARK.search(msg)
+        if mark and mark.group(1) == k.workflow_id:
+            if mark.group(2) == "flow code begins" and k.t_begins is None:
+                k.t_begins = t
+            elif mark.group(2) == "lease taken" and k.t_lease is None:
+                k.t_lease = t
+        if (
+            k.first_decision_s is None
+            and k.t_lease is not None
+            and msg.startswith("recovery [")
+            and "] settle: saw" in msg
+        ):
+            k.first_decision_s = t - k.t_lease
+        found_v = _VERDICT.search(msg)
+        if found_v and found_v.group(1) == f"{k.workflow_id}/{k.crashed_step}":
+            k.verdict = found_v.group(2)
+
+
+_TAKEOVER = re.compile(
+    r"lease 'workflow:(b[kh]-[^']+)' taken over from .*whose run is over \(([0-9.]+)s before"
+)
+
+
+def print_takeovers(tmp: Path) -> list[float]:
+    """The kills' workflow leases recover-turn took over from their crashed holder (the
+    lines go to the workers' output, not to the run's API logs), and how many seconds
+    before the lease's expiry: the wait a bare lease would have added."""
+    saved = [
+        float(m.group(2))
+        for log in sorted(tmp.glob("worker-*.log"))
+        for m in _TAKEOVER.finditer(log.read_text(errors="replace"))
+    ]
+    print(
+        f"\nworkflow leases taken over from a crashed holder: {len(saved)}, "
+        f"seconds before their expiry: {' '.join(f'{v:.1f}' for v in sorted(saved)) or '-'}"
+    )
+    return saved
+
+
+def report_again(path: Path) -> None:
+    """Print the report of a finished run again from its ``kills.json`` (phases
+    re-read from the stored log lines: a later version of this file may split them
+    finer)."""
+    data = json.loads(path.read_text())
+    kills = []
+    for raw in data["kills"]:
+        raw["recover_log"] = [tuple(x) for x in raw["recover_log"]]
+        k = Kill(**{f: v for f, v in raw.items() if f in Kill.__dataclass_fields__})
+        read_marks(k)
+        kills.append(k)
+    summary = data["summary"]
+    args = argparse.Namespace(**summary.get("args", {}))
+    report(kills, args, summary.get("fault_free_s", 0.0))
+    print_takeovers(path.parent)
+    loads = summary.get("load_during") or []
+    if loads:
+        print(
+            f"\nload average (1 min) during the run: min {min(loads):.1f}, median "
+            f"{statistics.median(loads):.1f}, max {max(loads):.1f} ({len(loads)} samples)"
+        )
 
 
 def _fmt(v: float | None) -> str:
@@ -566,6 +620,10 @@ async def import_seconds(source: Path) -> tuple[float, float]:
 
 async def run(args: argparse.Namespace) -> None:
     from payments import running_payments
+
+    if args.report_only:
+        report_again(Path(args.report_only) / "kills.json")
+        return
 
     tmp = Path(args.tmp or tempfile.mkdtemp(prefix="bench-recovery-deployed-"))
     load0 = os.getloadavg()
@@ -668,6 +726,7 @@ async def run(args: argparse.Namespace) -> None:
                 f"({imp1[1]:.1f} s CPU)"
             )
             summary = report(kills, args, ff)
+            summary["lease_takeovers_s"] = print_takeovers(tmp)
             summary["load_start"], summary["load_end"] = load0, load1
             summary["load_during"] = loads
             summary["import_s"] = (imp0, imp1)
@@ -702,6 +761,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--engine-command",
         action="store_true",
         help="set the pool's command to 'python -m prefect.engine' (one process per run)",
+    )
+    g.add_argument(
+        "--report-only",
+        default=None,
+        metavar="DIR",
+        help="print the report of an earlier run again from DIR/kills.json (no run)",
     )
     g.add_argument(
         "--source",
