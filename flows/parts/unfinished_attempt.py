@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
@@ -38,10 +39,11 @@ from typing import Any
 
 from prefect.artifacts import acreate_table_artifact
 
-from coder_chat.core.fields import field
+from coder_chat.core.fields import field, plain
 from coder_chat.core.recovery import RecoveryDecision
+from coder_chat.core.usage import usage_of_messages
 from coder_chat.crash_safe import crash_point
-from coder_chat.errors import CoderRecoveryError, CoderTransportError
+from coder_chat.errors import CoderError, CoderRecoveryError, CoderTransportError
 from coder_chat.history import (
     DynamicToolPart,
     count_marker_attempts,
@@ -72,6 +74,8 @@ __all__ = [
     "recover_before_send",
     "recovered_result",
     "recovery_timings",
+    "turn_fields",
+    "turn_history",
 ]
 
 
@@ -126,15 +130,52 @@ class SendPlan:
     fresh_chat: bool = False
 
 
+def turn_fields(messages: Iterable[Any], user_message_id: int) -> tuple[list[int], dict[str, Any]]:
+    """``message_ids`` and ``usage`` of the turn a user message started, from history.
+
+    As ``generate()`` reports them: the ids of the turn's assistant and tool
+    messages (those after the user message, up to the chat's next user message),
+    and the wire ``usage`` of its assistant messages summed per message
+    (:func:`coder_chat.core.usage.usage_of_messages`). History carries both
+    (``ChatMessage.usage``); a message without usage adds nothing. Pure."""
+    ordered = sorted(messages, key=lambda m: int(field(m, "id", 0)))
+    ids: list[int] = []
+    usage: dict[int, dict[str, Any]] = {}
+    for m in ordered:
+        mid = int(field(m, "id", 0))
+        if mid <= user_message_id:
+            continue
+        role = field(m, "role")
+        if role == "user":
+            break  # the next turn starts here
+        if role not in ("assistant", "tool"):
+            continue
+        ids.append(mid)
+        raw = plain(field(m, "usage")) if role == "assistant" else None
+        if isinstance(raw, dict):
+            usage[mid] = raw
+    total = usage_of_messages(usage)
+    summary = {k: v for k, v in dataclasses.asdict(total).items() if k != "raw" and v is not None}
+    return ids, summary
+
+
 def recovered_result(
     workflow_id: str,
     step: Step,
     outcome: RecoveryOutcome,
     tools: Sequence[ClientTool[Any]],
+    messages: Iterable[Any] | None = None,
 ) -> TurnResult:
-    """The step's result rebuilt from history (what ``generate()`` would have returned)."""
+    """The step's result rebuilt from history (what ``generate()`` would have returned).
+
+    ``messages``: the chat's history from the turn's user message on (at least);
+    with it ``message_ids`` and ``usage`` are filled as ``generate()`` fills them
+    (:func:`turn_fields`), without it they stay empty."""
     rec = outcome.recovered
     assert rec is not None
+    message_ids, usage = (
+        turn_fields(messages, rec.user_message_id) if messages is not None else ([], {})
+    )
     names = {t.name for t in tools}
     calls = [
         ToolCallRecord(
@@ -156,13 +197,41 @@ def recovered_result(
         chat_id=outcome.chat_id,
         text=rec.text,
         finish_reason="stop",
-        usage={},
+        usage=usage,
         user_message_id=rec.user_message_id,
+        message_ids=message_ids,
         tool_calls=calls,
         structured=structured,
         attempt=max(1, outcome.attempts),
         generate_ms=0.0,
     )
+
+
+async def turn_history(
+    client: ChatClient, chat_id: str, user_message_id: int, *, bound_s: float
+) -> list[Any] | None:
+    """The chat's history from the user message ``user_message_id`` on, for
+    :func:`recovered_result` (its ``message_ids`` and ``usage``) when the recovery
+    that rebuilt the result did not hand its messages over. ``None`` when it cannot
+    be read within ``bound_s`` per request: the result then carries both empty —
+    its text, calls and answer are already recovered, and a field of record must
+    not fail the step."""
+    try:
+        messages, _ = await fetch_until(
+            client,
+            chat_id,
+            lambda ms: any(int(field(m, "id", 0)) <= user_message_id for m in ms),
+            timeout=bound_s,
+        )
+    except CoderError:
+        run_logger(__name__).warning(
+            "could not read chat %s's history for the recovered result's message ids and "
+            "usage; they stay empty",
+            chat_id,
+            exc_info=True,
+        )
+        return None
+    return messages
 
 
 #: Markers of the steps that run BEFORE the current one in its workflow, set by
@@ -303,12 +372,30 @@ async def _restore(store: StateStore, chat_id: str, before: JournalEntry | None)
         await store.journal.set(chat_id, before)
 
 
+@dataclass(frozen=True, slots=True)
+class _StepSend:
+    """The step about to be sent on a checkpointed chat, and what its history
+    decisions need: fixed for one :func:`recover_before_send` call. The journal
+    state (``before``/``wrote``) is passed on its own: a decision may change it."""
+
+    client: ChatClient
+    store: StateStore
+    workflow_id: str
+    step: Step
+    chat_id: str
+    tools: Sequence[ClientTool[Any]]
+    answer: StructuredOutput[Any] | None
+    timings: RecoveryTimings
+    artifacts: bool
+
+    @property
+    def marker(self) -> str:
+        return step_marker(self.workflow_id, self.step.name)
+
+
 async def _finish_from_history(
+    send: _StepSend,
     *,
-    store: StateStore,
-    workflow_id: str,
-    step: Step,
-    chat_id: str,
     messages: list[Any],
     where: StepInHistory,
     status: str,
@@ -316,17 +403,15 @@ async def _finish_from_history(
     reason: str,
     before: JournalEntry | None,
     wrote: bool,
-    tools: Sequence[ClientTool[Any]],
-    answer: StructuredOutput[Any] | None,
-    artifacts: bool,
 ) -> SendPlan | None:
     """The step's finished last attempt, rebuilt from history; nothing is sent.
     ``None`` for a structured step whose attempt holds no valid answer."""
+    answer = send.answer
     rec = recover_turn_result(
         messages,
-        client_tool_names=frozenset(t.name for t in tools),
+        client_tool_names=frozenset(t.name for t in send.tools),
         user_message_id=where.last_user_message_id,
-        marker=step_marker(workflow_id, step.name),
+        marker=send.marker,
         output_model=answer.model if answer is not None else None,
         structured_tool_name=answer.name if answer is not None else "structured_output",
     )
@@ -334,11 +419,11 @@ async def _finish_from_history(
         return None
     if wrote:
         crash_point("recovery.before_restore")
-        await _restore(store, chat_id, before)
+        await _restore(send.store, send.chat_id, before)
     outcome = RecoveryOutcome(
         classification="recovered",
-        chat_id=chat_id,
-        marker=step_marker(workflow_id, step.name),
+        chat_id=send.chat_id,
+        marker=send.marker,
         status=status,
         cut_short=False,
         attempts=where.attempts,
@@ -346,28 +431,20 @@ async def _finish_from_history(
         reason=reason,
         decisions=[*decisions, RecoveryDecision("result", "finished attempt", "recovered", reason)],
     )
-    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    await publish_recovery(send.workflow_id, send.step.name, outcome, artifacts=send.artifacts)
     return SendPlan(
         attempt=max(1, where.attempts),
-        result=recovered_result(workflow_id, step, outcome, tools),
+        result=recovered_result(send.workflow_id, send.step, outcome, send.tools, messages),
         outcome=outcome,
     )
 
 
 async def _on_archived(
+    send: _StepSend,
     *,
-    client: ChatClient,
-    store: StateStore,
-    workflow_id: str,
-    step: Step,
-    chat_id: str,
     status: str,
     before: JournalEntry | None,
     wrote: bool,
-    tools: Sequence[ClientTool[Any]],
-    answer: StructuredOutput[Any] | None,
-    timings: RecoveryTimings,
-    artifacts: bool,
     messages: list[Any] | None = None,
 ) -> SendPlan:
     """The checkpointed chat is archived (no message can be sent to it ever again).
@@ -376,10 +453,13 @@ async def _on_archived(
     history); otherwise the step continues in a fresh chat, which its send makes
     the workflow's checkpoint — so every later step continues there too. Never a
     400 on every rerun."""
-    marker = step_marker(workflow_id, step.name)
+    marker = send.marker
     if messages is None:
         messages, _ = await fetch_until(
-            client, chat_id, lambda ms: _has_step(ms, marker), timeout=timings.settle_budget
+            send.client,
+            send.chat_id,
+            lambda ms: _has_step(ms, marker),
+            timeout=send.timings.settle_budget,
         )
     where = locate_step(messages, marker)
     seen = (
@@ -399,10 +479,7 @@ async def _on_archived(
         )
         if finished:
             plan = await _finish_from_history(
-                store=store,
-                workflow_id=workflow_id,
-                step=step,
-                chat_id=chat_id,
+                send,
                 messages=messages,
                 where=where,
                 status=status,
@@ -410,9 +487,6 @@ async def _on_archived(
                 reason=f"recovered from the archived chat's history: {why}",
                 before=before,
                 wrote=wrote,
-                tools=tools,
-                answer=answer,
-                artifacts=artifacts,
             )
             if plan is not None:
                 return plan
@@ -422,7 +496,7 @@ async def _on_archived(
     # A crash after the fresh chat was created but before it was checkpointed left
     # an orphan: retire it (the archived chat is not listed, it is at rest).
     orphans = await strand_workflow_orphans(
-        client, store, workflow_id, bound_s=timings.probe_bound, logger=log
+        send.client, send.store, send.workflow_id, bound_s=send.timings.probe_bound, logger=log
     )
     if orphans:
         decisions.append(
@@ -433,10 +507,10 @@ async def _on_archived(
     # The archived chat's records guard nothing now (nothing can run on it); the
     # fresh chat's first send journals with its checkpoint. A crash before that
     # makes the same decision again: only this step's tail verdict read the entry.
-    await store.forget_chat(chat_id)
+    await send.store.forget_chat(send.chat_id)
     outcome = RecoveryOutcome(
         classification="resubmit",
-        chat_id=chat_id,
+        chat_id=send.chat_id,
         marker=marker,
         status=status,
         cut_short=True,
@@ -445,23 +519,15 @@ async def _on_archived(
         reason=f"the chat is archived; the step continues in a fresh chat: {why}",
         decisions=decisions,
     )
-    await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
+    await publish_recovery(send.workflow_id, send.step.name, outcome, artifacts=send.artifacts)
     return SendPlan(attempt=1, outcome=outcome, fresh_chat=True)
 
 
 async def _look_in_history(
+    send: _StepSend,
     *,
-    client: ChatClient,
-    store: StateStore,
-    workflow_id: str,
-    step: Step,
-    chat_id: str,
     before: JournalEntry | None,
     wrote: bool,
-    tools: Sequence[ClientTool[Any]],
-    answer: StructuredOutput[Any] | None,
-    timings: RecoveryTimings,
-    artifacts: bool,
     journal_names_step: bool = False,
 ) -> SendPlan | None:
     """Find the step's marker in history before sending (or recovering) it.
@@ -471,26 +537,17 @@ async def _look_in_history(
     stopped (the live run, if any, is the later step's). Returns ``None`` when the
     ordinary recovery must settle the step (its attempt is the chat's newest turn,
     or — ``journal_names_step`` — its journaled send never landed)."""
-    marker = step_marker(workflow_id, step.name)
-    chat = await client.get_chat(chat_id, timeout=timings.probe_bound)
+    marker = send.marker
+    chat = await send.client.get_chat(send.chat_id, timeout=send.timings.probe_bound)
     messages, _ = await fetch_until(
-        client, chat_id, lambda ms: _has_step(ms, marker), timeout=timings.settle_budget
+        send.client,
+        send.chat_id,
+        lambda ms: _has_step(ms, marker),
+        timeout=send.timings.settle_budget,
     )
     if chat.archived:
         return await _on_archived(
-            client=client,
-            store=store,
-            workflow_id=workflow_id,
-            step=step,
-            chat_id=chat_id,
-            status=chat.status,
-            before=before,
-            wrote=wrote,
-            tools=tools,
-            answer=answer,
-            timings=timings,
-            artifacts=artifacts,
-            messages=messages,
+            send, status=chat.status, before=before, wrote=wrote, messages=messages
         )
     where = locate_step(messages, marker)
     if where.last_user_message_id is None and journal_names_step:
@@ -498,8 +555,8 @@ async def _look_in_history(
     if where.last_user_message_id is None:
         if not wrote:
             # Write-ahead BEFORE the send: the whole history holds no attempt.
-            await store.journal.set(
-                chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
+            await send.store.journal.set(
+                send.chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
             )
         return SendPlan(attempt=1)
     if where.tail:
@@ -515,10 +572,7 @@ async def _look_in_history(
     reason = "a later step was sent after its last attempt: it finished, its result was lost"
     decisions = [RecoveryDecision("history", seen, "recover, send nothing", reason)]
     plan = await _finish_from_history(
-        store=store,
-        workflow_id=workflow_id,
-        step=step,
-        chat_id=chat_id,
+        send,
         messages=messages,
         where=where,
         status=chat.status,
@@ -526,16 +580,14 @@ async def _look_in_history(
         reason=reason,
         before=before,
         wrote=wrote,
-        tools=tools,
-        answer=answer,
-        artifacts=artifacts,
     )
     if plan is None:
         raise CoderRecoveryError(
-            f"step {step.name!r} of {workflow_id!r}: its last attempt on chat {chat_id} holds "
-            "no valid structured answer, yet the workflow went on after it; re-asking now "
-            "would land after a later step's turn. Decide by hand (rerun the workflow under "
-            "a new workflow_id, or archive the chat with archive-workflow-chat)."
+            f"step {send.step.name!r} of {send.workflow_id!r}: its last attempt on chat "
+            f"{send.chat_id} holds no valid structured answer, yet the workflow went on after "
+            "it; re-asking now would land after a later step's turn. Decide by hand (rerun "
+            "the workflow under a new workflow_id, or archive the chat with "
+            "archive-workflow-chat)."
         )
     return plan
 
@@ -571,7 +623,8 @@ async def recover_before_send(
     unfinished: recover it — following it with ``follower`` when it is still
     running (:class:`coder_chat.recovery.TurnRecovery`).
     """
-    marker = step_marker(workflow_id, step.name)
+    send = _StepSend(client, store, workflow_id, step, chat_id, tools, answer, timings, artifacts)
+    marker = send.marker
     if journaled:
         # begin wrote this step's write-ahead over ``replaced`` (Ellipsis: not told).
         before = None if isinstance(replaced, EllipsisType) else replaced
@@ -593,19 +646,7 @@ async def recover_before_send(
         # No entry (an archived chat's records were dropped), a LATER step's (this
         # step's result was lost while the workflow went on), or the order is
         # unknown: the step's marker may be in history. Look before sending.
-        plan = await _look_in_history(
-            client=client,
-            store=store,
-            workflow_id=workflow_id,
-            step=step,
-            chat_id=chat_id,
-            before=before,
-            wrote=journaled,
-            tools=tools,
-            answer=answer,
-            timings=timings,
-            artifacts=artifacts,
-        )
+        plan = await _look_in_history(send, before=before, wrote=journaled)
         if plan is not None:
             return plan
         # This step's attempt is the chat's newest turn under a journal that does
@@ -615,20 +656,7 @@ async def recover_before_send(
         entry = before
         # The recovery path: an archived chat, or a later step sent after this
         # one's attempt, is found in history before anything is stopped or sent.
-        plan = await _look_in_history(
-            client=client,
-            store=store,
-            workflow_id=workflow_id,
-            step=step,
-            chat_id=chat_id,
-            before=before,
-            wrote=False,
-            tools=tools,
-            answer=answer,
-            timings=timings,
-            artifacts=artifacts,
-            journal_names_step=True,
-        )
+        plan = await _look_in_history(send, before=before, wrote=False, journal_names_step=True)
         if plan is not None:
             return plan
     if known_failure and entry is not None and entry.state == "submitting":
@@ -661,9 +689,13 @@ async def recover_before_send(
             attempt=max(1, outcome.attempts), outcome=outcome, followed=outcome.followed
         )
     if outcome.classification == "recovered":
+        assert outcome.recovered is not None
+        history = await turn_history(
+            client, chat_id, outcome.recovered.user_message_id, bound_s=timings.probe_bound
+        )
         return SendPlan(
             attempt=max(1, outcome.attempts),
-            result=recovered_result(workflow_id, step, outcome, tools),
+            result=recovered_result(workflow_id, step, outcome, tools, history),
             outcome=outcome,
         )
     crash_point("recovery.before_resubmit")

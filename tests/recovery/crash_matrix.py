@@ -240,6 +240,33 @@ def chats_of(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
     return out
 
 
+async def crash(server: ForkServer, point: str, spec: str) -> None:
+    """Run the workflow in a fresh forked process that SIGKILLs itself at ``point``;
+    fail (with the children's stderr) unless the kill is what ended it."""
+    rc = await server.run(point, spec)
+    assert rc == -9, (point, rc, server.stderr_tail())
+
+
+async def crash_to_chat(
+    server: ForkServer,
+    point: str,
+    spec: str,
+    emu: Emulator,
+    workflow_id: str,
+    *,
+    status: str | None = None,
+) -> str:
+    """:func:`crash`, then the id of the workflow's one chat (archived ones count),
+    once it shows ``status`` (the crashed attempt's state on the server) if given."""
+    await crash(server, point, spec)
+    chats = chats_of(emu, workflow_id)
+    assert len(chats) == 1, chats
+    chat_id = str(chats[0]["id"])
+    if status is not None:
+        await emu.await_status(chat_id, status)
+    return chat_id
+
+
 def user_texts(emu: Emulator, chat_id: str) -> list[str]:
     out = []
     for m in emu.messages(chat_id, include_system=False):
@@ -250,6 +277,30 @@ def user_texts(emu: Emulator, chat_id: str) -> list[str]:
                 )
             )
     return out
+
+
+def turn_record(
+    emu: Emulator, chat_id: str, user_message_id: int
+) -> tuple[list[int], dict[str, int]]:
+    """What ``generate()`` records of the turn a user message started, read from the
+    emulator's stored rows: the ids of its assistant and tool messages (up to the
+    chat's next user message) and the wire usage of its assistant messages, summed
+    (``input_tokens`` here is the wire's uncached count: ``no_cache_input_tokens``
+    of a result's ``usage``)."""
+    ids: list[int] = []
+    usage: dict[str, int] = {}
+    rows = [m for m in emu.messages(chat_id, include_system=False) if not m.get("deleted")]
+    for m in sorted(rows, key=lambda r: int(r["id"])):
+        if int(m["id"]) <= user_message_id:
+            continue
+        if m["role"] == "user":
+            break
+        if m["role"] in ("assistant", "tool"):
+            ids.append(int(m["id"]))
+        if m["role"] == "assistant" and m.get("usage"):
+            for key in ("input_tokens", "output_tokens", "total_tokens"):
+                usage[key] = usage.get(key, 0) + int(m["usage"].get(key) or 0)
+    return ids, usage
 
 
 def effects_of(payments: Any, chat_ids: list[str]) -> dict[str, int]:
@@ -272,10 +323,13 @@ __all__ = [
     "arm_fault",
     "chats_of",
     "child_spec",
+    "crash",
+    "crash_to_chat",
     "effects_of",
     "env_for_children",
     "os",
     "run_child",
     "run_workflow",
+    "turn_record",
     "user_texts",
 ]

@@ -23,7 +23,16 @@ import asyncio
 from typing import Any
 
 import pytest
-from crash_matrix import STEPS, ForkServer, chats_of, child_spec, directive, run_workflow
+from crash_matrix import (
+    STEPS,
+    ForkServer,
+    chats_of,
+    child_spec,
+    crash,
+    crash_to_chat,
+    directive,
+    run_workflow,
+)
 from payments import Payments
 
 from coder_chat.emulator import Emulator
@@ -131,11 +140,6 @@ async def _at_rest(emu: Emulator, chat_id: str) -> None:
     raise AssertionError(emu.chat(chat_id)["status"])
 
 
-async def _crash(server: ForkServer, point: str, workflow_id: str, spec: str) -> None:
-    rc = await server.run(point, spec)
-    assert rc == -9, (point, rc, server.stderr_tail())
-
-
 async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitted(
     fork_server: ForkServer,
     settings: WorkflowSettings,
@@ -159,8 +163,7 @@ async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitt
     settings = settings.model_copy(update={"request_timeout_s": 2.5 * CONTINUATION_S})
     spec = child_spec(workflow_id, settings, steps=steps)
     # SIGKILL right after pay's first tool results landed: the model keeps going.
-    await _crash(fork_server, "turn.after_tool_results:2", workflow_id, spec)
-    chat = _main_chat(emu, workflow_id)
+    chat = await crash_to_chat(fork_server, "turn.after_tool_results:2", spec, emu, workflow_id)
     assert emu.chat(chat)["status"] == "running"  # the crashed attempt lives on
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
@@ -202,9 +205,9 @@ async def test_a_crashed_attempts_pause_whose_call_never_ran_is_answered_and_fol
     # never ran). The pause is pay's own crashed attempt, within its turn deadline:
     # recovery runs the call through the ledger (the call id's key), submits, and
     # follows the revived run, whose next pause (the fee) the follower answers.
-    await _crash(fork_server, "turn.mid_stream:2", workflow_id, spec)
-    chat = _main_chat(emu, workflow_id)
-    await emu.await_status(chat, "requires_action")
+    chat = await crash_to_chat(
+        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
     pay = step_marker(workflow_id, "pay")
@@ -232,9 +235,9 @@ async def test_a_pause_past_its_turn_deadline_is_stopped_even_when_it_pauses_aga
     turn_s = 4.0
     short = settings.model_copy(update={"turn_timeout_s": turn_s})
     spec = child_spec(workflow_id, short, steps=steps)
-    await _crash(fork_server, "turn.mid_stream:2", workflow_id, spec)
-    chat = _main_chat(emu, workflow_id)
-    await emu.await_status(chat, "requires_action")
+    chat = await crash_to_chat(
+        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
     # The crashed attempt's deadline (its send + the turn timeout) has passed once a
     # turn timeout has gone by since the kill: a crash never extends a turn, so the
     # call that never ran is cut short. Interrupting the pause resumes the model,
@@ -264,8 +267,7 @@ async def test_a_revived_runs_next_pause_is_answered_by_following(
     # SIGKILL inside pay's first tool after its write-ahead: recovery re-drives it
     # (same key) and submits; the revived run then pauses on the fee, which the
     # follower answers instead of cutting the attempt short.
-    await _crash(fork_server, "tool.before_effect:2", workflow_id, spec)
-    chat = _main_chat(emu, workflow_id)
+    chat = await crash_to_chat(fork_server, "tool.before_effect:2", spec, emu, workflow_id)
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
     pay = step_marker(workflow_id, "pay")
@@ -286,8 +288,7 @@ async def test_an_applied_effect_recorded_as_timed_out_fails_the_step(
 ) -> None:
     spec = child_spec(workflow_id, settings)
     # SIGKILL after pay's effect committed and the ledger says done, before submission.
-    await _crash(fork_server, "tool.after_done:2", workflow_id, spec)
-    chat = _main_chat(emu, workflow_id)
+    chat = await crash_to_chat(fork_server, "tool.after_done:2", spec, emu, workflow_id)
     # Nobody answers the pause in time: chatd writes "Tool execution timed out" and
     # the model answers on that basis.
     assert emu.expire_requires_action(chat)
@@ -322,7 +323,7 @@ async def test_without_the_eager_checkpoint_a_finished_first_step_is_not_resent(
     lazy = settings.model_copy(update={"eager_checkpoint": False})
     spec = child_spec(workflow_id, lazy, steps=steps)
     # SIGKILL between the finally checkpoint and Prefect persisting the result.
-    await _crash(fork_server, "turn.before_persist:1", workflow_id, spec)
+    await crash(fork_server, "turn.before_persist:1", spec)
     results = await run_workflow(workflow_id, steps, lazy)
     assert results[0].text == "Hello there."
     assert results[0].generate_ms == 0  # recovered from history

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from crash_matrix import (
     STEPS,
     ForkServer,
+    chats_of,
     child_spec,
+    crash,
+    crash_to_chat,
     env_for_children,
     run_workflow,
+    turn_record,
     user_texts,
 )
 from payments import Payments
@@ -35,14 +38,6 @@ from coder_chat.emulator import Emulator
 from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 from prefect_coder.flows.parts.resources import load_resources
 from prefect_coder.flows.parts.retire import retire_workflow_chat
-
-
-def _workflow_chats(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
-    """Every chat (archived too) whose user messages carry one of the workflow's markers."""
-    markers = [step_marker(workflow_id, s.name) for s in STEPS]
-    return [
-        c for c in emu.chats() if any(m in t for t in user_texts(emu, c["id"]) for m in markers)
-    ]
 
 
 def _turns(emu: Emulator, chat_id: str, workflow_id: str, step: str) -> int:
@@ -84,15 +79,18 @@ async def test_a_finished_step_whose_result_was_lost_is_recovered_not_resent(
     # plan finishes (its result stored where the rerun does not look); pay is
     # SIGKILLed mid-stream and pauses on a call that never ran. The journal names
     # pay: a LATER step than plan, whose result the rerun cannot find.
-    rc = await elsewhere.run("turn.mid_stream:2", spec)
-    assert rc == -9, (rc, elsewhere.stderr_tail())
-    [chat] = _workflow_chats(emu, workflow_id)
-    await emu.await_status(chat["id"], "requires_action")
+    chat = await crash_to_chat(
+        elsewhere, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
     results = await run_workflow(workflow_id, STEPS, settings)
     assert [r.text for r in results] == baseline
     assert results[0].generate_ms == 0  # plan: rebuilt from history, nothing sent
-    assert [_turns(emu, chat["id"], workflow_id, s.name) for s in STEPS] == [1, 1]
-    effects = _effects(payments, chat["id"])
+    # … with what generate() records: the turn's message ids and its usage
+    ids, usage = turn_record(emu, chat, results[0].user_message_id)
+    assert ids and results[0].message_ids == ids, (results[0].message_ids, ids)
+    assert results[0].usage.get("output_tokens") == usage["output_tokens"] > 0, results[0].usage
+    assert [_turns(emu, chat, workflow_id, s.name) for s in STEPS] == [1, 1]
+    effects = _effects(payments, chat)
     assert sorted(effects.values()) == [1, 1], effects  # one charge per step, once
 
 
@@ -107,23 +105,20 @@ async def test_a_lost_result_under_a_journal_naming_an_earlier_step_is_not_resen
 ) -> None:
     spec = child_spec(workflow_id, settings)
     # 1st crash: pay finished, killed before Prefect persisted its result.
-    rc = await elsewhere.run("turn.before_persist:2", spec)
-    assert rc == -9, (rc, elsewhere.stderr_tail())
+    await crash(elsewhere, "turn.before_persist:2", spec)
     # 2nd crash, on the rerun's own "worker": plan's result is not there either. Its
     # turn journals plan's write-ahead over pay's entry, finds plan finished in
     # history, and is killed before it puts pay's entry back: the journal now names
     # plan — an EARLIER step than pay, whose attempt is the chat's newest turn.
-    rc = await fork_server.run("recovery.before_restore:1", spec)
-    assert rc == -9, (rc, fork_server.stderr_tail())
-    [chat] = _workflow_chats(emu, workflow_id)
+    chat = await crash_to_chat(fork_server, "recovery.before_restore:1", spec, emu, workflow_id)
     resources = await load_resources(settings)
-    entry = await resources.store.journal.get(chat["id"])
+    entry = await resources.store.journal.get(chat)
     assert entry is not None and entry.marker == step_marker(workflow_id, "plan"), entry
     results = await run_workflow(workflow_id, STEPS, settings)
     assert [r.text for r in results] == baseline
     assert [r.generate_ms for r in results] == [0, 0]  # both rebuilt from history
-    assert [_turns(emu, chat["id"], workflow_id, s.name) for s in STEPS] == [1, 1]
-    assert sorted(_effects(payments, chat["id"]).values()) == [1, 1]
+    assert [_turns(emu, chat, workflow_id, s.name) for s in STEPS] == [1, 1]
+    assert sorted(_effects(payments, chat).values()) == [1, 1]
 
 
 async def test_an_archived_chat_with_lost_results_gives_them_back(
@@ -145,13 +140,13 @@ async def test_an_archived_chat_with_lost_results_gives_them_back(
         }
     )
     assert await elsewhere.run("", spec) == 0, elsewhere.stderr_tail()
-    [chat] = _workflow_chats(emu, workflow_id)
+    [chat] = chats_of(emu, workflow_id)
     assert emu.chat(chat["id"])["archived"]
     results = await run_workflow(workflow_id, STEPS, settings)
     assert [r.text for r in results] == baseline
     assert [r.generate_ms for r in results] == [0, 0]  # from the archived chat's history
     assert [r.chat_id for r in results] == [chat["id"], chat["id"]]
-    assert len(_workflow_chats(emu, workflow_id)) == 1  # no fresh chat was needed
+    assert len(chats_of(emu, workflow_id)) == 1  # no fresh chat was needed
     assert [_turns(emu, chat["id"], workflow_id, s.name) for s in STEPS] == [1, 1]
     assert sorted(_effects(payments, chat["id"]).values()) == [1, 1]
 
@@ -168,26 +163,25 @@ async def test_a_step_cut_short_by_the_archive_continues_in_a_fresh_chat(
     # pay is SIGKILLed mid-stream (its call never ran); then the operator retires
     # the workflow's chat (archive-workflow-chat): the archive stops the paused
     # attempt — journaled cut-short first — and archives the chat.
-    rc = await fork_server.run("turn.mid_stream:2", spec)
-    assert rc == -9, (rc, fork_server.stderr_tail())
-    [old] = _workflow_chats(emu, workflow_id)
-    await emu.await_status(old["id"], "requires_action")
+    old = await crash_to_chat(
+        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
     archived = await retire_workflow_chat(workflow_id, await load_resources(settings))
-    assert archived.archived_chat_ids == [old["id"]]
+    assert archived.archived_chat_ids == [old]
     # The rerun: plan's result is stored; pay's attempt on the archived chat was cut
     # short, so pay runs again — in a fresh chat, which becomes the checkpoint.
     results = await run_workflow(workflow_id, STEPS, settings)
     assert [r.text for r in results] == baseline
-    chats = {c["id"]: c for c in _workflow_chats(emu, workflow_id)}
+    chats = {c["id"]: c for c in chats_of(emu, workflow_id)}
     assert len(chats) == 2, chats
-    [new] = [c for c in chats if c != old["id"]]
+    [new] = [c for c in chats if c != old]
     assert results[1].chat_id == new
-    assert _turns(emu, old["id"], workflow_id, "pay") == 1  # the cut-short attempt
+    assert _turns(emu, old, workflow_id, "pay") == 1  # the cut-short attempt
     assert _turns(emu, new, workflow_id, "pay") == 1  # sent once in the fresh chat
     assert _turns(emu, new, workflow_id, "plan") == 0
-    assert emu.chat(new)["archived"] and emu.chat(old["id"])["archived"]  # both retired
+    assert emu.chat(new)["archived"] and emu.chat(old)["archived"]  # both retired
     # plan's charge and pay's in the fresh chat; the archived attempt's never ran
-    assert sorted(_effects(payments, old["id"]).values()) == [1]
+    assert sorted(_effects(payments, old).values()) == [1]
     assert sorted(_effects(payments, new).values()) == [1]
     resources = await load_resources(settings)
     checkpoint = await resources.store.checkpoints.get(workflow_id)
