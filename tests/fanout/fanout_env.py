@@ -8,22 +8,35 @@ import asyncio
 import os
 import signal
 import sys
+import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import yaml
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments.runner import EntrypointType
 from prefect.events import DeploymentEventTrigger
+from pydantic import SecretStr
 
-from prefect_coder.flows.deployments.agent_fanout import agent_fanout
+from coder_chat.emulator import Emulator
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.fanout_shard import agent_fanout_shard
 from prefect_coder.flows.deployments.recover_turn import recover_turn
+from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 TOKEN = f"tok-fanout-{uuid.uuid4().hex}-SECRET"
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +50,38 @@ def _triggers(name: str) -> list[Any]:
     return [DeploymentEventTrigger(**t) for t in entry.get("triggers", [])]
 
 
+#: What :func:`deploy` deploys, in the order of the ids it returns.
+DEPLOYMENTS: tuple[tuple[str, Any], ...] = (
+    ("agent-workflow", agent_workflow),
+    ("recover-turn", recover_turn),
+    ("agent-fanout", agent_fanout),
+    ("agent-fanout-shard", agent_fanout_shard),
+)
+
+
+def deployment_id(ids: list[UUID], name: str) -> UUID:
+    """The id of deployment ``name`` among :func:`deploy`'s ids."""
+    return ids[[n for n, _ in DEPLOYMENTS].index(name)]
+
+
+async def runs_of(
+    client: PrefectClient, deployment: UUID, states: Sequence[StateType] | None = None
+) -> list[FlowRun]:
+    """The flow runs of one deployment (by id: the session's server is shared, and
+    other tests deploy flows of the same names), optionally only in ``states``."""
+    return await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[deployment]),
+            state=(
+                FlowRunFilterState(type=FlowRunFilterStateType(any_=list(states)))
+                if states
+                else None
+            ),
+        ),
+        limit=200,
+    )
+
+
 async def deploy(pool: str) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
     deployments on it, with their Crashed triggers from ``prefect.yaml``; returns their
@@ -44,12 +89,7 @@ async def deploy(pool: str) -> list[UUID]:
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
-    for fl, name in (
-        (agent_workflow, "agent-workflow"),
-        (recover_turn, "recover-turn"),
-        (agent_fanout, "agent-fanout"),
-        (agent_fanout_shard, "agent-fanout-shard"),
-    ):
+    for name, fl in DEPLOYMENTS:
         dep = await fl.ato_deployment(
             name=name,
             work_pool_name=pool,
@@ -158,3 +198,84 @@ def child_env(api_url: str, results_dir: Path) -> dict[str, str]:
         **FAST_ENV,
     )
     return env
+
+
+async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) -> Any:
+    """Poll ``check`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def fanout_settings(emu: Emulator, store_url: str, cap: int) -> WorkflowSettings:
+    """Blocks of their own (credentials with a turn cap of ``cap``, the test's store) and
+    the fan-out's settings: short leases and slot ttl, artifacts on."""
+    name = uuid.uuid4().hex[:10]
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=uuid.UUID(str(emu.organization_id)),
+        token=SecretStr(TOKEN),
+        request_timeout=15.0,
+        turn_timeout=60.0,
+        max_concurrent_turns=cap,
+        turn_slot_wait=120.0,
+        turn_slot_ttl=3.0,
+    ).save(f"fanout-coder-{name}", overwrite=True)
+    await ChatStateStore(url=store_url).save(f"fanout-store-{name}", overwrite=True)
+    return WorkflowSettings(
+        credentials_block=f"fanout-coder-{name}",
+        store_block=f"fanout-store-{name}",
+        retries=0,
+        retry_delay_s=0,
+        lease_wait_s=90,
+        lease_ttl_s=3,
+        settle_wait_s=5,
+        redial_backoff_ms=20,
+        artifacts=True,
+    )
+
+
+def fanout_items(run: str, count: int, steps: Sequence[str], sleep_s: float) -> list[FanoutItem]:
+    """``count`` workflows ``fw-<run>-<i>``; each step a scripted turn of ``sleep_s``."""
+    items = []
+    for i in range(count):
+        wid = f"fw-{run}-{i}"
+        items.append(
+            FanoutItem(
+                workflow_id=wid,
+                steps=[
+                    Step(
+                        name=s,
+                        prompt=(
+                            f'{step_marker(wid, s)} #emu {{"sleep": {sleep_s}, "text": "done {s}"}}'
+                        ),
+                    )
+                    for s in steps
+                ],
+            )
+        )
+    return items
+
+
+def user_messages_per_step(
+    emu: Emulator, items: Sequence[FanoutItem], steps: Sequence[str]
+) -> dict[str, int]:
+    """How many user messages carry each step's marker: ids from the emulator's event
+    log (every message the server accepted), texts from its stored rows."""
+    user_ids = {
+        e["details"]["id"] for e in emu.event_log(["message"]) if e["details"]["role"] == "user"
+    }
+    markers = [step_marker(i.workflow_id, s) for i in items for s in steps]
+    counts: dict[str, int] = {}
+    for chat in emu.chats():
+        for m in emu.messages(chat["id"], include_system=False):
+            if m["id"] in user_ids:
+                text = "".join(p.get("text", "") for p in m.get("content") or [])
+                for marker in markers:
+                    if marker in text:
+                        counts[marker] = counts.get(marker, 0) + 1
+    return counts
