@@ -185,8 +185,44 @@ def _store_url(fleet: Fleet, kind: str, name: str) -> str:
     return f"sqlite+aiosqlite:///{fleet.tmp / f'{name}.db'}"
 
 
+async def _open_turns(fleet: Fleet, before: int) -> int:
+    """Turns running on the emulator now (its event log since ``before`` starts)."""
+    log = await asyncio.to_thread(fleet.emu.event_log, ["turn_start", "turn_end"])
+    starts = [e for e in log if e["kind"] == "turn_start"][before:]
+    ids = {e["chat_id"] for e in starts}
+    ended = sum(1 for e in log if e["kind"] == "turn_end" and e["chat_id"] in ids)
+    return len(starts) - ended
+
+
+async def _snapshot_when_open(
+    fleet: Fleet, before: int, want: int, out: dict[str, Any], bound_s: float
+) -> None:
+    """A tracemalloc snapshot once ``want`` turns run at once (or ``bound_s`` after the
+    first one started: a starved process may never open them all)."""
+    import tracemalloc
+
+    deadline = time.monotonic() + 600
+    while True:
+        await asyncio.sleep(0.25)
+        n = await _open_turns(fleet, before)
+        if n > 0 and "first" not in out:
+            # The baseline: the store, its engine and first-use caches exist by now.
+            out["first"], out["first_open"] = tracemalloc.take_snapshot(), n
+            deadline = min(deadline, time.monotonic() + bound_s)
+        if n >= want or time.monotonic() > deadline:
+            out["snapshot"], out["open"] = tracemalloc.take_snapshot(), n
+            return
+
+
 async def _in_process(
-    fleet: Fleet, cap: int, n: int, steps: int, turn_s: float, store: str
+    fleet: Fleet,
+    cap: int,
+    n: int,
+    steps: int,
+    turn_s: float,
+    store: str,
+    *,
+    trace: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One fan-out of ``n`` workflows in this process; the numbers of this process."""
     name = uuid.uuid4().hex[:8]
@@ -198,6 +234,13 @@ async def _in_process(
     rss0 = _rss_kib()
     # Reading /proc costs loop CPU: often only when memory is what is measured.
     sampler = asyncio.create_task(_sample_rss(samples, 0.05 if turn_s >= 1 else 0.5))
+    if trace is not None:
+        import tracemalloc
+
+        trace["before"] = tracemalloc.take_snapshot()
+        snap = asyncio.create_task(
+            _snapshot_when_open(fleet, before, min(n, cap), trace, bound_s=turn_s * 0.6)
+        )
     emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -207,6 +250,8 @@ async def _in_process(
         )
     finally:
         sampler.cancel()
+        if trace is not None:
+            await snap
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
@@ -277,8 +322,44 @@ async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
             f"load {m['load']}",
             flush=True,
         )
+    if args.tracemalloc:
+        await _trace_memory(fleet, args)
     if args.handoff:
         await _handoffs(fleet, args.gcl_rounds)
+
+
+async def _trace_memory(fleet: Fleet, args: argparse.Namespace) -> None:
+    """What an open turn's memory is: tracemalloc (Python allocations only, unlike
+    the RSS figure) between the fan-out's start and the moment ``--memory-workflows``
+    turns run at once, grouped by source file."""
+    import tracemalloc
+
+    tracemalloc.start(1)
+    trace: dict[str, Any] = {}
+    try:
+        await _in_process(
+            fleet,
+            50,
+            args.memory_workflows,
+            1,
+            args.memory_turn_s,
+            args.store,
+            trace=trace,
+        )
+    finally:
+        tracemalloc.stop()
+    first = int(trace.get("first_open", 0))
+    opened = max(1, int(trace["open"]) - first)
+    diff = trace["snapshot"].compare_to(trace.get("first", trace["before"]), "filename")
+    total = sum(d.size_diff for d in diff)
+    print(
+        f"tracemalloc: {first} → {trace['open']} turns open; Python heap +{total / 1024:.0f} "
+        f"KiB = {total / 1024 / opened:.1f} KiB per further open turn; largest by file:",
+        flush=True,
+    )
+    for d in diff[:15]:
+        name = str(d.traceback[0].filename).split("site-packages/")[-1].replace(str(ROOT), ".")
+        print(f"  {d.size_diff / 1024 / opened:6.2f} KiB/turn  {d.count_diff:+6d} blocks  {name}")
 
 
 async def _store_handoff(tmp: Path, rounds: int) -> list[float]:
@@ -472,6 +553,8 @@ async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
                 cpu0 = sum(
                     _tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers
                 )
+                srv0 = process_cpu_s(fleet.server_pid)
+                emu0 = process_cpu_s(fleet.emu.proc.pid)
                 t0 = time.perf_counter()
                 run = await run_deployment(  # type: ignore[misc]
                     "agent-fanout/agent-fanout",
@@ -484,6 +567,8 @@ async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
                     sum(_tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers)
                     - cpu0
                 )
+                srv_cpu = process_cpu_s(fleet.server_pid) - srv0
+                emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
             finally:
                 for w in workers:
                     await stop_worker(w)
@@ -495,8 +580,10 @@ async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
                 f"{count} worker(s), cap {args.workers_cap}: {len(items)} workflows x {steps} "
                 f"turn(s) in {wall:.1f}s = {turns / wall:.2f} turns/s "
                 f"({'ok' if ok else run.state}; {len(starts)} turns started); workers' CPU "
-                f"(incl. flow-run processes) {cpu / turns * 1000:.0f} ms/turn; server peak "
-                f"{peak}; load {load0} → {loadavg()}",
+                f"(incl. flow-run processes) {cpu / turns * 1000:.0f} ms/turn, Prefect server "
+                f"{srv_cpu / turns * 1000:.0f} ms/turn, emulator {emu_cpu / turns * 1000:.0f} "
+                f"ms/turn; all three {(cpu + srv_cpu + emu_cpu) / wall:.2f} CPU-s per second "
+                f"(2 cores: 2.0); server peak {peak}; load {load0} → {loadavg()}",
                 flush=True,
             )
         if args.kill:
@@ -666,6 +753,11 @@ def main() -> None:
     p.add_argument("--memory-workflows", type=int, default=50, help="0: no memory phase")
     p.add_argument("--memory-turn-s", type=float, default=5.0)
     p.add_argument("--handoff", action="store_true", help="store slot vs Prefect GCL hand-off")
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="after the memory phase: the Python heap per open turn by source file",
+    )
     p.add_argument("--gcl-rounds", type=int, default=10)
     p.add_argument("--workers-mode", action="store_true", help="1 vs 2 process workers")
     p.add_argument("--worker-counts", default="1,2")
