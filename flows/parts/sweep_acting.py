@@ -95,6 +95,14 @@ async def bring_to_rest(
     return "; ".join(steps)
 
 
+class _ActingFailed(Exception):
+    """Acting on a refined decision failed (the cause is chained)."""
+
+    def __init__(self, decision: SweepDecision) -> None:
+        super().__init__(decision.chat_id)
+        self.decision = decision
+
+
 def _workflow_lease(
     store: StateStore, workflow_id: str, opts: SweepOptions
 ) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -171,7 +179,10 @@ class SweepActor:
         try:
             final, outcome = await work
         except Exception as exc:  # one chat's failure never stops the sweep
-            outcome = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            cause: BaseException = exc
+            if isinstance(exc, _ActingFailed) and exc.__cause__ is not None:
+                d, cause = exc.decision, exc.__cause__
+            outcome = f"failed: {type(cause).__name__}: {str(cause)[:200]}"
             self.logger.warning("sweep of chat %s failed: %s", d.chat_id, outcome)
             self.record(d, outcome, ok=False, ms=(time.perf_counter() - t0) * 1000)
             return
@@ -282,6 +293,15 @@ class SweepActor:
             return d, "left running: its workflow's recovery follows it"
         ledgered = fresh.status == "requires_action" and await self._ledgered(d.chat_id)
         d = paused_refinement(d, status=fresh.status, has_ledger_entries=ledgered)
+        try:
+            return await self._act(d, run_unstarted=left is not None)
+        except Exception as exc:
+            # The failed row names what was attempted (e.g. the reconcile of a
+            # crashed attempt's pause), not the plan's first guess.
+            raise _ActingFailed(d) from exc
+
+    async def _act(self, d: SweepDecision, *, run_unstarted: bool) -> tuple[SweepDecision, str]:
+        """Reconcile, interrupt or retire ``d``'s chat (refined, under the lease)."""
         steps: list[str] = []
         if d.action is Action.RECONCILE:
             verdict = await self.reconciler(
@@ -292,7 +312,7 @@ class SweepActor:
                     d.workflow_id,
                     self.tool_modules,
                     self.opts.interrupt_bound_s,
-                    run_unstarted=left is not None,
+                    run_unstarted=run_unstarted,
                 )
             )
             if verdict == "unavailable":
@@ -300,7 +320,7 @@ class SweepActor:
                     d,
                     "left paused: its workflow's recovery answers it (a crashed attempt "
                     "within its deadline)"
-                    if left is not None
+                    if run_unstarted
                     else "left paused: the pause holds a committed effect and no "
                     "reconciliation ran",
                 )

@@ -23,21 +23,12 @@ SEEDS: list[Any] = [
     7,
     8,
     # Real bugs the chaos run found (docs/chaos.md, "Findings"), fixed: a lost
-    # POST /tool-results response during a live continuation.
+    # POST /tool-results response during a live continuation (44, 61); 61 also
+    # races sweep-stuck-turns (0.01 s budgets) against the rerun, which cut short a
+    # crashed attempt's pause (the finding of seeds 14/71) until the sweep learned
+    # to leave such an attempt to its workflow's recovery within its turn deadline.
     44,
-    # Fixed too, but its schedule also races sweep-stuck-turns (0.01 s budgets)
-    # against the rerun, and a sweep that cuts short a pause whose call never ran
-    # makes the rerun resubmit the step — its earlier charge then runs again (the
-    # open finding of seeds 14 and 71; 1 failure in 19 replays of 61). Not strict:
-    # a pass is the usual outcome and is reported as XPASS.
-    pytest.param(
-        61,
-        marks=pytest.mark.xfail(
-            strict=False,
-            reason="open: sweep-stuck-turns cuts short a pause recovery would answer "
-            "(docs/chaos.md Findings, seeds 14/71); fails about 1 in 19 replays",
-        ),
-    ),
+    61,
 ]
 
 
