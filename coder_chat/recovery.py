@@ -59,6 +59,7 @@ from coder_chat.core.translator import pending_client_calls
 from coder_chat.crash_safe import CrashSafeTool, PureTool, ToolLedgerStore, crash_point
 from coder_chat.errors import (
     CoderAgentError,
+    CoderApiError,
     CoderRecoveryError,
     CoderStreamError,
     CoderTransportError,
@@ -97,6 +98,11 @@ _log = logging.getLogger(__name__)
 #: from, so one recovery's timeline reads straight off its run's logs: the
 #: ``recover-turn`` flow sets its run's start. Unset: each recovery's own start.
 timeline_origin: ContextVar[float | None] = ContextVar("recovery_timeline_origin", default=None)
+
+
+#: Tries of a pause's tool-results submission whose response is lost (each one
+#: after a history read shows the calls still pending).
+SUBMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +497,7 @@ class TurnRecovery:
         if results:
             # Submitting answers the pause; it does not revive a tool loop here:
             # the turn resumes server-side and its output lands only in history.
-            await self.client.submit_tool_results(self.chat_id, results, timeout=timeout)
+            await self._submit(results, timeout)
             crash_point("recovery.after_submit")
         if unstarted:
             # Only interrupt when the ledger shows no committed effect for the call;
@@ -500,6 +506,47 @@ class TurnRecovery:
             # pause again on a new call (the verdict is already journaled).
             await self._stop(timeout)
         return unstarted
+
+    async def _submit(self, results: list[ToolResult], timeout: float) -> None:
+        """Submit a pause's answers, telling a lost response from a lost request.
+
+        The POST may land and its response be lost (a reset, a 502 from a proxy).
+        Raising then failed the whole recovery although the run had resumed; a
+        blind re-send would be refused (the calls are answered). So history
+        decides: when it answers every submitted call the submission landed and
+        the run goes on; otherwise the same answers — already recorded in the
+        ledger, no tool runs again — are sent once more, a bounded number of times.
+        """
+        ids = {r.tool_call_id for r in results}
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                await self.client.submit_tool_results(self.chat_id, results, timeout=timeout)
+                return
+            except (CoderTransportError, CoderApiError) as exc:
+                transient = isinstance(exc, CoderTransportError) or (
+                    exc.status in (408, 425, 429) or exc.status >= 500
+                )
+                if not transient or attempt == SUBMIT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(min(self.timings.poll_interval, timeout))
+                messages = await fetch_turn(self.client, self.chat_id, timeout=timeout)
+                _, pending = pending_client_calls(
+                    messages, after_id=0, client_tool_names=frozenset(self.tools)
+                )
+                if not ids & {c["tool_call_id"] for c in pending}:
+                    self._decide(
+                        "reconcile",
+                        f"tool-results submit failed ({type(exc).__name__})",
+                        "let it finish",
+                        "history answers every submitted call: the submission landed",
+                    )
+                    return
+                self._decide(
+                    "reconcile",
+                    f"tool-results submit failed ({type(exc).__name__})",
+                    "submit again",
+                    "the calls are still pending: the request never landed",
+                )
 
     # ------------------------------------------------------------------ settle-wait
 

@@ -77,8 +77,22 @@ MODES = ["rerun", "recover-turn"]
 
 
 @pytest.fixture(scope="module")
+def matrix_settings(settings: WorkflowSettings) -> WorkflowSettings:
+    """The suite's settings with a turn deadline no loaded machine reaches here.
+
+    A second crash point inside recovery (``recovery.after_submit``) is reached only
+    while the crashed attempt is within its turn deadline: past it, recovery cuts the
+    attempt short instead of answering its pause, the child finishes, and the row
+    fails for a reason that is not the one it checks. With eight children starting
+    Prefect at once on a loaded 2-core machine the second child came later than the
+    credentials' 20 s (twice at load 13-20). No row waits out this deadline.
+    """
+    return settings.model_copy(update={"turn_timeout_s": 120.0})
+
+
+@pytest.fixture(scope="module")
 async def crashed(
-    settings: WorkflowSettings,
+    matrix_settings: WorkflowSettings,
     prefect_env: PrefectEnv,
     payments: Payments,
     emu: Emulator,
@@ -97,12 +111,12 @@ async def crashed(
     for case in CASES:
         if case.fault:
             for m in MODES:
-                await crash(case, ids[case.name, m], settings, server, emu)
+                await crash(case, ids[case.name, m], matrix_settings, server, emu)
     gate = asyncio.Semaphore(8)
 
     async def one(case: Case, mode: str) -> None:
         async with gate:
-            await crash(case, ids[case.name, mode], settings, server, emu)
+            await crash(case, ids[case.name, mode], matrix_settings, server, emu)
 
     await asyncio.gather(*(one(c, m) for c in CASES if not c.fault for m in MODES))
     return ids
@@ -155,7 +169,7 @@ async def recover(case: Case, mode: str, workflow_id: str, settings: WorkflowSet
 
 @pytest.fixture(scope="module")
 async def recovered(
-    crashed: dict[tuple[str, str], str], settings: WorkflowSettings
+    crashed: dict[tuple[str, str], str], matrix_settings: WorkflowSettings
 ) -> dict[tuple[str, str], list[Any] | BaseException]:
     """Every crashed workflow recovered, concurrently (each in its own flow runs;
     they wait on nothing of each other's but the machine)."""
@@ -165,7 +179,7 @@ async def recovered(
         case = next(c for c in CASES if c.name == key[0])
         async with gate:
             try:
-                return await recover(case, key[1], crashed[key], settings)
+                return await recover(case, key[1], crashed[key], matrix_settings)
             except Exception as exc:  # reported by the case's own test
                 return exc
 

@@ -37,9 +37,13 @@ from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 CONTINUATION_S = 2.5
 
 
-@pytest.mark.parametrize("lost_again", [False, True], ids=["once", "again-while-following"])
+@pytest.mark.parametrize(
+    "lost_again",
+    [None, "following", "reconciling"],
+    ids=["once", "again-while-following", "again-while-reconciling"],
+)
 async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_is_followed(
-    lost_again: bool,
+    lost_again: str | None,
     settings: WorkflowSettings,
     workflow_id: str,
     emu: Emulator,
@@ -64,9 +68,15 @@ async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_
     pay = step_marker(workflow_id, "pay")
     # The failed run left the live continuation alone.
     assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
+    if lost_again == "reconciling":
+        # The rerun starts only once the continuation paused on its call (which
+        # never ran): recovery answers that pause itself (reconcile) and the
+        # answer's response is lost — history then shows the answer landed.
+        await emu.await_status(chat, "requires_action")
     if lost_again:
-        # The follower's answer to the continuation's pause lands, its response is
-        # lost too: recovery follows the run again instead of cutting it short.
+        # The follower's (or the reconcile's) answer to the continuation's pause
+        # lands, its response is lost too: recovery goes on following the run
+        # instead of failing or cutting it short.
         emu.faults.drop_response(1, method="POST", path="/tool-results")
     try:
         results = await run_workflow(workflow_id, steps, settings)
