@@ -165,7 +165,11 @@ async def open_rig(
                 organization_id=uuid.UUID(emu.organization_id),
                 token=SecretStr(token),
                 request_timeout=5.0,
-                turn_timeout=20.0,
+                # A crashed attempt is followed (not cut short and resubmitted)
+                # only within its turn deadline; a loaded 2-core machine took
+                # 24-28 s for a first child run, past 20 s, and the resubmission
+                # then repeated a charge. Still well inside PHASE_LIMIT_S.
+                turn_timeout=40.0,
             ).save(block, overwrite=True)
             rig = Rig(emu, payments, fork, block, f"sqlite+aiosqlite:///{workdir / 'chaos.db'}")
             names = sorted(TEMPLATES)
