@@ -42,6 +42,7 @@ from prefect_coder.flows.parts.unfinished_attempt import (
     publish_recovery,
     recovered_result,
     recovery_timings,
+    turn_history,
 )
 from prefect_coder.flows.turn.durable_turn import run_turn, turn_result
 
@@ -212,7 +213,14 @@ async def _inspect(
         )
     elif outcome.classification == "recovered":
         report.action = "recovered"
-        report.result = recovered_result(workflow_id, wanted, outcome, tools)
+        assert outcome.recovered is not None
+        history = await turn_history(
+            client,
+            checkpoint.chat_id,
+            outcome.recovered.user_message_id,
+            bound_s=settings.settle_wait_s,
+        )
+        report.result = recovered_result(workflow_id, wanted, outcome, tools, history)
     else:
         report.action = "would-resubmit"
     return _Plan()

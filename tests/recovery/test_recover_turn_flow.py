@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crash_matrix import STEPS, ForkServer, child_spec
+from crash_matrix import STEPS, ForkServer, child_spec, turn_record
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -32,6 +32,10 @@ async def test_read_only_recovery_returns_a_finished_attempt_without_sending(
     assert report.chat_id is not None
     users = [m for m in emu.messages(report.chat_id, include_system=False) if m["role"] == "user"]
     assert len(users) == 2  # nothing was resubmitted
+    # the rebuilt result's record fields, as generate() would have filled them
+    ids, _ = turn_record(emu, report.chat_id, report.result.user_message_id)
+    assert ids and report.result.message_ids == ids, (report.result.message_ids, ids)
+    assert report.result.usage.get("output_tokens", 0) > 0, report.result.usage
 
 
 async def test_read_only_recovery_answers_the_crashed_attempts_pause_and_follows_it(
