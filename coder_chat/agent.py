@@ -73,7 +73,7 @@ from coder_chat.errors import (
     CoderChatError,
     CoderError,
     CoderStreamError,
-    CoderTransportError,
+    is_transient,
 )
 from coder_chat.events import (
     SegmentSettle,
@@ -240,16 +240,6 @@ def _read_state(tr: TurnTranslator) -> ReadState:
         and bool(tr.client_calls)
         and not tr.promoted,
     )
-
-
-def _transient(failure: BaseException | None) -> bool:
-    """A failure after which the submitted run may well be alive and healthy."""
-    if isinstance(failure, CoderTransportError):
-        return True
-    if isinstance(failure, CoderApiError):
-        code = failure.status
-        return code in (408, 425, 429) or code >= 500
-    return False
 
 
 def _wire_results(outcomes: Sequence[ToolOutcome]) -> list[WireToolResult]:
@@ -961,7 +951,7 @@ class CoderAgent:
             return
         if decision.strand:
             self._stranded[chat_id] = None
-        if decision.stop is Stop.INTERRUPT and self._leave_landed_runs and _transient(failure):
+        if decision.stop is Stop.INTERRUPT and self._leave_landed_runs and is_transient(failure):
             # The submission went out and only its answer (or a read) failed: the
             # run may be this turn's own live continuation. Left for recovery to
             # follow — cutting it would repeat its committed tool calls.

@@ -52,6 +52,7 @@ __all__ = [
     "CoderStreamError",
     "CoderTimeoutError",
     "CoderTransportError",
+    "is_transient",
 ]
 
 #: HTTP methods whose repetition has no extra effect (RFC 9110 §9.2.2).
@@ -347,3 +348,15 @@ def _rebuild_transport_error(
     hint: str | None,
 ) -> CoderTransportError:
     return cls(method, url, reason, retry_safe=retry_safe, detail=detail, hint=hint)
+
+
+def is_transient(failure: BaseException | None) -> bool:
+    """A request failure after which what it asked for may well have happened: no
+    HTTP response (the request may have landed) or a status a retry may get past
+    (408, 425, 429, 5xx). The agent then leaves a landed run alone and recovery
+    reads history before sending the same request again."""
+    if isinstance(failure, CoderTransportError):
+        return True
+    if isinstance(failure, CoderApiError):
+        return failure.status in (408, 425, 429) or failure.status >= 500
+    return False

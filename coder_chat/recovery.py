@@ -63,6 +63,7 @@ from coder_chat.errors import (
     CoderRecoveryError,
     CoderStreamError,
     CoderTransportError,
+    is_transient,
 )
 from coder_chat.history import (
     PAGE_SIZE,
@@ -523,10 +524,7 @@ class TurnRecovery:
                 await self.client.submit_tool_results(self.chat_id, results, timeout=timeout)
                 return
             except (CoderTransportError, CoderApiError) as exc:
-                transient = isinstance(exc, CoderTransportError) or (
-                    exc.status in (408, 425, 429) or exc.status >= 500
-                )
-                if not transient or attempt == SUBMIT_ATTEMPTS - 1:
+                if not is_transient(exc) or attempt == SUBMIT_ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(min(self.timings.poll_interval, timeout))
                 messages = await fetch_turn(self.client, self.chat_id, timeout=timeout)
