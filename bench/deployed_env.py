@@ -351,6 +351,11 @@ async def deployed_env(
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(source), env.get("PYTHONPATH", "")) if p
         )
+        # prefect.yaml's pull step is `set_working_directory: "{{ $PWD }}"`, resolved at
+        # deploy time from the PWD *variable*, which a subprocess inherits from this
+        # shell, not from its cwd: without this the flow runs chdir into the shared work
+        # tree and import half-saved flows from it beside the snapshot's coder_chat.
+        env["PWD"] = str(source)
         server_log = (tmp / "server.log").open("wb")
         server = await asyncio.create_subprocess_exec(
             str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
