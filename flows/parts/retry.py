@@ -24,30 +24,29 @@ from typing import Any
 
 from prefect.states import State
 
-from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError, CoderTransportError
+from coder_chat.errors import CoderChatError, CoderStreamError, is_transient
 
-__all__ = ["RETRYABLE_HTTP", "is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
-
-#: REST statuses worth a backoff-and-retry (durable design, "Handling errors").
-RETRYABLE_HTTP = frozenset({408, 425, 429})
+__all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 
 
 def is_retryable_failure(exc: BaseException | None) -> bool:
     """Whether a failed turn may be retried: transient failures only.
 
-    401/403/404, the archived-chat 400, the total deadline, a busy workflow and
-    every programming error hit the same wall on every attempt.
+    The HTTP part — no response (the request may have landed: a reset, a refused
+    dial, an httpx timeout) or 408/425/429/5xx — is :func:`coder_chat.errors.is_transient`,
+    the one rule the agent's leave-landed-runs and recovery's submit use too, so
+    the task's retry policy never disagrees with them about a landed request.
+    Added here: the chat's and the stream's own verdicts. 401/403/404, the
+    archived-chat 400, the total deadline (a builtin ``TimeoutError``; an httpx
+    timeout is a ``CoderTimeoutError``, the network's, and transient), a busy
+    workflow and every programming error hit the same wall on every attempt.
     """
-    if isinstance(exc, CoderTransportError):
-        # Before the TimeoutError check any caller might add: CoderTimeoutError is
-        # also a builtin TimeoutError, but it is the network's, not the turn's.
+    if is_transient(exc):
         return True
     if isinstance(exc, CoderChatError):
         return exc.retryable
     if isinstance(exc, CoderStreamError):
         return exc.is_retryable
-    if isinstance(exc, CoderApiError):
-        return exc.status in RETRYABLE_HTTP or exc.status >= 500
     return False
 
 
