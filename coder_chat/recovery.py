@@ -90,6 +90,7 @@ __all__ = [
     "SettleResult",
     "ToolOutcomeLostError",
     "TurnRecovery",
+    "recorded_turn_s",
     "timeline_origin",
 ]
 
@@ -151,6 +152,21 @@ class JournalRecord:
     marker: str
     attempt: int
     at: float
+    #: The attempt's turn deadline (epoch seconds), when the writer knew the step's
+    #: turn timeout; see :attr:`TurnRecovery.turn_timeout`.
+    deadline: float | None = None
+
+
+def recorded_turn_s(entry: Any) -> float | None:
+    """The step's turn timeout as a journal entry recorded it (``deadline - at``),
+    or None: no deadline recorded (an entry from before the field, a verdict, a
+    writer that did not know the step's timeout)."""
+    deadline = getattr(entry, "deadline", None)
+    at = getattr(entry, "at", None)
+    if deadline is None or at is None:
+        return None
+    span = float(deadline) - float(at)
+    return span if span > 0 else None
 
 
 JournalEntryFactory = Callable[..., Any]
@@ -256,7 +272,8 @@ class TurnRecovery:
             names restrict which history calls count as client calls (history
             does not record which calls were client tools), cut the recovered
             text, and name the re-drive path of each ledgered tool.
-        journal_entry: builds a journal entry from ``state, marker, attempt, at``.
+        journal_entry: builds a journal entry from ``state, marker, attempt, at``
+            (and ``deadline``, passed only when one is known).
         known_failure: recovery follows a known timeout/abort of the attempt
             (not a hard crash): pins ``cut_short`` in the result check.
         output_model: for structured-output steps, recover the last validating
@@ -265,6 +282,13 @@ class TurnRecovery:
             run is this step's crashed attempt, instead of interrupting it (see
             :func:`coder_chat.core.recovery.follows_crashed_attempt`). Without
             one, such a run is cut short and resubmitted, as in the seed design.
+        turn_timeout: the step's turn timeout. Every send (a resubmission's
+            write-ahead) and every revival (``resumed``) this recovery journals
+            records its turn deadline (``at`` + this; a revival of an attempt whose
+            entry recorded one: + that attempt's own timeout), which the stuck-turn
+            sweep honours instead of its own turn timeout. None: no deadline
+            recorded. Following a crashed attempt is bounded by the deadline its
+            entry recorded; without one, by ``timings.settle_budget``.
     """
 
     def __init__(
@@ -283,6 +307,7 @@ class TurnRecovery:
         clock: Callable[[], float] = time.time,
         logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         follower: Follower | None = None,
+        turn_timeout: float | None = None,
     ) -> None:
         self.client = client
         self.store = store
@@ -297,6 +322,9 @@ class TurnRecovery:
         self.clock = clock
         self.log = logger or _log
         self.follower = follower
+        self.turn_timeout = turn_timeout
+        #: The step's turn timeout as the crashed attempt's entry recorded it.
+        self._attempt_turn_s: float | None = None
         self.decisions: list[RecoveryDecision] = []
         # Set once following found no turn: settle the ordinary way from then on.
         self._follow_off = False
@@ -336,10 +364,28 @@ class TurnRecovery:
         return count_marker_attempts(messages, self.marker)[0]
 
     async def _journal(self, state: Literal["resumed", "cut-short", "submitting"], n: int) -> None:
+        at = self.clock()
+        # A send is bounded by this process's turn timeout; a revived run by its
+        # attempt's (recorded with the crashed send), this process's if unknown.
+        # A verdict (cut-short) bounds nothing.
+        span = {
+            "submitting": self.turn_timeout,
+            "resumed": self._attempt_turn_s or self.turn_timeout,
+        }.get(state)
+        extra = {} if span is None else {"deadline": at + span}
         await self.store.journal.set(
             self.chat_id,
-            self.journal_entry(state=state, marker=self.marker, attempt=n, at=self.clock()),
+            self.journal_entry(state=state, marker=self.marker, attempt=n, at=at, **extra),
         )
+
+    def _turn_budget(self, entry: Any) -> float:
+        """The crashed attempt's turn timeout: recorded with its entry, else the
+        settle budget (the turn timeout of the process recovering it)."""
+        recorded = recorded_turn_s(entry)
+        if recorded is not None:
+            self._attempt_turn_s = recorded
+            return recorded
+        return self.timings.settle_budget
 
     async def _stop(
         self,
@@ -564,7 +610,7 @@ class TurnRecovery:
             marker=self.marker,
             attempts=attempts,
             now=self.clock(),
-            turn_budget=self.timings.settle_budget,
+            turn_budget=self._turn_budget(entry),
         )
 
     def _follow_revived(
@@ -617,7 +663,7 @@ class TurnRecovery:
             and follows_crashed_attempt(probed, entry, self.marker, attempts)
         ):
             assert entry is not None
-            budget = follow_budget(entry.at, self.clock(), t.settle_budget)
+            budget = follow_budget(entry.at, self.clock(), self._turn_budget(entry))
             if budget > 0:
                 self._decide(
                     "settle",

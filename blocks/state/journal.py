@@ -31,6 +31,7 @@ class Journal:
             marker=row.marker,
             attempt=row.attempt,
             at=row.at,
+            deadline=row.deadline,
             updated_at=from_epoch(row.updated_at),
         )
 
@@ -38,7 +39,9 @@ class Journal:
         """Replace the chat's entry atomically (last write wins; write it BEFORE acting).
 
         Entries are scoped by (marker, attempt) by their readers, so a newer attempt's
-        write simply supersedes an older verdict; no clear step is needed.
+        write simply supersedes an older verdict; no clear step is needed. Every
+        column is replaced, ``deadline`` too: an entry without one never inherits
+        the previous entry's.
         """
         if not chat_id:
             raise ValueError("chat_id: required; the journal is keyed by chat id")
@@ -49,11 +52,22 @@ class Journal:
             marker=entry.marker,
             attempt=entry.attempt,
             at=entry.at,
+            deadline=entry.deadline,
             updated_at=self._ops.now(),
         )
         stmt = stmt.on_conflict_do_update(
             index_elements=[t.c.tenant, t.c.chat_id],
-            set_={c: stmt.excluded[c] for c in ("state", "marker", "attempt", "at", "updated_at")},
+            set_={
+                c: stmt.excluded[c]
+                for c in (
+                    "state",
+                    "marker",
+                    "attempt",
+                    "at",
+                    "deadline",
+                    "updated_at",
+                )
+            },
         ).returning(t.c.updated_at)
         async with self._ops.write() as conn:
             updated = (await conn.execute(stmt)).scalar_one()

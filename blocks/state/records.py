@@ -47,12 +47,20 @@ class JournalEntry(_Record):
 
     ``at`` is Unix epoch *seconds* (``time.time()``) at write time, as the writer saw it;
     recovery compares it to its own clock to sleep out the commit window.
+
+    ``deadline`` (epoch seconds, optional): when the attempt's turn bound runs out —
+    for a ``submitting`` entry the send's ``at`` plus the STEP's turn timeout, for
+    ``resumed`` the revival's ``at`` plus it. ``sweep-stuck-turns`` leaves a crashed
+    attempt live until then (its workflow's recovery follows it), and recovery
+    follows it for as long. ``None`` (entries written before the field existed, and
+    ``cut-short`` verdicts): readers fall back to ``at`` + their own turn timeout.
     """
 
     state: JournalState
     marker: str
     attempt: Annotated[int, Field(strict=True, ge=0)]
     at: float = Field(default_factory=time.time)
+    deadline: float | None = None
     updated_at: datetime | None = None
 
 

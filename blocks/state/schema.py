@@ -13,7 +13,9 @@ import sqlalchemy as sa
 from ._ops import StoreConnection
 from .errors import SchemaVersionError
 
-SCHEMA_VERSION = 1
+#: 2: ``coder_state_journal.deadline`` (the attempt's turn deadline; nullable, so
+#: rows written by version 1 load as "no deadline recorded").
+SCHEMA_VERSION = 2
 COMPONENT = "prefect-coder-state"
 
 metadata = sa.MetaData()
@@ -51,6 +53,9 @@ journal = sa.Table(
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # Added in schema version 2 (ALTER TABLE on a version-1 database): the attempt's
+    # turn deadline, epoch seconds; NULL for rows written before and for verdicts.
+    sa.Column("deadline", sa.Double, nullable=True),
     sa.CheckConstraint("state IN ('submitting', 'resumed', 'cut-short')", name="ck_journal_state"),
     sa.CheckConstraint("attempt >= 0", name="ck_journal_attempt"),
 )
@@ -127,5 +132,30 @@ async def ensure_schema(conn: StoreConnection, now: sa.ColumnElement[float]) -> 
             f"the state database has schema version {found}, newer than this "
             f"prefect-coder understands ({SCHEMA_VERSION}); upgrade prefect-coder on this worker"
         )
-    # Future migrations from `found` to SCHEMA_VERSION go here, in this transaction.
-    return int(found)
+    if found < 2:
+        await _add_journal_deadline(conn)
+    if found < SCHEMA_VERSION:
+        await conn.execute(
+            schema_version.update()
+            .where(schema_version.c.component == COMPONENT)
+            .values(version=SCHEMA_VERSION, updated_at=now)
+        )
+    return SCHEMA_VERSION
+
+
+async def _add_journal_deadline(conn: StoreConnection) -> None:
+    """Version 1 → 2: the journal's nullable ``deadline`` column.
+
+    Inside the caller's transaction (SQLite: BEGIN IMMEDIATE, PostgreSQL: under the
+    advisory lock), so concurrent first users migrate once. Checked first anyway: a
+    half-migrated database (column there, version not bumped) must not fail here.
+    The version is bumped with it, so a worker still on version 1 refuses the
+    database instead of upserting journal rows that keep a stale deadline.
+    """
+    columns = await conn.run_sync(
+        lambda sync: {c["name"] for c in sa.inspect(sync).get_columns(journal.name)}
+    )
+    if "deadline" not in columns:
+        await conn.execute(
+            sa.text(f"ALTER TABLE {journal.name} ADD COLUMN deadline DOUBLE PRECISION")
+        )

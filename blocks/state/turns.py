@@ -34,7 +34,7 @@ _PG_NOW = "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
 _RESUME_COLUMNS = (
     "c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at, "
-    "j.state, j.marker, j.attempt, j.at, j.updated_at"
+    "j.state, j.marker, j.attempt, j.at, j.updated_at, j.deadline"
 )
 _RESUME_FROM = (
     "FROM coder_state_checkpoints c LEFT JOIN coder_state_journal j "
@@ -43,7 +43,7 @@ _RESUME_FROM = (
 _JOURNAL_SET = (
     "ON CONFLICT (tenant, chat_id) DO UPDATE SET state = excluded.state, "
     "marker = excluded.marker, attempt = excluded.attempt, at = excluded.at, "
-    "updated_at = excluded.updated_at"
+    "deadline = excluded.deadline, updated_at = excluded.updated_at"
 )
 _CHECKPOINT_SET = (
     "ON CONFLICT (tenant, workflow_id) DO UPDATE SET chat_id = excluded.chat_id, "
@@ -52,8 +52,9 @@ _CHECKPOINT_SET = (
 
 _SQLITE_RESUME = f"SELECT {_RESUME_COLUMNS} {_RESUME_FROM} WHERE c.tenant = ? AND c.workflow_id = ?"
 _SQLITE_JOURNAL = (
-    "INSERT INTO coder_state_journal (tenant, chat_id, state, marker, attempt, at, updated_at) "
-    f"VALUES (?, ?, ?, ?, ?, ?, {_SQLITE_NOW}) {_JOURNAL_SET} RETURNING updated_at"
+    "INSERT INTO coder_state_journal "
+    "(tenant, chat_id, state, marker, attempt, at, deadline, updated_at) "
+    f"VALUES (?, ?, ?, ?, ?, ?, ?, {_SQLITE_NOW}) {_JOURNAL_SET} RETURNING updated_at"
 )
 _SQLITE_CHECKPOINT = (
     "INSERT INTO coder_state_checkpoints "
@@ -68,18 +69,20 @@ _PG_BEGIN = f"""
 WITH cp AS (
     SELECT c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at,
            j.state AS j_state, j.marker AS j_marker, j.attempt AS j_attempt, j.at AS j_at,
-           j.updated_at AS j_updated_at
+           j.updated_at AS j_updated_at, j.deadline AS j_deadline
     {_RESUME_FROM}
     WHERE c.tenant = $1::text AND c.workflow_id = $2::text
 ), written AS (
-    INSERT INTO coder_state_journal (tenant, chat_id, state, marker, attempt, at, updated_at)
-    SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision, {_PG_NOW}
+    INSERT INTO coder_state_journal
+        (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
+    SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision,
+           $5::double precision, {_PG_NOW}
     FROM cp WHERE cp.j_marker IS DISTINCT FROM $3::text
     {_JOURNAL_SET}
     RETURNING updated_at
 )
 SELECT cp.workflow_id, cp.chat_id, cp.last_seen_message_id, cp.updated_at,
-       cp.j_state, cp.j_marker, cp.j_attempt, cp.j_at, cp.j_updated_at,
+       cp.j_state, cp.j_marker, cp.j_attempt, cp.j_at, cp.j_updated_at, cp.j_deadline,
        (SELECT updated_at FROM written) AS written_at
 FROM cp
 """
@@ -102,7 +105,12 @@ def _checkpoint(row: Any) -> Checkpoint:
 
 def _found(row: Any) -> JournalEntry:
     return JournalEntry(
-        state=row[4], marker=row[5], attempt=row[6], at=row[7], updated_at=from_epoch(row[8])
+        state=row[4],
+        marker=row[5],
+        attempt=row[6],
+        at=row[7],
+        deadline=row[9],
+        updated_at=from_epoch(row[8]),
     )
 
 
@@ -112,7 +120,14 @@ class Turns:
     def __init__(self, store: StateStore) -> None:
         self._store = store
 
-    async def begin(self, workflow_id: str, marker: str, *, at: float | None = None) -> TurnStart:
+    async def begin(
+        self,
+        workflow_id: str,
+        marker: str,
+        *,
+        at: float | None = None,
+        turn_timeout_s: float | None = None,
+    ) -> TurnStart:
         """Read the checkpoint and its chat's journal; journal the send if it is new.
 
         Atomically: if the checkpoint names a chat whose journal entry does not carry
@@ -122,11 +137,14 @@ class Turns:
         it (``journaled=False``): recover before resending. No checkpoint: nothing
         written (the first turn creates the chat). Call it under the workflow's lease,
         before the send, as the separate calls were. Returns only once the write-ahead
-        is committed.
+        is committed. ``turn_timeout_s``: the step's turn timeout; the write-ahead
+        records ``at`` + it as the attempt's ``deadline`` (None: no deadline recorded).
         """
         entry = JournalEntry(state="submitting", marker=marker, attempt=0)
         if at is not None:
             entry = entry.model_copy(update={"at": at})
+        if turn_timeout_s is not None:
+            entry = entry.model_copy(update={"deadline": entry.at + turn_timeout_s})
         tenant = self._store.tenant
         row: Any
         if self._store.backend == "sqlite":
@@ -137,7 +155,7 @@ class Turns:
                     return row, None
                 written = conn.exec_driver_sql(
                     _SQLITE_JOURNAL,
-                    (tenant, row[1], entry.state, marker, entry.attempt, entry.at),
+                    (tenant, row[1], entry.state, marker, entry.attempt, entry.at, entry.deadline),
                 ).scalar_one()
                 return row, written
 
@@ -145,9 +163,11 @@ class Turns:
         else:
             async with self._store.autocommit() as conn:
                 row = (
-                    await conn.exec_driver_sql(_PG_BEGIN, (tenant, workflow_id, marker, entry.at))
+                    await conn.exec_driver_sql(
+                        _PG_BEGIN, (tenant, workflow_id, marker, entry.at, entry.deadline)
+                    )
                 ).first()
-            written_at = None if row is None else row[9]
+            written_at = None if row is None else row[10]
         if row is None:
             return TurnStart()
         checkpoint = _checkpoint(row)
@@ -189,6 +209,7 @@ class Turns:
                             journal.marker,
                             journal.attempt,
                             journal.at,
+                            journal.deadline,
                         ),
                     ).scalar_one()
                 return float(updated)

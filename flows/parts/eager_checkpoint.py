@@ -45,12 +45,16 @@ class EagerCheckpoint:
         *,
         had_chat: bool,
         started_at: float | None = None,
+        turn_timeout: float | None = None,
     ) -> None:
         self.store = store
         self.workflow_id = workflow_id
         self.marker = marker
         self.had_chat = had_chat
         self.started_at = started_at or time.time()
+        #: The step's turn timeout: the first send's journal entry records
+        #: ``started_at`` + it as the attempt's deadline (None: none recorded).
+        self.turn_timeout = turn_timeout
         self.written: str | None = None
         self._streamed = False
         self._lock = asyncio.Lock()
@@ -69,7 +73,13 @@ class EagerCheckpoint:
                 await tx.journal.set(
                     chat_id,
                     JournalEntry(
-                        state="submitting", marker=self.marker, attempt=0, at=self.started_at
+                        state="submitting",
+                        marker=self.marker,
+                        attempt=0,
+                        at=self.started_at,
+                        deadline=None
+                        if self.turn_timeout is None
+                        else self.started_at + self.turn_timeout,
                     ),
                 )
             self.written = chat_id

@@ -30,6 +30,7 @@ from prefect_coder.flows.parts.sweep_plan import (
     crashed_attempt_left,
     crashed_attempt_refinement,
     paused_refinement,
+    step_turn_s,
 )
 from prefect_coder.flows.parts.sweep_reconcile import Reconciler, ReconcileRequest
 from prefect_coder.flows.parts.sweep_report import SweepReport, emit_chat_event
@@ -202,9 +203,12 @@ class SweepActor:
     async def _ledgered(self, chat_id: str) -> bool:
         return bool(await self.store.ledger.list(chat_id))
 
-    async def _crashed_attempt_left(self, d: SweepDecision, status: str) -> float | None:
+    async def _crashed_attempt_left(
+        self, d: SweepDecision, status: str
+    ) -> tuple[float | None, float | None]:
         """Seconds left of the turn deadline when ``d``'s chat is the checkpointed
-        step's crashed attempt (:func:`crashed_attempt_left`); else None.
+        step's crashed attempt (:func:`crashed_attempt_left`; else None), and the
+        step's turn timeout (recorded with the journal entry, else the sweep's).
 
         Only for the stuck-turn sweep, a chat its workflow's checkpoint still names
         (no recovery of the workflow would ever look at another one), and a chat
@@ -216,13 +220,13 @@ class SweepActor:
             or status not in CRASHED_ATTEMPT_STATUSES
             or not d.workflow_id
         ):
-            return None
+            return None, None
         cp = await self.store.checkpoints.get(d.workflow_id)
         if cp is None or cp.chat_id != d.chat_id:
-            return None
+            return None, None
         entry = await self.store.journal.get(d.chat_id)
         if entry is None or entry.state == "cut-short":
-            return None  # cut short already: nothing left to protect
+            return None, None  # cut short already: nothing left to protect
         marker = entry.marker
         messages, _ = await fetch_until(
             self.client,
@@ -230,7 +234,7 @@ class SweepActor:
             lambda ms: count_marker_attempts(ms, marker)[1],
             timeout=self.opts.request_timeout_s,
         )
-        return crashed_attempt_left(
+        left = crashed_attempt_left(
             state=entry.state,
             marker=marker,
             journal_attempt=entry.attempt,
@@ -238,7 +242,11 @@ class SweepActor:
             attempts=count_marker_attempts(messages, marker)[0],
             now=time.time(),
             turn_timeout_s=self.turn_timeout_s,
+            # The step's own deadline, written with its send (or revival): a step
+            # may run with a longer turn timeout than this sweep's settings say.
+            journal_deadline=entry.deadline,
         )
+        return left, step_turn_s(entry.at, entry.deadline, self.turn_timeout_s)
 
     async def _preview(self, d: SweepDecision) -> tuple[SweepDecision, str]:
         """Dry run: the same refinements from read-only probes; nothing is written."""
@@ -249,9 +257,8 @@ class SweepActor:
             d = busy_refinement(d, lease_holder=held[0].holder if held else None)
             if d.action is Action.BUSY:
                 return d, "dry run: busy"
-        d = crashed_attempt_refinement(
-            d, status=d.status, left_s=await self._crashed_attempt_left(d, d.status)
-        )
+        left, _ = await self._crashed_attempt_left(d, d.status)
+        d = crashed_attempt_refinement(d, status=d.status, left_s=left)
         d = paused_refinement(
             d, status=d.status, has_ledger_entries=await self._ledgered(d.chat_id)
         )
@@ -287,21 +294,27 @@ class SweepActor:
         # Under the lease: no run of the workflow is answering. A checkpointed step's
         # crashed attempt within its turn deadline is still its workflow's to finish
         # (its recovery follows it); never cut it short (chaos seeds 14/71).
-        left = await self._crashed_attempt_left(d, fresh.status)
+        left, turn_s = await self._crashed_attempt_left(d, fresh.status)
         d = crashed_attempt_refinement(d, status=fresh.status, left_s=left)
         if d.action is Action.LEAVE:
             return d, "left running: its workflow's recovery follows it"
         ledgered = fresh.status == "requires_action" and await self._ledgered(d.chat_id)
         d = paused_refinement(d, status=fresh.status, has_ledger_entries=ledgered)
         try:
-            return await self._act(d, run_unstarted=left is not None)
+            return await self._act(
+                d, run_unstarted=left is not None, turn_s=turn_s if left is not None else None
+            )
         except Exception as exc:
             # The failed row names what was attempted (e.g. the reconcile of a
             # crashed attempt's pause), not the plan's first guess.
             raise _ActingFailed(d) from exc
 
-    async def _act(self, d: SweepDecision, *, run_unstarted: bool) -> tuple[SweepDecision, str]:
-        """Reconcile, interrupt or retire ``d``'s chat (refined, under the lease)."""
+    async def _act(
+        self, d: SweepDecision, *, run_unstarted: bool, turn_s: float | None = None
+    ) -> tuple[SweepDecision, str]:
+        """Reconcile, interrupt or retire ``d``'s chat (refined, under the lease).
+        ``turn_s``: the crashed attempt's step's turn timeout (its revival, if the
+        reconcile answers its pause, is journaled with that deadline)."""
         steps: list[str] = []
         if d.action is Action.RECONCILE:
             verdict = await self.reconciler(
@@ -313,6 +326,7 @@ class SweepActor:
                     self.tool_modules,
                     self.opts.interrupt_bound_s,
                     run_unstarted=run_unstarted,
+                    turn_timeout_s=turn_s,
                 )
             )
             if verdict == "unavailable":

@@ -67,6 +67,7 @@ __all__ = [
     "paused_refinement",
     "plan_orphan",
     "plan_stuck",
+    "step_turn_s",
 ]
 
 #: Statuses with a run in flight or a pause waiting for an answer.
@@ -296,6 +297,7 @@ def crashed_attempt_left(
     attempts: int,
     now: float,
     turn_timeout_s: float,
+    journal_deadline: float | None = None,
 ) -> float | None:
     """Seconds left of the step's turn deadline when the chat's live run is that
     step's crashed attempt; ``None`` when it is not (or the deadline has passed).
@@ -307,15 +309,18 @@ def crashed_attempt_left(
     the journal's marker) — the send landed, the run is that attempt's — or a
     recovery pass journaled ``resumed`` for this very attempt (it revived the run).
 
-    The deadline is the journal's ``at`` plus the workflow's turn timeout: for a
-    ``submitting`` entry, the send's write-ahead, which is where the crashed
-    ``generate()``'s own turn bound started (recovery follows it for the same
-    time); for ``resumed``, the answer that revived the run — so each answered
-    pause gives the revived run one more turn timeout, never more, and a chat
-    whose workflow is gone for good is swept at most one turn timeout after the
-    last sign of its attempt. The store records no deadline, so the sweep uses
-    its own settings' turn timeout (the workflows' settings by default).
+    The deadline is the one the entry recorded (``journal_deadline``: the
+    journal's ``at`` plus the STEP's turn timeout, written with the send or the
+    revival): for a ``submitting`` entry the send's write-ahead is where the
+    crashed ``generate()``'s own turn bound started (recovery follows it for the
+    same time); for ``resumed``, the answer that revived the run — so each
+    answered pause gives the revived run one more turn timeout, never more, and a
+    chat whose workflow is gone for good is swept at most one turn timeout after
+    the last sign of its attempt. An entry without a deadline (written before the
+    field existed) falls back to ``at`` plus ``turn_timeout_s``, the sweep's own
+    setting (the workflows' settings by default).
     """
+    turn_s = step_turn_s(journal_at, journal_deadline, turn_timeout_s)
     budget = crashed_pause_budget(
         state=state,
         entry_marker=marker,
@@ -324,15 +329,23 @@ def crashed_attempt_left(
         marker=marker,
         attempts=attempts,
         now=now,
-        turn_budget=turn_timeout_s,
+        turn_budget=turn_s,
     )
     if budget is None:
         return None
     # crashed_pause_budget gives a revived ("resumed") run a whole turn budget from
     # now; the sweep counts it from the revival, or a run nobody will ever finish
     # would be left forever.
-    left = min(budget, journal_at + turn_timeout_s - now)
+    left = min(budget, journal_at + turn_s - now)
     return left if left > 0 else None
+
+
+def step_turn_s(journal_at: float, journal_deadline: float | None, fallback_s: float) -> float:
+    """The crashed attempt's step's turn timeout: what its journal entry recorded
+    (``deadline - at``), else ``fallback_s`` (the sweep's own turn timeout)."""
+    if journal_deadline is not None and journal_deadline > journal_at:
+        return journal_deadline - journal_at
+    return fallback_s
 
 
 def crashed_attempt_refinement(

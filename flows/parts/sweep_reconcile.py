@@ -47,6 +47,10 @@ class ReconcileRequest:
     #: never ran is run through the ledger (never cut short); a pending call of a
     #: tool this worker does not register leaves the pause alone.
     run_unstarted: bool = False
+    #: The paused attempt's step's turn timeout (recorded with its journal entry,
+    #: else the sweep's): a revival this reconcile journals (``resumed``) records
+    #: now + it as its deadline. None: no deadline recorded.
+    turn_timeout_s: float | None = None
 
 
 #: ``"resumed"`` (recorded results submitted: the run continues), ``"cut-short"``
@@ -116,6 +120,7 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
         journal_entry=JournalEntry,
         timings=RecoveryTimings(probe_bound=req.bound_s, poll_interval=min(1.0, req.bound_s)),
         logger=run_logger(__name__),
+        turn_timeout=req.turn_timeout_s,
     )
     attempts = await recovery.attempts(timeout=req.bound_s)
     unstarted = await recovery.reconcile(

@@ -74,6 +74,7 @@ __all__ = [
     "recover_before_send",
     "recovered_result",
     "recovery_timings",
+    "send_entry",
     "turn_fields",
     "turn_history",
 ]
@@ -556,7 +557,7 @@ async def _look_in_history(
         if not wrote:
             # Write-ahead BEFORE the send: the whole history holds no attempt.
             await send.store.journal.set(
-                send.chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
+                send.chat_id, send_entry(marker, 0, send.timings.settle_budget)
             )
         return SendPlan(attempt=1)
     if where.tail:
@@ -639,9 +640,7 @@ async def recover_before_send(
             if not journaled:
                 # Write-ahead BEFORE the send. The count before this step's first
                 # send is 0 (an earlier send would have journaled this marker).
-                await store.journal.set(
-                    chat_id, JournalEntry(state="submitting", marker=marker, attempt=0)
-                )
+                await store.journal.set(chat_id, send_entry(marker, 0, timings.settle_budget))
             return SendPlan(attempt=1)
         # No entry (an archived chat's records were dropped), a LATER step's (this
         # step's result was lost while the workflow went on), or the order is
@@ -681,6 +680,9 @@ async def recover_before_send(
         structured_tool_name=answer.name if answer is not None else "structured_output",
         logger=run_logger(__name__),
         follower=follower,
+        # recovery_timings' settle budget is the step's turn timeout: the deadline
+        # recorded with the sends and revivals this recovery journals.
+        turn_timeout=timings.settle_budget,
     )
     outcome = await recovery.run()
     await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
@@ -705,12 +707,31 @@ async def recover_before_send(
     return SendPlan(attempt=max(2, outcome.attempts + 1), outcome=outcome)
 
 
-async def journal_send(client: ChatClient, store: StateStore, chat_id: str, marker: str) -> int:
+def send_entry(marker: str, attempt: int, turn_timeout: float | None) -> JournalEntry:
+    """A send's write-ahead: ``submitting`` now, with the attempt's turn deadline
+    (now + the step's ``turn_timeout``; None: no deadline recorded). The stuck-turn
+    sweep leaves the attempt to its workflow's recovery until that deadline, and
+    reads it from here rather than assuming its own turn timeout is the step's."""
+    entry = JournalEntry(state="submitting", marker=marker, attempt=attempt)
+    if turn_timeout is None:
+        return entry
+    return entry.model_copy(update={"deadline": entry.at + turn_timeout})
+
+
+async def journal_send(
+    client: ChatClient,
+    store: StateStore,
+    chat_id: str,
+    marker: str,
+    *,
+    turn_timeout: float | None = None,
+) -> int:
     """The write-ahead of a further send of a step on its chat (e.g. a structured
     step's re-ask): ``submitting`` with the step's current attempt count, which
-    it returns. Every send on a checkpointed chat is journaled first."""
+    it returns, and the send's turn deadline (``turn_timeout``: the step's). Every
+    send on a checkpointed chat is journaled first."""
     count = await _marker_count(client, chat_id, marker, bound_s=30.0)
-    await store.journal.set(chat_id, JournalEntry(state="submitting", marker=marker, attempt=count))
+    await store.journal.set(chat_id, send_entry(marker, count, turn_timeout))
     return count
 
 

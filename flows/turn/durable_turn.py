@@ -215,6 +215,7 @@ async def _record_after_turn(
     failed: BaseException | None,
     marker: str,
     started_at: float,
+    turn_timeout: float,
     logger: RunLogger,
     observer: TurnObserver,
 ) -> None:
@@ -236,18 +237,33 @@ async def _record_after_turn(
         # does a transient failure that left the live run alone (the agent's
         # ``left_run_live``): the retry then follows that run instead of cutting it.
         left_live = agent.left_run_live is not None
+        # The send's turn deadline goes with it (JournalEntry.deadline): the stuck-turn
+        # sweep leaves a crashed attempt live until then, whatever its own timeout.
+        deadline = started_at + turn_timeout
         async with store.transaction() as tx:
             entry = await tx.journal.get(chat_id)
             await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
             if failed is not None and not left_live:
                 await tx.journal.set(
                     chat_id,
-                    JournalEntry(state="submitting", marker=marker, attempt=1, at=started_at),
+                    JournalEntry(
+                        state="submitting",
+                        marker=marker,
+                        attempt=1,
+                        at=started_at,
+                        deadline=deadline,
+                    ),
                 )
             elif entry is None or entry.marker != marker:
                 await tx.journal.set(
                     chat_id,
-                    JournalEntry(state="submitting", marker=marker, attempt=0, at=started_at),
+                    JournalEntry(
+                        state="submitting",
+                        marker=marker,
+                        attempt=0,
+                        at=started_at,
+                        deadline=deadline,
+                    ),
                 )
         return
     # The SDK discarded the session (stream lost on a chat this call created):
@@ -340,10 +356,13 @@ async def _turn_under_lease(
 ) -> TurnResult:
     store = resources.store
     creds = resources.credentials
+    request_timeout = settings.request_timeout_s or creds.request_timeout
+    turn_timeout = settings.turn_timeout_s or creds.turn_timeout
     # ONE transaction: the checkpoint, its chat's journal entry and — when this
-    # step's marker is not journaled yet — the send's write-ahead. Under the lease,
-    # before any send (the agent built below does no I/O before generate()).
-    start = await store.turns.begin(workflow_id, marker)
+    # step's marker is not journaled yet — the send's write-ahead (with its turn
+    # deadline). Under the lease, before any send (the agent built below does no
+    # I/O before generate()).
+    start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
     checkpoint = start.checkpoint
     chat_id = checkpoint.chat_id if checkpoint else None
     # The live artifact (flows/parts/live_progress.py): fed by the observer, published
@@ -358,12 +377,12 @@ async def _turn_under_lease(
     observer = TurnObserver(
         workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id, progress=progress
     )
-    request_timeout = settings.request_timeout_s or creds.request_timeout
-    turn_timeout = settings.turn_timeout_s or creds.turn_timeout
     # Crash recovery (flows/parts/eager_checkpoint.py, orphan_check.py): a first turn's chat is checkpointed as
     # soon as it exists, crash-safe tools write the ledger, chats carry the
     # workflow label so orphans are findable.
-    eager = EagerCheckpoint(store, workflow_id, marker, had_chat=chat_id is not None)
+    eager = EagerCheckpoint(
+        store, workflow_id, marker, had_chat=chat_id is not None, turn_timeout=turn_timeout
+    )
     tools = bind_crash_safe(tools, store.ledger, before_effect=eager.before_effect)
     full_hook = eager.chain(observer)
 
@@ -464,7 +483,9 @@ async def _turn_under_lease(
                 # A structured step whose answer did not validate: ask once more
                 # (journaled like every send), as generate_structured does.
                 assert agent.chat_id is not None
-                await journal_send(agent.client, store, agent.chat_id, marker)
+                await journal_send(
+                    agent.client, store, agent.chat_id, marker, turn_timeout=turn_timeout
+                )
                 attempt += 1
                 gen = await agent.generate(reask, timeout=turn_timeout)
             assert gen is not None
@@ -483,6 +504,7 @@ async def _turn_under_lease(
                     failed=failed,
                     marker=marker,
                     started_at=started_at,
+                    turn_timeout=turn_timeout,
                     logger=logger,
                     observer=observer,
                 )

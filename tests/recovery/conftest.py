@@ -21,7 +21,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from crash_matrix import STEPS, ForkServer, env_for_children, run_workflow  # noqa: E402
+from crash_matrix import (  # noqa: E402
+    STEPS,
+    ForkServer,
+    crash_settings,
+    env_for_children,
+    run_workflow,
+)
 from payments import Payments, running_payments  # noqa: E402
 from recovery_env import FAST_ENV, TOKEN, PrefectEnv  # noqa: E402
 
@@ -115,18 +121,7 @@ def workflow_id(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def settings(coder_block: str, sqlite_block: str, payments: Payments) -> WorkflowSettings:
-    return WorkflowSettings(
-        credentials_block=coder_block,
-        store_block=sqlite_block,
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=20,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        artifacts=False,
-        tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
-    )
+    return crash_settings(coder_block, sqlite_block)
 
 
 @pytest.fixture(scope="session")

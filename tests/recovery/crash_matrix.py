@@ -247,6 +247,18 @@ async def crash(server: ForkServer, point: str, spec: str) -> None:
     assert rc == -9, (point, rc, server.stderr_tail())
 
 
+async def workflow_chat(emu: Emulator, workflow_id: str, *, status: str | None = None) -> str:
+    """The id of the workflow's one chat (archived ones count), once it shows
+    ``status`` (e.g. the state a crashed or failed attempt left on the server) if
+    given."""
+    chats = chats_of(emu, workflow_id)
+    assert len(chats) == 1, chats
+    chat_id = str(chats[0]["id"])
+    if status is not None:
+        await emu.await_status(chat_id, status)
+    return chat_id
+
+
 async def crash_to_chat(
     server: ForkServer,
     point: str,
@@ -256,15 +268,27 @@ async def crash_to_chat(
     *,
     status: str | None = None,
 ) -> str:
-    """:func:`crash`, then the id of the workflow's one chat (archived ones count),
-    once it shows ``status`` (the crashed attempt's state on the server) if given."""
+    """:func:`crash`, then :func:`workflow_chat`."""
     await crash(server, point, spec)
-    chats = chats_of(emu, workflow_id)
-    assert len(chats) == 1, chats
-    chat_id = str(chats[0]["id"])
-    if status is not None:
-        await emu.await_status(chat_id, status)
-    return chat_id
+    return await workflow_chat(emu, workflow_id, status=status)
+
+
+def crash_settings(coder_block: str, store_block: str, **update: Any) -> WorkflowSettings:
+    """The crash tests' workflow settings: no task retries (recovery is the rerun's),
+    a dead run's lease lapsing after 1 s, short settle and redial waits, the payments
+    tool; ``update`` overrides fields (e.g. a test's own request timeout)."""
+    return WorkflowSettings(
+        credentials_block=coder_block,
+        store_block=store_block,
+        retries=0,
+        retry_delay_s=0,
+        lease_wait_s=20,
+        lease_ttl_s=1,
+        settle_wait_s=5,
+        redial_backoff_ms=20,
+        artifacts=False,
+        tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
+    ).model_copy(update=update)
 
 
 def user_texts(emu: Emulator, chat_id: str) -> list[str]:
@@ -324,6 +348,7 @@ __all__ = [
     "chats_of",
     "child_spec",
     "crash",
+    "crash_settings",
     "crash_to_chat",
     "effects_of",
     "env_for_children",
@@ -332,4 +357,5 @@ __all__ = [
     "run_workflow",
     "turn_record",
     "user_texts",
+    "workflow_chat",
 ]

@@ -26,12 +26,12 @@ import pytest
 from crash_matrix import (
     STEPS,
     ForkServer,
-    chats_of,
     child_spec,
     crash,
     crash_to_chat,
     directive,
     run_workflow,
+    workflow_chat,
 )
 from payments import Payments
 
@@ -63,12 +63,6 @@ def _pay(*steps: dict[str, Any]) -> Step:
         prompt="Charge the rest." + directive({"steps": list(steps)}),
         tools=["charge_card"],
     )
-
-
-def _main_chat(emu: Emulator, workflow_id: str) -> str:
-    chats = chats_of(emu, workflow_id)
-    assert len(chats) == 1, chats
-    return str(chats[0]["id"])
 
 
 def _user_turns(emu: Emulator, chat_id: str, marker: str) -> list[str]:
@@ -140,6 +134,24 @@ async def _at_rest(emu: Emulator, chat_id: str) -> None:
     raise AssertionError(emu.chat(chat_id)["status"])
 
 
+async def assert_finished_once(
+    emu: Emulator, payments: Payments, chat_id: str, marker: str, *, calls: int
+) -> None:
+    """The step's crashed (or failed) attempt was finished, never resubmitted or cut
+    short: one user turn carries ``marker``, the server accepted no interrupt, the
+    chat holds ``calls`` charge calls (none repeated under a new id), each call's
+    effect happened once under its own call id's key, and the chat came to rest."""
+    transcript = "\n".join(_transcript(emu, chat_id))
+    assert len(_user_turns(emu, chat_id, marker)) == 1, transcript  # nothing resubmitted
+    assert _interrupts(emu, chat_id) == 0, transcript  # never cut short
+    ids = _charge_calls(emu, chat_id)
+    assert len(ids) == calls, transcript
+    effects = _effects(payments, chat_id)
+    assert sorted(effects.values()) == [1] * calls, f"{effects}\n{transcript}"
+    assert {k.rsplit("/", 1)[-1] for k in effects} == set(ids), effects
+    await _at_rest(emu, chat_id)
+
+
 async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitted(
     fork_server: ForkServer,
     settings: WorkflowSettings,
@@ -167,16 +179,10 @@ async def test_a_long_continuation_after_a_tool_result_is_followed_not_resubmitt
     assert emu.chat(chat)["status"] == "running"  # the crashed attempt lives on
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
-    assert _interrupts(emu, chat) == 0  # the paid continuation was not cut short
-    calls = _charge_calls(emu, chat)
-    assert len(calls) == 3  # plan's, pay's, the continuation's: no repeated call
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1, 1], effects  # each effect once, own key
     # the continuation's pause was answered by the follower, with the step's result
     assert [c.name for c in results[1].tool_calls] == ["charge_card", "charge_card"]
-    await _at_rest(emu, chat)
+    # plan's, pay's, the continuation's: no repeated call, the continuation not cut
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
 
 
 def _two_rounds() -> list[Step]:
@@ -210,16 +216,8 @@ async def test_a_crashed_attempts_pause_whose_call_never_ran_is_answered_and_fol
     )
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
-    assert _interrupts(emu, chat) == 0  # the paused attempt was not cut short
-    calls = _charge_calls(emu, chat)
-    assert len(calls) == 3, _transcript(emu, chat)  # plan's, pay's two rounds: no new id
-    effects = _effects(payments, chat)
-    # each call's effect once, under its own call id's key
-    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    assert {k.rsplit("/", 1)[-1] for k in effects} == set(calls), effects
-    await _at_rest(emu, chat)
+    # plan's, pay's two rounds (no new id); the paused attempt was not cut short
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
 
 
 async def test_a_pause_past_its_turn_deadline_is_stopped_even_when_it_pauses_again(
@@ -270,13 +268,7 @@ async def test_a_revived_runs_next_pause_is_answered_by_following(
     chat = await crash_to_chat(fork_server, "tool.before_effect:2", spec, emu, workflow_id)
     results = await run_workflow(workflow_id, steps, settings)
     assert [r.text for r in results] == [baseline[0], "All paid."]
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
-    assert _interrupts(emu, chat) == 0
-    assert len(_charge_calls(emu, chat)) == 3
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    await _at_rest(emu, chat)
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
 
 
 async def test_an_applied_effect_recorded_as_timed_out_fails_the_step(
@@ -327,7 +319,7 @@ async def test_without_the_eager_checkpoint_a_finished_first_step_is_not_resent(
     results = await run_workflow(workflow_id, steps, lazy)
     assert results[0].text == "Hello there."
     assert results[0].generate_ms == 0  # recovered from history
-    chat = _main_chat(emu, workflow_id)
+    chat = await workflow_chat(emu, workflow_id)
     assert len(_user_turns(emu, chat, step_marker(workflow_id, "plan"))) == 1
     assert len(_user_turns(emu, chat, step_marker(workflow_id, "pay"))) == 1
     assert sorted(_effects(payments, chat).values()) == [1]

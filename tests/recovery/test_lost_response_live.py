@@ -14,19 +14,9 @@ come from the emulator's event log and the payments service.
 from __future__ import annotations
 
 import pytest
-from crash_matrix import STEPS, run_workflow
+from crash_matrix import STEPS, run_workflow, workflow_chat
 from payments import Payments
-from test_crash_followups import (
-    _at_rest,
-    _charge,
-    _charge_calls,
-    _effects,
-    _interrupts,
-    _main_chat,
-    _pay,
-    _transcript,
-    _user_turns,
-)
+from test_crash_followups import _charge, _interrupts, _pay, _transcript, assert_finished_once
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
@@ -64,15 +54,14 @@ async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_
             await run_workflow(workflow_id, steps, settings)
     finally:
         emu.faults.clear()
-    chat = _main_chat(emu, workflow_id)
-    pay = step_marker(workflow_id, "pay")
-    # The failed run left the live continuation alone.
+    # The rerun of "again-while-reconciling" starts only once the continuation paused
+    # on its call (which never ran): recovery answers that pause itself (reconcile)
+    # and the answer's response is lost — history then shows the answer landed.
+    chat = await workflow_chat(
+        emu, workflow_id, status="requires_action" if lost_again == "reconciling" else None
+    )
+    # The failed run left the live continuation alone (checked before the rerun too).
     assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
-    if lost_again == "reconciling":
-        # The rerun starts only once the continuation paused on its call (which
-        # never ran): recovery answers that pause itself (reconcile) and the
-        # answer's response is lost — history then shows the answer landed.
-        await emu.await_status(chat, "requires_action")
     if lost_again:
         # The follower's (or the reconcile's) answer to the continuation's pause
         # lands, its response is lost too: recovery goes on following the run
@@ -84,14 +73,8 @@ async def test_a_lost_tool_results_response_leaves_the_continuation_live_and_it_
         emu.faults.clear()
     assert [r.text for r in results] == ["All paid."], _transcript(emu, chat)
     assert [c.name for c in results[0].tool_calls] == ["charge_card", "charge_card"]
-    assert len(_user_turns(emu, chat, pay)) == 1, _transcript(emu, chat)  # never resubmitted
-    assert _interrupts(emu, chat) == 0, _transcript(emu, chat)  # never cut short
-    calls = _charge_calls(emu, chat)
-    assert len(calls) == 2, _transcript(emu, chat)  # pay's and the continuation's
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    assert {k.rsplit("/", 1)[-1] for k in effects} == set(calls), effects
-    await _at_rest(emu, chat)
+    # pay's and the continuation's calls, each once; never resubmitted, never cut short
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=2)
 
 
 async def test_a_landed_send_whose_response_was_lost_is_followed_not_resubmitted(
@@ -110,13 +93,9 @@ async def test_a_landed_send_whose_response_was_lost_is_followed_not_resubmitted
             await run_workflow(workflow_id, STEPS, settings)
     finally:
         emu.faults.clear()
-    chat = _main_chat(emu, workflow_id)
+    chat = await workflow_chat(emu, workflow_id)
     assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
     results = await run_workflow(workflow_id, STEPS, settings)
     assert [r.text for r in results] == baseline, _transcript(emu, chat)
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1, _transcript(emu, chat)  # never resubmitted
-    assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    await _at_rest(emu, chat)
+    # plan's and pay's calls, each once; pay never resubmitted, never cut short
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=2)

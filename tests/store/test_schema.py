@@ -117,3 +117,57 @@ async def test_concurrent_first_use_creates_schema_once(fresh_url: str) -> None:
     assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
     for s in stores:
         await s.aclose()
+
+
+#: The journal table and the version row as schema version 1 wrote them (no deadline).
+_V1 = (
+    "CREATE TABLE coder_state_schema_version (component TEXT PRIMARY KEY, "
+    "version INTEGER NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE coder_state_journal (tenant TEXT NOT NULL, chat_id TEXT NOT NULL, "
+    "state TEXT NOT NULL, marker TEXT NOT NULL, attempt INTEGER NOT NULL, "
+    "at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, "
+    "PRIMARY KEY (tenant, chat_id))",
+    "INSERT INTO coder_state_schema_version VALUES ('prefect-coder-state', 1, 1.0)",
+    "INSERT INTO coder_state_journal VALUES ('t', 'old', 'submitting', '[wf/s1]', 0, 50.0, 51.0)",
+)
+
+
+async def test_a_version_1_database_gains_the_journal_deadline_and_keeps_its_rows(
+    fresh_url: str, backend: str
+) -> None:
+    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.blocks.state import store as store_mod
+
+    if backend == "sqlite":
+        Path(fresh_url.split("///", 1)[1]).parent.mkdir(parents=True)
+    engine = create_async_engine(fresh_url)
+    async with engine.begin() as conn:
+        for statement in _V1:
+            await conn.execute(sa.text(statement))
+    await engine.dispose()
+    store_mod._schema_ready.clear()
+    store = StateStore(fresh_url, tenant="t")
+    try:
+        old = await store.journal.get("old")  # first use: migrates
+        assert old is not None and (old.state, old.at, old.deadline) == ("submitting", 50.0, None)
+        assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
+        await store.journal.set(
+            "new",
+            JournalEntry(state="submitting", marker="[wf/s2]", attempt=0, at=60.0, deadline=90.0),
+        )
+        new = await store.journal.get("new")
+        assert new is not None and new.deadline == 90.0
+        await store.checkpoints.set("wf", "old")
+        start = await store.turns.begin("wf", "[wf/s2]", at=70.0, turn_timeout_s=5.0)
+        assert start.replaced is not None and start.replaced.deadline is None  # the old row
+        assert start.journal is not None and start.journal.deadline == 75.0
+    finally:
+        await store.aclose()
+    # Opened again (another process): already version 2, nothing to migrate.
+    store_mod._schema_ready.clear()
+    again = StateStore(fresh_url, tenant="t")
+    try:
+        got = await again.journal.get("old")
+        assert got is not None and got.deadline == 75.0
+    finally:
+        await again.aclose()

@@ -35,7 +35,15 @@ for _p in (str(_TESTS / "recovery"), str(_TESTS / "chaos")):
         sys.path.insert(0, _p)
 
 from chaos_runner import process_env  # noqa: E402
-from crash_matrix import STEPS, ForkServer, child_spec, env_for_children, run_workflow  # noqa: E402
+from crash_matrix import (  # noqa: E402
+    STEPS,
+    ForkServer,
+    child_spec,
+    crash_to_chat,
+    env_for_children,
+    run_workflow,
+)
+from crash_matrix import crash_settings as matrix_settings  # noqa: E402
 from payments import Payments, running_payments  # noqa: E402
 from recovery_env import PrefectEnv  # noqa: E402
 from test_crash_followups import (  # noqa: E402
@@ -46,7 +54,7 @@ from test_crash_followups import (  # noqa: E402
     _interrupts,
     _pay,
     _transcript,
-    _user_turns,
+    assert_finished_once,
 )
 
 from coder_chat.emulator import Emulator  # noqa: E402
@@ -60,6 +68,7 @@ from prefect_coder.flows.parts.sweep_plan import (  # noqa: E402
     SweepDecision,
     crashed_attempt_left,
     crashed_attempt_refinement,
+    step_turn_s,
 )
 from prefect_coder.flows.parts.sweep_report import SweepReport, SweepRow  # noqa: E402
 
@@ -98,19 +107,8 @@ async def crash_settings(
     only its chats); the dead run's lease lapses after 1 s."""
     name = f"sweeps-crash-{tenant}"
     await ChatStateStore(url=state_db, tenant=tenant).save(name, overwrite=True)
-    return WorkflowSettings(
-        credentials_block=coder_block,
-        store_block=name,
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=20,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        request_timeout_s=2.5 * CONTINUATION_S,  # the rerun follows the whole continuation
-        artifacts=False,
-        tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
-    )
+    # the rerun follows the whole continuation within one request timeout
+    return matrix_settings(coder_block, name, request_timeout_s=2.5 * CONTINUATION_S)
 
 
 #: The chaos test's sweep: every running or paused chat is "stuck"; the lease wait
@@ -142,23 +140,6 @@ def _row(report: SweepReport, chat_id: str) -> SweepRow:
     return rows[0]
 
 
-def _chat_of(emu: Emulator, workflow_id: str) -> str:
-    """The workflow's chat (the one carrying its first step's marker)."""
-    marker = step_marker(workflow_id, STEPS[0].name)
-    found = [
-        c["id"]
-        for c in emu.chats()
-        if any(
-            marker in p.get("text", "")
-            for m in emu.messages(c["id"], include_system=False)
-            if m.get("role") == "user"
-            for p in m.get("content") or []
-        )
-    ]
-    assert len(found) == 1, found
-    return str(found[0])
-
-
 def _pay_then_fee(*, fee_sleep: float = 0.0) -> list[Step]:
     """plan (100); pay: a charge (250), then a continuation that charges the fee (30)."""
     fee = _charge(30, "Now the fee.", **({"sleep": fee_sleep} if fee_sleep else {}))
@@ -170,11 +151,6 @@ def _pay_then_fee(*, fee_sleep: float = 0.0) -> list[Step]:
             {"text": "All paid.", "deltas": 3, "delay": 0.01},
         ),
     ]
-
-
-async def _killed(server: ForkServer, point: str, spec: str) -> None:
-    """The workflow runs in a forked process that SIGKILLs itself at ``point``."""
-    assert await server.run(point, spec) == -9, server.stderr_tail()
 
 
 def _wf(tag: str) -> str:
@@ -192,8 +168,7 @@ async def test_a_running_crashed_attempt_is_left_to_its_workflows_recovery(
     steps = _pay_then_fee(fee_sleep=CONTINUATION_S)
     # SIGKILL right after pay's first tool results landed: the model keeps going.
     spec = child_spec(workflow_id, crash_settings, steps=steps)
-    await _killed(fork_server, "turn.after_tool_results:2", spec)
-    chat = _chat_of(emu, workflow_id)
+    chat = await crash_to_chat(fork_server, "turn.after_tool_results:2", spec, emu, workflow_id)
     assert emu.chat(chat)["status"] == "running"
 
     report = await _sweep(crash_settings)
@@ -207,14 +182,8 @@ async def test_a_running_crashed_attempt_is_left_to_its_workflows_recovery(
 
     results = await run_workflow(workflow_id, steps, crash_settings)
     assert results[1].text == "All paid."
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
-    assert _interrupts(emu, chat) == 0  # the crashed attempt was never cut short
-    calls = _charge_calls(emu, chat)
-    assert len(calls) == 3, _transcript(emu, chat)  # plan's, pay's, the fee: no new id
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    await _at_rest(emu, chat)
+    # plan's, pay's, the fee (no new id); the crashed attempt was never cut short
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
 
 
 async def test_a_crashed_attempts_pause_on_a_call_that_never_ran_is_answered_not_cut_short(
@@ -229,9 +198,9 @@ async def test_a_crashed_attempts_pause_on_a_call_that_never_ran_is_answered_not
     spec = child_spec(workflow_id, crash_settings, steps=steps)
     # SIGKILL right after pay's first tool results landed; the continuation pauses
     # on the fee at once, a call nothing ran (no ledger entry for it).
-    await _killed(fork_server, "turn.after_tool_results:2", spec)
-    chat = _chat_of(emu, workflow_id)
-    await emu.await_status(chat, "requires_action")
+    chat = await crash_to_chat(
+        fork_server, "turn.after_tool_results:2", spec, emu, workflow_id, status="requires_action"
+    )
     fee_call = _charge_calls(emu, chat)[-1]
     assert await store.ledger.get(chat, fee_call) is None
 
@@ -245,17 +214,10 @@ async def test_a_crashed_attempts_pause_on_a_call_that_never_ran_is_answered_not
     assert ledgered is not None and ledgered.state == "done"  # run under its own call id
 
     results = await run_workflow(workflow_id, steps, crash_settings)
-    pay = step_marker(workflow_id, "pay")
-    assert len(_user_turns(emu, chat, pay)) == 1  # nothing resubmitted
     assert results[1].text == "All paid."  # the finished attempt's answer
     assert [c.name for c in results[1].tool_calls] == ["charge_card", "charge_card"]
-    assert _interrupts(emu, chat) == 0
-    calls = _charge_calls(emu, chat)
-    assert len(calls) == 3, _transcript(emu, chat)
-    effects = _effects(payments, chat)
-    assert sorted(effects.values()) == [1, 1, 1], "\n".join([str(effects), *_transcript(emu, chat)])
-    assert {k.rsplit("/", 1)[-1] for k in effects} == set(calls), effects
-    await _at_rest(emu, chat)
+    # nothing resubmitted or interrupted; each charge once, under its own call id
+    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
 
 
 async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
@@ -272,18 +234,21 @@ async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
     turn_s = 4.0
     short = crash_settings.model_copy(update={"turn_timeout_s": turn_s})
     running_wf, paused_wf = _wf("late-run"), _wf("late-pause")
-    await _killed(
+    running = await crash_to_chat(
         fork_server,
         "turn.after_tool_results:2",
         child_spec(running_wf, short, steps=_pay_then_fee(fee_sleep=60)),
+        emu,
+        running_wf,
     )
-    await _killed(
+    paused = await crash_to_chat(
         fork_server,
         "turn.after_tool_results:2",
         child_spec(paused_wf, short, steps=_pay_then_fee()),
+        emu,
+        paused_wf,
+        status="requires_action",
     )
-    running, paused = _chat_of(emu, running_wf), _chat_of(emu, paused_wf)
-    await emu.await_status(paused, "requires_action")
     sent = []
     for chat in (running, paused):
         entry = await store.journal.get(chat)
@@ -319,6 +284,80 @@ async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
     # the fee never ran: plan's and pay's charges only, once each
     for chat in (running, paused):
         assert sorted(_effects(payments, chat).values()) == [1, 1], _transcript(emu, chat)
+
+
+async def test_the_steps_own_recorded_deadline_not_the_sweeps_turn_timeout_decides(
+    fork_server: ForkServer,
+    crash_settings: WorkflowSettings,
+    emu: Emulator,
+    payments: Payments,
+    store: StateStore,
+) -> None:
+    """The steps run with a LONGER turn timeout than the sweep's settings: their
+    sends journal their own deadline (``JournalEntry.deadline``), and the sweep
+    honours it — past its own turn timeout it still leaves the running attempt and
+    answers the paused one (the revival journaled with the step's timeout, not the
+    sweep's); past the recorded deadline it stops the run as before."""
+    step_s, sweep_s = 10.0, 1.0
+    step = crash_settings.model_copy(update={"turn_timeout_s": step_s})
+    sweep = crash_settings.model_copy(update={"turn_timeout_s": sweep_s})
+    running_wf, paused_wf = _wf("own-run"), _wf("own-pause")
+    running = await crash_to_chat(
+        fork_server,
+        "turn.after_tool_results:2",
+        child_spec(running_wf, step, steps=_pay_then_fee(fee_sleep=60)),
+        emu,
+        running_wf,
+    )
+    paused = await crash_to_chat(
+        fork_server,
+        "turn.after_tool_results:2",
+        child_spec(paused_wf, step, steps=_pay_then_fee()),
+        emu,
+        paused_wf,
+        status="requires_action",
+    )
+    sent = {}
+    for chat in (running, paused):
+        entry = await store.journal.get(chat)
+        assert entry is not None and entry.state == "submitting", entry
+        assert entry.deadline == pytest.approx(entry.at + step_s), entry  # the step's own
+        sent[chat] = entry
+    # Past the sweep's own deadline for both sends (at + 1 s): without the recorded
+    # deadline the sweep would interrupt the one and cut the other's call short.
+    await _sleep_until(max(e.at for e in sent.values()) + sweep_s + 0.1)
+    assert time.time() < min(e.deadline or 0 for e in sent.values()) - 2, (
+        "the kills took most of the step's turn timeout: nothing left to test"
+    )
+    report = await _sweep(sweep)
+    run_row, pause_row = _row(report, running), _row(report, paused)
+    assert (run_row.decision, run_row.ok) == ("leave", True), run_row
+    assert "left of its turn deadline" in run_row.reason, run_row
+    assert (pause_row.decision, pause_row.outcome) == ("reconcile", "reconciled (resumed)")
+    assert (await store.journal.get(running)) == sent[running]  # untouched
+    revived = await store.journal.get(paused)
+    assert revived is not None and revived.state == "resumed"
+    # the revival is bounded by the STEP's turn timeout, carried from its send's entry
+    assert revived.deadline == pytest.approx(revived.at + step_s), revived
+
+    # The paused workflow's rerun lets the revived run finish: nothing resubmitted,
+    # each charge once under its own call id.
+    results = await run_workflow(paused_wf, _pay_then_fee(), step)
+    assert results[1].text == "All paid."
+    await assert_finished_once(emu, payments, paused, step_marker(paused_wf, "pay"), calls=3)
+
+    # Past the running attempt's recorded deadline its workflow is taken for gone:
+    # the sweep stops it, journaling cut-short first; the fee never ran.
+    deadline = sent[running].deadline
+    assert deadline is not None
+    await _sleep_until(deadline + 0.1)
+    run_row = _row(await _sweep(sweep), running)
+    assert (run_row.decision, run_row.ok) == ("interrupt", True), run_row
+    entry = await store.journal.get(running)
+    assert entry is not None and (entry.state, entry.attempt) == ("cut-short", 1), entry
+    await _at_rest(emu, running)
+    assert _interrupts(emu, running) >= 1
+    assert sorted(_effects(payments, running).values()) == [1, 1], _transcript(emu, running)
 
 
 async def _sleep_until(wall: float) -> None:
@@ -358,6 +397,34 @@ def test_the_rule_is_recoverys_own_a_landed_send_or_a_revived_run_within_the_dea
     # cut short already, or a resumed verdict of an older attempt: nothing to protect
     assert _left("cut-short", 1, attempts=1, now=101.0) is None
     assert _left("resumed", 1, attempts=2, now=101.0) is None
+
+
+def test_a_recorded_deadline_replaces_the_sweeps_turn_timeout_and_old_rows_fall_back() -> None:
+    def left(state: str, journal_attempt: int, now: float, deadline: float | None) -> float | None:
+        return crashed_attempt_left(
+            state=state,
+            marker="[wf/pay]",
+            journal_attempt=journal_attempt,
+            journal_at=100.0,
+            attempts=1,
+            now=now,
+            turn_timeout_s=20.0,  # the sweep's own
+            journal_deadline=deadline,
+        )
+
+    # the step ran with a 60 s turn timeout (deadline 160): left past the sweep's 20 s
+    assert left("submitting", 0, now=130.0, deadline=160.0) == pytest.approx(30.0)
+    assert left("submitting", 0, now=160.5, deadline=160.0) is None
+    assert left("resumed", 1, now=150.0, deadline=160.0) == pytest.approx(10.0)
+    # a shorter recorded timeout (10 s) is honoured as well
+    assert left("submitting", 0, now=112.0, deadline=110.0) is None
+    # an entry from before the field: the sweep's own turn timeout, as before
+    assert left("submitting", 0, now=130.0, deadline=None) is None
+    assert left("submitting", 0, now=115.0, deadline=None) == pytest.approx(5.0)
+    # a nonsensical recorded deadline (not after the send) is ignored, not trusted
+    assert left("submitting", 0, now=115.0, deadline=90.0) == pytest.approx(5.0)
+    assert step_turn_s(100.0, 160.0, 20.0) == 60.0
+    assert step_turn_s(100.0, None, 20.0) == 20.0
 
 
 def test_the_refinement_leaves_a_run_answers_a_pause_and_otherwise_acts_as_planned() -> None:
