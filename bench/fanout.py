@@ -87,6 +87,7 @@ class Fleet:
     server_pid: int
     emu: EmulatorProcess
     pg_store_url: str
+    server_db_url: str
 
 
 @contextlib.contextmanager
@@ -105,7 +106,51 @@ def _fleet(tmp: Path) -> Iterator[Fleet]:
             prefect_server(server_db) as (api_url, server_pid),
             EmulatorProcess.running(TOKEN) as emu,
         ):
-            yield Fleet(tmp, api_url, server_pid, emu, store_db)
+            yield Fleet(tmp, api_url, server_pid, emu, store_db, server_db)
+
+
+#: What the worker makes the Prefect server store, table by table (its own database).
+_SERVER_TABLES = ("events", "task_run", "task_run_state", "log", "artifact", "flow_run_state")
+
+
+async def _server_rows(fleet: Fleet) -> dict[str, int]:
+    """Row counts of the Prefect server's tables, and ``event:<name>`` per event name."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(fleet.server_db_url)
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port, user=url.username, database=url.database
+    )
+    try:
+        out = {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in _SERVER_TABLES}
+        for row in await conn.fetch("SELECT event, count(*) AS n FROM events GROUP BY event"):
+            out[f"event:{row['event']}"] = int(row["n"])
+        return out
+    finally:
+        await conn.close()
+
+
+async def _settled_server_rows(fleet: Fleet, bound_s: float = 20.0) -> dict[str, int]:
+    """The server's row counts once they stopped moving: it records events from its
+    queue in batches, seconds after the fan-out returned on a loaded machine."""
+    last = await _server_rows(fleet)
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(2.0)
+        now = await _server_rows(fleet)
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def _per_turn(before: dict[str, int], after: dict[str, int], turns: int) -> dict[str, float]:
+    return {
+        k: (after.get(k, 0) - before.get(k, 0)) / turns
+        for k in sorted(after)
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -241,6 +286,7 @@ async def _in_process(
         snap = asyncio.create_task(
             _snapshot_when_open(fleet, before, min(n, cap), trace, bound_s=turn_s * 0.6)
         )
+    rows0 = await _settled_server_rows(fleet)
     emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -256,6 +302,10 @@ async def _in_process(
     cpu = time.process_time() - cpu0
     emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
     srv_cpu = process_cpu_s(fleet.server_pid) - srv0
+    # The server goes on recording the fan-out's events after it returned: its CPU
+    # until its tables stop moving is part of the turns' cost.
+    rows1 = await _settled_server_rows(fleet)
+    srv_cpu_settled = process_cpu_s(fleet.server_pid) - srv0
     bad = [o.error or "" for o in outcomes if not o.ok]
     starts = fleet.emu.event_log(["turn_start"], since=before)
     # Turns that finished (a failed workflow's turns are not counted as throughput).
@@ -278,6 +328,8 @@ async def _in_process(
         "cpu_ms_per_turn": cpu / turns * 1000,
         "emu_ms_per_turn": emu_cpu / turns * 1000,
         "server_ms_per_turn": srv_cpu / turns * 1000,
+        "server_settled_ms_per_turn": srv_cpu_settled / turns * 1000,
+        "server_rows_per_turn": _per_turn(rows0, rows1, turns),
         "server_peak": peak,
         "rss_delta_at_peak_kib": at_peak - rss0,
         "kib_per_open_turn": (at_peak - rss0) / max(1, peak),
@@ -292,6 +344,12 @@ def _print_in_process(r: dict[str, Any], steps: int) -> None:
         f"{r['cpu_ms_per_turn']:.0f} ms/turn (emulator {r['emu_ms_per_turn']:.0f}, "
         f"Prefect server {r['server_ms_per_turn']:.0f} ms/turn in their own processes); "
         f"server peak {r['server_peak']} running turns; load {r['load']}",
+        flush=True,
+    )
+    print(
+        f"cap {r['cap']:>3}: Prefect server CPU until its tables settled "
+        f"{r['server_settled_ms_per_turn']:.0f} ms/turn; what it stored per turn: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in r["server_rows_per_turn"].items()),
         flush=True,
     )
 

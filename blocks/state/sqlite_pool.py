@@ -29,6 +29,7 @@ import functools
 import itertools
 import logging
 import queue
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -75,6 +76,8 @@ class _Worker:
         self._engine = engine
         self._jobs: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._conn: sa.Connection | None = None
+        #: Holds its pool's writer lock (set and cleared on this worker's thread).
+        self.writing = False
         thread = threading.Thread(
             target=self._run, name=f"prefect-coder-sqlite-{next(_names)}", daemon=True
         )
@@ -146,6 +149,40 @@ class SqlitePool:
         self._started = 0
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[_Worker]]] = deque()
         self._closed = False
+        # One writer of this process at a time (module docstring: why not SQLite's
+        # busy handler alone).
+        self._writer = threading.Lock()
+
+    def writer_begin(
+        self, worker: _Worker, begin: Callable[[sa.Connection], None]
+    ) -> Callable[[sa.Connection], None]:
+        """``begin`` preceded, on the worker, by taking this process's writer lock;
+        released at the worker's check-in (after its COMMIT or ROLLBACK)."""
+
+        def locked_begin(conn: sa.Connection) -> None:
+            if not self._writer.acquire(timeout=self._timeout):
+                # What SQLAlchemy raises when SQLite's own busy_timeout runs out.
+                raise sa.exc.OperationalError(
+                    "BEGIN IMMEDIATE",
+                    None,
+                    sqlite3.OperationalError(
+                        f"database is locked (another writer of this process held it "
+                        f"for {self._timeout:g}s)"
+                    ),
+                )
+            worker.writing = True
+            try:
+                begin(conn)
+            except BaseException:
+                self._release_writer(worker)
+                raise
+
+        return locked_begin
+
+    def _release_writer(self, worker: _Worker) -> None:
+        if worker.writing:
+            worker.writing = False
+            self._writer.release()
 
     async def checkout(self) -> _Worker:
         loop = asyncio.get_running_loop()
@@ -176,7 +213,11 @@ class SqlitePool:
             timer.cancel()
 
     def checkin(self, worker: _Worker) -> None:
-        """Hand the worker to the oldest live waiter, else keep it idle (any thread)."""
+        """Hand the worker to the oldest live waiter, else keep it idle (any thread).
+
+        Releases the writer lock the worker's transaction held: a check-in runs on the
+        worker right after its COMMIT or ROLLBACK."""
+        self._release_writer(worker)
         with self._lock:
             while self._waiters:
                 loop, fut = self._waiters.popleft()
@@ -260,7 +301,11 @@ def _finish(commit: bool, conn: sa.Connection) -> None:
 
 
 async def run_transaction(
-    pool: SqlitePool, begin: Callable[[sa.Connection], None], body: Callable[[sa.Connection], T]
+    pool: SqlitePool,
+    begin: Callable[[sa.Connection], None],
+    body: Callable[[sa.Connection], T],
+    *,
+    write: bool = True,
 ) -> T:
     """``body(conn)`` in one transaction in ONE hop: BEGIN, body, COMMIT on the worker.
 
@@ -271,6 +316,8 @@ async def run_transaction(
     commits or rolls back on the worker as if awaited, then the worker is checked in.
     """
     worker = await pool.checkout()
+    if write:
+        begin = pool.writer_begin(worker, begin)
 
     def job(conn: sa.Connection) -> T:
         begin(conn)
@@ -297,6 +344,8 @@ async def transaction(
     for a cancelled caller, so a worker is never handed on mid-transaction.
     """
     worker = await pool.checkout()
+    if write:
+        begin = pool.writer_begin(worker, begin)
     conn = ThreadConnection(worker, pool.engine.dialect, begin)
     checkin = functools.partial(pool.checkin, worker)
     try:

@@ -101,7 +101,16 @@ async def run_in_process(
         _validate(FanoutItem(workflow_id=workflow_id, steps=steps))
         resources = await load_resources(settings)
     try:
-        return await run_steps(workflow_id, steps, settings, resources, allow_approval=False)
+        # The archive inline, not as a task run of its own: one Prefect task run per
+        # one-turn workflow instead of two (docs/performance.md, round 5).
+        return await run_steps(
+            workflow_id,
+            steps,
+            settings,
+            resources,
+            allow_approval=False,
+            archive_as_task=False,
+        )
     except Exception:
         if not settings.keep_chat:
             try:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from coder_chat.errors import CoderApiError, CoderChatError
 from coder_chat.models import Chat
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks import StateStore
 from prefect_coder.flows.parts.observe import TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease
@@ -44,7 +44,7 @@ class ArchiveOutcome(BaseModel):
 
 
 async def _retire_one(
-    credentials: CoderCredentials,
+    resources: TurnResources,
     chat_id: str,
     interrupt_bound_s: float,
     poll_s: float,
@@ -55,20 +55,20 @@ async def _retire_one(
     With ``store`` (the checkpointed chat) the first interrupt is journaled
     ``cut-short`` before it is sent: an attempt the archive truncates must never
     be taken for a finished one when a rerun recovers the step from the archived
-    chat's history."""
-    async with credentials.get_client() as client:
-        try:
-            chat = await client.get_chat(chat_id, timeout=interrupt_bound_s)
-        except CoderApiError as exc:
-            if exc.status == 404:
-                return "gone"
-            raise
-        if chat.archived:
-            # A re-run of a finished workflow reaches its final step again.
-            return "already"
+    chat's history.
+
+    Uses the caller's client when it has one (a workflow's shared client): a client
+    per archive cost a fan-out shard a connection pool and a TCP connect per
+    workflow."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = resources.client
+        if client is None:
+            client = await stack.enter_async_context(resources.credentials.get_client())
         # A crashed step may have left a run live (or a pause, which needs two
         # interrupts): stop_chat brings it to rest, then archives, retrying 409s
-        # while the run winds down — all within one bound.
+        # while the run winds down — all within one bound. Its first read says
+        # whether the chat was archived before (a re-run of a finished workflow
+        # reaches its final step again) or is gone: no read of our own first.
         bound = interrupt_bound_s + ARCHIVE_SETTLE_S
         journaled = False
 
@@ -78,14 +78,21 @@ async def _retire_one(
                 await journal_cut_short(client, store, chat_id)
                 journaled = True
 
-        stopped = await stop_chat(
-            client,
-            chat_id,
-            timeout=bound,
-            archive=True,
-            poll_interval=poll_s,
-            before_interrupt=before_interrupt,
-        )
+        try:
+            stopped = await stop_chat(
+                client,
+                chat_id,
+                timeout=bound,
+                archive=True,
+                poll_interval=poll_s,
+                before_interrupt=before_interrupt,
+            )
+        except CoderApiError as exc:
+            if exc.status == 404:
+                return "gone"
+            raise
+    if stopped.was_archived:
+        return "already"
     if not stopped.archived:
         why = f"; last error: {stopped.last_error}" if stopped.last_error else ""
         raise CoderChatError(
@@ -136,7 +143,7 @@ async def retire_workflow_chat(
         for chat_id in targets:
             checkpointed = chat_id == outcome.chat_id
             verdict = await _retire_one(
-                resources.credentials,
+                resources,
                 chat_id,
                 interrupt_bound_s,
                 POLL_S,

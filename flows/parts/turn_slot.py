@@ -281,30 +281,30 @@ async def turn_slot(
     # burst of 100 concurrent claims made SQLite fail other writes ("database is
     # locked", measured with bench/fanout.py at cap 50).
     ui = _WaitingState()
-    queued = gate.locked()
+    queued = gate.lock.locked()
     announced = False
     try:
         if queued:
-            # Every claim of this process queues, free slots or not: a turn queued
-            # behind its neighbours' claims for under SHOW_WAITING_AFTER_S is not
-            # waiting on the cap, and announcing it (log line, event, UI state) cost a
-            # fan-out of quick turns a fifth of its CPU. Announce only a longer wait.
-            got_gate = False
-            with contextlib.suppress(TimeoutError):
-                got_gate = await asyncio.wait_for(
-                    gate.acquire(), timeout=max(0.0, min(wait, SHOW_WAITING_AFTER_S))
+            # Every claim of this process queues, free slots or not. A turn queued
+            # behind its neighbours' claims is not waiting on the cap: announcing it
+            # (log line, event, two task-run state API calls) cost a fan-out of quick
+            # turns a fifth of its CPU, and at cap 50 a starved loop kept nearly every
+            # claim queued for over a second. So a queued turn announces only once it
+            # has queued SHOW_WAITING_AFTER_S while the head of the queue finds every
+            # slot busy — then it is waiting on the cap, behind the head.
+            got_gate = await _acquire_within(gate.lock, min(wait, SHOW_WAITING_AFTER_S))
+            while not got_gate:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+                if not announced and gate.cap_full:
+                    _announce(cap, wait, workflow_id, step, log, ui)
+                    announced = True
+                got_gate = await _acquire_within(
+                    gate.lock, left if announced else min(left, SHOW_WAITING_AFTER_S)
                 )
-            if not got_gate:
-                _announce(cap, wait, workflow_id, step, log, ui)
-                announced = True
-                try:
-                    await asyncio.wait_for(
-                        gate.acquire(), timeout=max(0.0, deadline - time.monotonic())
-                    )
-                except TimeoutError:
-                    raise TurnSlotUnavailableError(cap, time.monotonic() - started) from None
         else:
-            await gate.acquire()  # not locked: taken at once
+            await gate.lock.acquire()  # not locked: taken at once
         try:
             index, waited = await _wait_for_slot(
                 claimer,
@@ -316,9 +316,10 @@ async def turn_slot(
                 log,
                 poll_interval,
                 ui=ui if not announced else None,
+                gate=gate,
             )
         finally:
-            gate.release()
+            gate.lock.release()
     finally:
         await ui.stop()
     if announced or waited:
@@ -370,16 +371,35 @@ async def _renew(
         last_ok = time.monotonic()
 
 
-_gates: dict[tuple[int, str, str], asyncio.Lock] = {}
+class _Gate:
+    """The FIFO queue of this process's claims on one store (per event loop), and
+    whether its head is waiting on the cap (found every slot busy)."""
+
+    __slots__ = ("cap_full", "lock")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.cap_full = False
 
 
-def _local_gate(store: StateStore) -> asyncio.Lock:
-    """The FIFO queue of this process's waiters on one store (per event loop)."""
+_gates: dict[tuple[int, str, str], _Gate] = {}
+
+
+def _local_gate(store: StateStore) -> _Gate:
+    """This process's claim queue on one store (per event loop)."""
     key = (id(asyncio.get_running_loop()), store.url, store.tenant)
     gate = _gates.get(key)
     if gate is None:
-        gate = _gates[key] = asyncio.Lock()
+        gate = _gates[key] = _Gate()
     return gate
+
+
+async def _acquire_within(lock: asyncio.Lock, within_s: float) -> bool:
+    """``lock.acquire()`` bounded by ``within_s`` seconds; False when it ran out."""
+    try:
+        return await asyncio.wait_for(lock.acquire(), timeout=max(0.0, within_s))
+    except TimeoutError:
+        return False
 
 
 def _announce(
@@ -417,17 +437,23 @@ async def _wait_for_slot(
     poll_interval: float,
     *,
     ui: _WaitingState | None,
+    gate: _Gate,
 ) -> tuple[int, bool]:
     index = await claimer.claim()
     if index is not None:
         return index, False
     if ui is not None:  # not announced yet
         _announce(cap, deadline - started, workflow_id, step, log, ui)
-    while index is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TurnSlotUnavailableError(cap, time.monotonic() - started)
-        # Jitter spreads the pollers of a large fan-out over the interval.
-        await asyncio.sleep(min(left, poll_interval * (0.5 + _rng.random())))
-        index = await claimer.claim()
+    # The turns queued behind this one are waiting on the cap too (they announce).
+    gate.cap_full = True
+    try:
+        while index is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+            # Jitter spreads the pollers of a large fan-out over the interval.
+            await asyncio.sleep(min(left, poll_interval * (0.5 + _rng.random())))
+            index = await claimer.claim()
+    finally:
+        gate.cap_full = False
     return index, True

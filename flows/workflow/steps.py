@@ -35,6 +35,7 @@ from prefect_coder.flows.parts.resources import (
     shared_client,
 )
 from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.parts.retire import retire_workflow_chat
 from prefect_coder.flows.parts.toolset import Toolset
 from prefect_coder.flows.parts.unfinished_attempt import earlier_steps
 from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
@@ -93,8 +94,16 @@ async def run_steps(
     resources: TurnResources,
     *,
     allow_approval: bool = True,
+    archive_as_task: bool = True,
 ) -> list[StepResult]:
-    """The body of :func:`agent_workflow`: every step in order, then the archive."""
+    """The body of :func:`agent_workflow`: every step in order, then the archive.
+
+    ``archive_as_task=False`` (a fan-out's workflows): the archive runs inline in the
+    flow run instead of as an ``archive-chat`` task run. It is not cached either way
+    (it runs again on every re-run), so the task run only showed it in the UI — at
+    the price of a second Prefect task run per one-turn workflow, i.e. three more
+    state events for the server to record and the task engine's start and finish
+    in the worker. Its log line and ``coder.chat.archived`` event stay."""
     turn, model = _step_tasks(settings.retries, settings.retry_delay_s)
     # Client tools are declared once, when the first step creates the chat.
     toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
@@ -157,8 +166,15 @@ async def run_steps(
                                     workflow_id, step, settings, cast(Any, quote(shared)), toolset
                                 )
                             )
-                if not settings.keep_chat:
+                if not settings.keep_chat and archive_as_task:
                     await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
+                elif not settings.keep_chat:
+                    await retire_workflow_chat(
+                        workflow_id,
+                        shared,
+                        lease_wait_s=settings.lease_wait_s,
+                        lease_ttl_s=settings.lease_ttl_s,
+                    )
         finally:
             await background.drain(only=own_background)
     return results
