@@ -28,15 +28,20 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments.runner import EntrypointType
 from prefect.events import DeploymentEventTrigger
-from pydantic import SecretStr
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.fanout_shard import agent_fanout_shard
 from prefect_coder.flows.deployments.recover_turn import recover_turn
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+
+# ``tests/`` for ``support``: bench/fanout.py imports this module outside pytest.
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+from support.prefect_blocks import emulator_credentials, save_settings  # noqa: E402
 
 TOKEN = f"tok-fanout-{uuid.uuid4().hex}-SECRET"
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,27 +219,21 @@ async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) 
 async def fanout_settings(emu: Emulator, store_url: str, cap: int) -> WorkflowSettings:
     """Blocks of their own (credentials with a turn cap of ``cap``, the test's store) and
     the fan-out's settings: short leases and slot ttl, artifacts on."""
-    name = uuid.uuid4().hex[:10]
-    await CoderCredentials(
-        base_url=emu.base_url,
-        organization_id=uuid.UUID(str(emu.organization_id)),
-        token=SecretStr(TOKEN),
-        request_timeout=15.0,
+    credentials = emulator_credentials(
+        emu,
+        TOKEN,
         turn_timeout=60.0,
         max_concurrent_turns=cap,
         turn_slot_wait=120.0,
         turn_slot_ttl=3.0,
-    ).save(f"fanout-coder-{name}", overwrite=True)
-    await ChatStateStore(url=store_url).save(f"fanout-store-{name}", overwrite=True)
-    return WorkflowSettings(
-        credentials_block=f"fanout-coder-{name}",
-        store_block=f"fanout-store-{name}",
-        retries=0,
-        retry_delay_s=0,
+    )
+    return await save_settings(
+        "fanout",
+        credentials,
+        store_url,
         lease_wait_s=90,
         lease_ttl_s=3,
         settle_wait_s=5,
-        redial_backoff_ms=20,
         artifacts=True,
     )
 

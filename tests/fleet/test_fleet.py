@@ -21,10 +21,10 @@ from fleet_env import ROOT, TOKEN
 from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
-from pydantic import SecretStr
+from support.prefect_blocks import emulator_credentials, save_settings
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.blocks import ChatStateStore, StateStore
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
@@ -39,28 +39,10 @@ from prefect_coder.flows.parts.turn_slot import (
 async def _settings(
     emu: Emulator, store_url: str, *, cap: int | None, wait: float = 60.0, ttl: float = 10.0
 ) -> WorkflowSettings:
-    name = uuid.uuid4().hex[:10]
-    await CoderCredentials(
-        base_url=emu.base_url,
-        organization_id=uuid.UUID(str(emu.organization_id)),
-        token=SecretStr(TOKEN),
-        request_timeout=15.0,
-        turn_timeout=30.0,
-        max_concurrent_turns=cap,
-        turn_slot_wait=wait,
-        turn_slot_ttl=ttl,
-    ).save(f"fleet-coder-{name}", overwrite=True)
-    await ChatStateStore(url=store_url).save(f"fleet-store-{name}", overwrite=True)
-    return WorkflowSettings(
-        credentials_block=f"fleet-coder-{name}",
-        store_block=f"fleet-store-{name}",
-        retries=0,
-        retry_delay_s=0,
-        lease_ttl_s=5,
-        settle_wait_s=2,
-        redial_backoff_ms=20,
-        artifacts=False,
+    credentials = emulator_credentials(
+        emu, TOKEN, max_concurrent_turns=cap, turn_slot_wait=wait, turn_slot_ttl=ttl
     )
+    return await save_settings("fleet", credentials, store_url)
 
 
 def _step(name: str, seconds: float) -> Step:

@@ -14,11 +14,11 @@ import asyncio
 import uuid
 
 from fleet_env import TOKEN
-from pydantic import SecretStr
+from support.prefect_blocks import emulator_credentials, save_settings
 
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore, workflow_key
+from prefect_coder.blocks import CoderCredentials, StateStore, workflow_key
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts import background
 from prefect_coder.flows.parts.labels import chat_labels
@@ -26,30 +26,12 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 
 def _creds(emu: Emulator) -> CoderCredentials:
-    return CoderCredentials(
-        base_url=emu.base_url,
-        organization_id=uuid.UUID(str(emu.organization_id)),
-        token=SecretStr(TOKEN),
-        request_timeout=15.0,
-        turn_timeout=30.0,
-    )
+    return emulator_credentials(emu, TOKEN)
 
 
 async def _settings(emu: Emulator, store_url: str) -> WorkflowSettings:
-    name = uuid.uuid4().hex[:10]
-    await _creds(emu).save(f"share-coder-{name}", overwrite=True)
-    await ChatStateStore(url=store_url).save(f"share-store-{name}", overwrite=True)
-    return WorkflowSettings(
-        credentials_block=f"share-coder-{name}",
-        store_block=f"share-store-{name}",
-        retries=0,
-        retry_delay_s=0,
-        lease_ttl_s=5,
-        settle_wait_s=2,
-        redial_backoff_ms=20,
-        artifacts=False,
-        keep_chat=True,  # the checkpoints are read after the fan-out
-    )
+    # keep_chat: the checkpoints are read after the fan-out.
+    return await save_settings("share", _creds(emu), store_url, keep_chat=True)
 
 
 def _step(name: str) -> Step:

@@ -29,9 +29,10 @@ import pytest
 import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
+from support.prefect_blocks import save_settings
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
@@ -56,21 +57,10 @@ asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"]
 
 
 async def _settings(creds: CoderCredentials, store_url: str, tenant: str) -> WorkflowSettings:
-    name = uuid.uuid4().hex[:10]
-    await creds.model_copy(
+    capped = creds.model_copy(
         update={"max_concurrent_turns": CAP, "turn_slot_wait": 120.0, "turn_slot_ttl": TTL}
-    ).save(f"hl-coder-{name}", overwrite=True)
-    await ChatStateStore(url=store_url, tenant=tenant).save(f"hl-store-{name}", overwrite=True)
-    return WorkflowSettings(
-        credentials_block=f"hl-coder-{name}",
-        store_block=f"hl-store-{name}",
-        retries=0,
-        retry_delay_s=0,
-        lease_ttl_s=5,
-        settle_wait_s=2,
-        redial_backoff_ms=20,
-        artifacts=False,
     )
+    return await save_settings("hl", capped, store_url, tenant=tenant)
 
 
 async def _until(what: str, limit_s: float, check: Any) -> Any:
