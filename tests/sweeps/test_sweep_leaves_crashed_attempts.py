@@ -157,6 +157,31 @@ def _wf(tag: str) -> str:
     return f"sw-{tag}-{uuid.uuid4().hex[:8]}"
 
 
+async def _crash_running_and_paused(
+    server: ForkServer, settings: WorkflowSettings, emu: Emulator, tag: str
+) -> tuple[tuple[str, str], tuple[str, str]]:
+    """Two workflows SIGKILLed right after pay's first tool results landed: one whose
+    continuation keeps running (60 s of model work before the fee), one paused on the
+    fee, a call nothing ran. Returns ``(workflow_id, chat_id)`` of each."""
+    running_wf, paused_wf = _wf(f"{tag}-run"), _wf(f"{tag}-pause")
+    running = await crash_to_chat(
+        server,
+        "turn.after_tool_results:2",
+        child_spec(running_wf, settings, steps=_pay_then_fee(fee_sleep=60)),
+        emu,
+        running_wf,
+    )
+    paused = await crash_to_chat(
+        server,
+        "turn.after_tool_results:2",
+        child_spec(paused_wf, settings, steps=_pay_then_fee()),
+        emu,
+        paused_wf,
+        status="requires_action",
+    )
+    return (running_wf, running), (paused_wf, paused)
+
+
 async def test_a_running_crashed_attempt_is_left_to_its_workflows_recovery(
     fork_server: ForkServer,
     crash_settings: WorkflowSettings,
@@ -233,21 +258,8 @@ async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
     the truncated attempt for a finished one."""
     turn_s = 4.0
     short = crash_settings.model_copy(update={"turn_timeout_s": turn_s})
-    running_wf, paused_wf = _wf("late-run"), _wf("late-pause")
-    running = await crash_to_chat(
-        fork_server,
-        "turn.after_tool_results:2",
-        child_spec(running_wf, short, steps=_pay_then_fee(fee_sleep=60)),
-        emu,
-        running_wf,
-    )
-    paused = await crash_to_chat(
-        fork_server,
-        "turn.after_tool_results:2",
-        child_spec(paused_wf, short, steps=_pay_then_fee()),
-        emu,
-        paused_wf,
-        status="requires_action",
+    (running_wf, running), (paused_wf, paused) = await _crash_running_and_paused(
+        fork_server, short, emu, "late"
     )
     sent = []
     for chat in (running, paused):
@@ -301,21 +313,8 @@ async def test_the_steps_own_recorded_deadline_not_the_sweeps_turn_timeout_decid
     step_s, sweep_s = 10.0, 1.0
     step = crash_settings.model_copy(update={"turn_timeout_s": step_s})
     sweep = crash_settings.model_copy(update={"turn_timeout_s": sweep_s})
-    running_wf, paused_wf = _wf("own-run"), _wf("own-pause")
-    running = await crash_to_chat(
-        fork_server,
-        "turn.after_tool_results:2",
-        child_spec(running_wf, step, steps=_pay_then_fee(fee_sleep=60)),
-        emu,
-        running_wf,
-    )
-    paused = await crash_to_chat(
-        fork_server,
-        "turn.after_tool_results:2",
-        child_spec(paused_wf, step, steps=_pay_then_fee()),
-        emu,
-        paused_wf,
-        status="requires_action",
+    (_, running), (paused_wf, paused) = await _crash_running_and_paused(
+        fork_server, step, emu, "own"
     )
     sent = {}
     for chat in (running, paused):
