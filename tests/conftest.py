@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from warm_python import WarmPython
 
 # The emulator's pytest plugin is opt-in (it is not auto-loaded into every pytest
 # session of an environment that has prefect-coder installed); this is the one line a
@@ -294,6 +295,33 @@ def _no_websocket_pings_during_hypothesis(request: pytest.FixtureRequest) -> Non
     events_worker = sys.modules.get("prefect.events.worker")
     if events_worker is not None:
         events_worker.EventsWorker.drain_all(timeout=10, at_exit=False)
+
+
+@pytest.fixture(scope="session")
+def warm_python(prefect_harness: PrefectHarness) -> Iterator[WarmPython]:
+    """Fresh child processes forked from one warm process (tests/warm_python.py).
+
+    For tests whose child process stands in for a worker's flow-run process: it is
+    a separate process (own pid, memory, sockets; a real SIGKILL kills it) without
+    a new interpreter importing Prefect again (~4.5 s CPU per child). Its Prefect
+    settings are the session's: ``PREFECT_API_URL`` of the test server, the result
+    storage, logging at WARNING. A child asking for other ``PREFECT_*`` settings
+    runs in a fresh interpreter.
+    """
+    root = Path(__file__).resolve().parents[1]
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=prefect_harness.api_url,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(prefect_harness.results_dir),
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+    )
+    warm = WarmPython(env)
+    try:
+        warm.wait_ready()
+        yield warm
+    finally:
+        warm.close()
 
 
 @pytest.fixture(scope="session")

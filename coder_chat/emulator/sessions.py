@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .core import WatchSub
 from .httpserver import WebSocket
@@ -154,6 +154,7 @@ class WatchSession:
         core.watchers.add(sub)
         core.log("watch_connect", None, user=self.user.username)
         closed = asyncio.get_running_loop().create_task(ws.closed.wait())
+        getter: asyncio.Task[dict[str, Any]] | None = None
         try:
             while not ws.closed.is_set():
                 getter = asyncio.get_running_loop().create_task(sub.queue.get())
@@ -166,6 +167,11 @@ class WatchSession:
         except (ConnectionError, OSError) as exc:
             _LOG.debug("watch ended: %r", exc)
         finally:
+            # Cancelled mid-wait (the server stops or restarts): the getter task must
+            # end with us, or it stays pending on this loop until the loop closes and
+            # its coroutine is collected later, on a closed loop (an unraisable error).
+            if getter is not None:
+                getter.cancel()
             closed.cancel()
             core.watchers.discard(sub)
             with contextlib.suppress(Exception):

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from prefect.events import DeploymentEventTrigger
 from prefect.flow_runs import aresume_flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Failed
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
@@ -76,9 +75,11 @@ async def _start(
     return run.id, wf
 
 
-def _execute(run_id: UUID, results: Path, log_level: str = "WARNING") -> str:
+def _execute(warm: WarmPython, run_id: UUID, results: Path, log_level: str = "WARNING") -> str:
     """Run the flow run in a fresh process, like a process worker (blocks until it exits);
-    returns what the process printed on stderr."""
+    returns what the process printed on stderr. The process is forked from the
+    session's warm process (tests/warm_python.py: no second import of Prefect) when
+    its Prefect settings are the session's, else a fresh interpreter."""
     env = dict(
         os.environ,
         PREFECT__FLOW_RUN_ID=str(run_id),
@@ -89,14 +90,7 @@ def _execute(run_id: UUID, results: Path, log_level: str = "WARNING") -> str:
         PYTHONPATH=str(ROOT),
     )
     env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY")
-    proc = subprocess.run(
-        [sys.executable, "-m", "prefect.engine"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    proc = warm.run(["-m", "prefect.engine"], env=env, cwd=ROOT, timeout=90)
     assert TOKEN not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr
@@ -128,10 +122,15 @@ def _user_texts(emu: Emulator) -> list[str]:
 
 
 async def _suspend(
-    deployment_id: UUID, emu: Emulator, tmp_path: Path, prefect_server: Path, steps: list[dict]
+    warm: WarmPython,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    prefect_server: Path,
+    steps: list[dict],
 ) -> tuple[UUID, str]:
     run_id, wf = await _start(deployment_id, emu, tmp_path, steps)
-    stderr = await asyncio.to_thread(_execute, run_id, prefect_server)
+    stderr = await asyncio.to_thread(_execute, warm, run_id, prefect_server)
     # Waiting for a person is not an error: Prefect's "Finished in state Suspended"
     # line (ERROR in its engine) is lowered to INFO.
     exit_lines = [line for line in stderr.splitlines() if "Finished in state Suspended" in line]
@@ -147,11 +146,15 @@ async def _suspend(
 
 
 async def test_approve_continues_from_persisted_results(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
-    run_id, wf = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    run_id, wf = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
     await aresume_flow_run(run_id, run_input={"decision": "approve", "comment": "lgtm"})
-    await asyncio.to_thread(_execute, run_id, prefect_server)
+    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
     run = await _run(run_id)
     assert run.state is not None and run.state.type == StateType.COMPLETED
     results = await run.state.aresult()
@@ -173,13 +176,17 @@ async def test_approve_continues_from_persisted_results(
 
 
 async def test_edit_replaces_the_next_prompt(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
-    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
     await aresume_flow_run(
         run_id, run_input={"decision": "edit", "next_prompt": "Apply the draft, skip docs"}
     )
-    await asyncio.to_thread(_execute, run_id, prefect_server)
+    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
     run = await _run(run_id)
     assert run.state is not None and run.state.type == StateType.COMPLETED
     texts = _user_texts(emu)
@@ -187,15 +194,19 @@ async def test_edit_replaces_the_next_prompt(
 
 
 async def test_prompt_changed_under_approve_is_an_edit(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
     """What a person typed is never dropped: the form comes filled with the next
     prompt, and a change there under "approve" is sent and recorded as an edit."""
-    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
     await aresume_flow_run(
         run_id, run_input={"decision": "approve", "next_prompt": "Apply the draft, carefully"}
     )
-    await asyncio.to_thread(_execute, run_id, prefect_server)
+    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
     run = await _run(run_id)
     assert run.state is not None and run.state.type == StateType.COMPLETED
     texts = _user_texts(emu)
@@ -206,10 +217,14 @@ async def test_prompt_changed_under_approve_is_an_edit(
 
 
 async def test_suspending_says_where_to_decide_and_logs_no_error(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
     run_id, _ = await _start(deployment_id, emu, tmp_path, STEPS)
-    await asyncio.to_thread(_execute, run_id, prefect_server, "INFO")
+    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server, "INFO")
     async with get_client() as client:
         logs = await client.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
@@ -224,11 +239,15 @@ async def test_suspending_says_where_to_decide_and_logs_no_error(
 
 
 async def test_reject_archives_the_chat_and_stops(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
-    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, STEPS)
+    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
     await aresume_flow_run(run_id, run_input={"decision": "reject", "comment": "no"})
-    await asyncio.to_thread(_execute, run_id, prefect_server)
+    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
     run = await _run(run_id)
     assert run.state is not None and run.state.type == StateType.COMPLETED
     results = await run.state.aresult()
@@ -242,11 +261,15 @@ async def test_reject_archives_the_chat_and_stops(
 
 
 async def test_timeout_follows_the_failure_handler(
-    prefect_server: Path, deployment_id: UUID, emu: Emulator, tmp_path: Path
+    prefect_server: Path,
+    deployment_id: UUID,
+    emu: Emulator,
+    tmp_path: Path,
+    warm_python: WarmPython,
 ) -> None:
     steps = [dict(s) for s in STEPS]
     steps[1]["timeout_s"] = 1
-    run_id, _ = await _suspend(deployment_id, emu, tmp_path, prefect_server, steps)
+    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, steps)
     await asyncio.sleep(1.2)
     handled = await expire_approvals()
     assert str(run_id) in handled

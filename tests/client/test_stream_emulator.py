@@ -356,6 +356,11 @@ async def _next_status(watcher: Any, chat_id: str, status: str) -> Any:
             return ev
 
 
+def _pending_queue_reads() -> int:
+    """Tasks of the running (emulator's) loop still waiting in ``Queue.get``."""
+    return sum(1 for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Queue.get")
+
+
 async def test_watch_chats_redials_after_a_restart(chatd_emulator: Any) -> None:
     emu = chatd_emulator
     async with client_for(emu) as client:
@@ -369,6 +374,15 @@ async def test_watch_chats_redials_after_a_restart(chatd_emulator: Any) -> None:
             second = await idle_chat(client, emu)
             await _next_status(watcher, second, "waiting")
         assert await watcher.next_event() is None  # closed by us
+    # Both server sessions ended (the first by the restart) and left no queue read
+    # pending on the emulator's loop: a leftover one was collected after that loop
+    # closed, as an unraisable "Event loop is closed" in some later test.
+    for _ in range(500):
+        if len(emu.event_log(["watch_disconnect"])) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(emu.event_log(["watch_disconnect"])) == 2
+    assert emu._call(_pending_queue_reads) == 0
 
     async with client_for(emu, token="bad-token-" + "y" * 20) as bad:
         with pytest.raises(CoderApiError) as denied:

@@ -58,15 +58,24 @@ def emu() -> Iterator[Emulator]:
 
 @pytest.fixture(scope="session")
 async def coder_block(prefect_env: PrefectEnv, emu: Emulator) -> str:
-    """Name of a saved CoderCredentials block pointing at the emulator."""
+    """Name of a saved CoderCredentials block pointing at this ``emu``.
+
+    A name of its own per emulator: tests/sweeps/conftest.py loads these fixtures
+    again (a second session ``emu`` with its own ``coder_block``) on the same
+    Prefect server, and with one fixed name whichever saved last won. In one
+    process that was sweeps (after flows, alphabetically); when a process ran a
+    sweeps file before a flows file (pytest-xdist), the flows tests talked to the
+    sweeps' emulator and found none of their chats in their own.
+    """
+    name = f"flows-test-coder-{uuid.uuid4().hex[:8]}"
     await CoderCredentials(
         base_url=emu.base_url,
         organization_id=emu.organization_id,
         token=TOKEN,
         request_timeout=15.0,
         turn_timeout=30.0,
-    ).save("flows-test-coder", overwrite=True)
-    return "flows-test-coder"
+    ).save(name, overwrite=True)
+    return name
 
 
 @pytest.fixture(scope="session")

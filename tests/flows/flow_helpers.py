@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,15 +34,9 @@ def user_messages(emu: Emulator, chat_id: str) -> list[str]:
     return out
 
 
-def run_child(
-    prefect_env: Any, code: str, *, timeout: float = 90, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run Python code in a fresh process (a stand-in for a worker's flow-run process)."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=prefect_env.subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+def run_child(warm: Any, prefect_env: Any, code: str, *, timeout: float = 90, **env: str) -> Any:
+    """Run Python code in a fresh process (a stand-in for a worker's flow-run process):
+    forked from the session's warm process (``warm_python`` in tests/conftest.py), so
+    it does not import Prefect again. The result has ``returncode``, ``stdout``,
+    ``stderr`` (text), like ``subprocess.run(..., capture_output=True, text=True)``."""
+    return warm.run(["-c", code], env=prefect_env.subprocess_env(**env), cwd=ROOT, timeout=timeout)

@@ -11,9 +11,8 @@ archived once. A tool declared ``pure=True`` skips the ledger.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,21 +33,16 @@ HERE = Path(__file__).resolve().parent
 TOOL_MODULES = ["prefect_coder.flows.demo_tools", "effect_tools"]
 
 
-def _child(prefect_env: Any, spec: dict[str, Any], crash_at: str, db: Path) -> int:
+def _child(warm: Any, prefect_env: Any, spec: dict[str, Any], crash_at: str, db: Path) -> int:
+    # The flow-run process that SIGKILLs itself: a process of its own, forked from
+    # the session's warm process (no second import of Prefect).
     env = prefect_env.subprocess_env(
         CRASH_AT=crash_at, CRASH_SPEC=json.dumps(spec), EFFECT_DB=str(db)
     )
     env["PYTHONPATH"] = f"{HERE}:{env['PYTHONPATH']}"
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "tool_crash_child.py")],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = warm.run([str(HERE / "tool_crash_child.py")], env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == -9, proc.stderr[-3000:]
-    return proc.returncode
+    return int(proc.returncode)
 
 
 async def test_plain_tool_killed_after_its_effect_applies_it_once(
@@ -57,6 +51,7 @@ async def test_plain_tool_killed_after_its_effect_applies_it_once(
     workflow_id: str,
     store: StateStore,
     prefect_env: Any,
+    warm_python: Any,
     tmp_path: Path,
     monkeypatch: Any,
 ) -> None:
@@ -76,7 +71,7 @@ async def test_plain_tool_killed_after_its_effect_applies_it_once(
         "steps": [s.model_dump(mode="json") for s in steps],
         "settings": settings.model_dump(mode="json"),
     }
-    _child(prefect_env, spec, "tool.after_effect", db)
+    await asyncio.to_thread(_child, warm_python, prefect_env, spec, "tool.after_effect", db)
 
     calls, effects = effect_rows(str(db))
     assert len(calls) == 1 and len(effects) == 1  # the effect ran, then the process died

@@ -77,6 +77,7 @@ def test_tools_from_the_env_var_and_entry_points_need_no_settings(
     settings: WorkflowSettings,
     workflow_id: str,
     prefect_env: Any,
+    warm_python: Any,
     tmp_path: Path,
 ) -> None:
     _install_fake_package(tmp_path)
@@ -92,6 +93,7 @@ def test_tools_from_the_env_var_and_entry_points_need_no_settings(
         "settings": settings.model_copy(update={"tool_modules": []}).model_dump(mode="json"),
     }
     proc = run_child(
+        warm_python,
         prefect_env,
         CHILD,
         SPEC=json.dumps(spec),

@@ -5,10 +5,10 @@ finished steps from storage (sending nothing) or gives up with a clear message."
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
+from typing import Any
 
 from flow_helpers import ROOT, emu_directive, user_messages
+from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, workflow_key
@@ -28,32 +28,32 @@ for r in results:
 
 
 def _start(
-    prefect_env: object, settings: WorkflowSettings, wf: str, steps: list[Step]
-) -> asyncio.subprocess.Process:
-    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        sys.executable,
-        "-c",
-        CHILD,
-        settings.model_dump_json(),
-        wf,
-        *[s.model_dump_json() for s in steps],
-        env=prefect_env.subprocess_env(),  # type: ignore[attr-defined]
+    warm: WarmPython, prefect_env: Any, settings: WorkflowSettings, wf: str, steps: list[Step]
+) -> Child:
+    # A process of its own per run (forked from the session's warm process: no
+    # second import of Prefect), each with its own connection to the store.
+    return warm.start(
+        ["-c", CHILD, settings.model_dump_json(), wf, *[s.model_dump_json() for s in steps]],
+        env=prefect_env.subprocess_env(),
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
     )
 
 
-def _results(stdout: bytes) -> list[TurnResult]:
+def _results(stdout: str) -> list[TurnResult]:
     return [
         TurnResult.model_validate_json(line.removeprefix("RESULT "))
-        for line in stdout.decode().splitlines()
+        for line in stdout.splitlines()
         if line.startswith("RESULT ")
     ]
 
 
 async def test_two_worker_processes_never_run_a_workflow_concurrently(
-    emu: Emulator, settings: WorkflowSettings, pg_block: str, workflow_id: str, prefect_env: object
+    emu: Emulator,
+    settings: WorkflowSettings,
+    pg_block: str,
+    workflow_id: str,
+    prefect_env: object,
+    warm_python: WarmPython,
 ) -> None:
     steps = [
         Step(name="one", prompt="1" + emu_directive({"text": "one", "deltas": 5, "delay": 0.1})),
@@ -66,21 +66,27 @@ async def test_two_worker_processes_never_run_a_workflow_concurrently(
         # wait only briefly and must give up; A and B wait, then race each other.
         async with store.lease(workflow_key(workflow_id), ttl=5, wait=5):
             patient = base.model_copy(update={"lease_wait_s": 60})
-            a = await _start(prefect_env, patient, workflow_id, steps)
-            b = await _start(prefect_env, patient, workflow_id, steps)
-            c = await _start(
-                prefect_env, base.model_copy(update={"lease_wait_s": 0.3}), workflow_id, steps
+            a = _start(warm_python, prefect_env, patient, workflow_id, steps)
+            b = _start(warm_python, prefect_env, patient, workflow_id, steps)
+            c = _start(
+                warm_python,
+                prefect_env,
+                base.model_copy(update={"lease_wait_s": 0.3}),
+                workflow_id,
+                steps,
             )
-            _, c_err = await c.communicate()
-        (a_out, a_err), (b_out, b_err) = await asyncio.gather(a.communicate(), b.communicate())
+            c_done = await c.communicate(limit_s=120)
+        a_done, b_done = await asyncio.gather(
+            a.communicate(limit_s=120), b.communicate(limit_s=120)
+        )
     finally:
         await store.aclose()
 
-    assert c.returncode != 0
-    assert f"workflow {workflow_id!r} is busy" in c_err.decode()
-    assert a.returncode == 0, a_err.decode()[-3000:]
-    assert b.returncode == 0, b_err.decode()[-3000:]
-    ra, rb = _results(a_out), _results(b_out)
+    assert c_done.returncode != 0
+    assert f"workflow {workflow_id!r} is busy" in c_done.stderr
+    assert a_done.returncode == 0, a_done.stderr[-3000:]
+    assert b_done.returncode == 0, b_done.stderr[-3000:]
+    ra, rb = _results(a_done.stdout), _results(b_done.stdout)
     assert [r.text for r in ra] == ["one", "two"]
     assert ra == rb  # the loser of each race got the winner's stored result
 

@@ -113,7 +113,11 @@ async def test_caller_cancellation_checkpoints_the_created_chat(
 
 
 async def test_next_step_resumes_in_a_new_process_from_the_checkpoint_only(
-    emu: Emulator, settings: WorkflowSettings, workflow_id: str, prefect_env: object
+    emu: Emulator,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    prefect_env: object,
+    warm_python: object,
 ) -> None:
     first = await agent_turn(
         workflow_id, Step(name="one", prompt="first" + say("first answer")), settings
@@ -128,7 +132,7 @@ step = Step(name="two", prompt={second_prompt!r})
 result = asyncio.run(agent_turn({workflow_id!r}, step, settings))
 print("RESULT " + result.model_dump_json())
 """
-    proc = run_child(prefect_env, code)
+    proc = await asyncio.to_thread(run_child, warm_python, prefect_env, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     second = TurnResult.model_validate_json(line.removeprefix("RESULT "))

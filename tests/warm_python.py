@@ -1,0 +1,389 @@
+"""Fresh Python processes without paying Prefect's import each time.
+
+A test that stands a child process in for a worker's flow-run process (a resume in
+a new process, single flight across processes, a SIGKILL mid-tool, a suspended
+flow run continued by ``python -m prefect.engine``) needs a *separate process*:
+its own pid, memory, sockets and event loop, killable with a real SIGKILL. It
+does not need a new interpreter to import Prefect and this project again — about
+4.5 s of CPU per child on the test machine, the biggest single cost of those
+tests. So one warm process per test session imports them once and *forks* a
+child per request; the child then runs the requested ``-c CODE`` / ``-m MODULE``
+/ ``SCRIPT`` as ``__main__`` with the requested argv, environment, working
+directory and ``PYTHONPATH``, and exits like an interpreter does (non-daemon
+threads joined, ``atexit`` handlers run, stdio flushed).
+
+What a fork cannot give is an import-time decision made under a different
+environment: Prefect reads its ``PREFECT_*`` settings (and sets up logging) when
+it is imported. So a request whose ``PREFECT_*`` variables differ from the warm
+process's runs in a real fresh interpreter instead (``subprocess``), as does every
+request when the warm process is not up. ``PREFECT_CODER_*`` variables are read by
+this project at call time and ``PREFECT__FLOW_RUN_ID`` by the engine's
+``__main__``, so those may differ.
+
+The warm process imports only installed packages (prefect, prefect_coder,
+coder_chat), never a test helper module: each child imports its own helpers from
+its own ``PYTHONPATH``, as a fresh interpreter would. It starts no thread and no
+event loop before forking.
+
+Protocol (one JSON object per line): request ``{"id", "argv", "env", "cwd",
+"out", "err"}`` on the warm process's stdin; answers ``{"id", "pid"}`` when
+forked and ``{"id", "rc"}`` when that child ended (``rc`` = ``-N`` if killed by
+signal N). The child's stdout/stderr go to the files ``out``/``err``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Environment variables a fork may not change (read by Prefect at import time).
+_FIXED_PREFIXES = ("PREFECT_",)
+_FREE_PREFIXES = ("PREFECT_CODER_", "PREFECT__")
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(_FIXED_PREFIXES) and not k.startswith(_FREE_PREFIXES)
+    }
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What ``subprocess.run(..., capture_output=True, text=True)`` would return."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    forked: bool  # False: ran in a fresh interpreter (PREFECT_* differed, or no warm process)
+
+
+class Child:
+    """A running child: ``pid``, ``wait()`` (sync) / ``await communicate()`` (async)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        pid: int,
+        done: concurrent.futures.Future[int],
+        out: Path,
+        err: Path,
+        forked: bool,
+    ) -> None:
+        self.args = args
+        self.pid = pid
+        self._done = done
+        self._out = out
+        self._err = err
+        self.forked = forked
+        self.returncode: int | None = None
+
+    def _result(self, rc: int) -> Completed:
+        self.returncode = rc
+        out = self._out.read_text(errors="replace")
+        err = self._err.read_text(errors="replace")
+        with contextlib.suppress(OSError):
+            self._out.unlink()
+            self._err.unlink()
+        return Completed(self.args, rc, out, err, self.forked)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> Completed:
+        try:
+            rc = self._done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self.kill()
+            self._done.result(30)
+            raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        return self._result(rc)
+
+    async def communicate(self, limit_s: float | None = None) -> Completed:
+        import asyncio
+
+        done = asyncio.wrap_future(self._done)
+        try:
+            # shield: a timeout must not cancel the future the reader thread resolves.
+            rc = await asyncio.wait_for(asyncio.shield(done), limit_s)
+        except TimeoutError:
+            self.kill()
+            await asyncio.wait_for(done, 30)
+            raise subprocess.TimeoutExpired(self.args, limit_s or 0) from None
+        return self._result(rc)
+
+
+class WarmPython:
+    """Client of one warm process (see the module docstring); thread-safe, loop-free."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self._tmp = Path(tempfile.mkdtemp(prefix="warm-python-"))
+        self._lock = threading.Lock()
+        self._next = 0
+        self._pids: dict[int, concurrent.futures.Future[int]] = {}
+        self._dones: dict[int, concurrent.futures.Future[int]] = {}
+        self._fallbacks: list[subprocess.Popen[bytes]] = []
+        self.forks = 0
+        self.fresh = 0
+        with (self._tmp / "server.err").open("wb") as server_err:
+            self.proc = subprocess.Popen(
+                [sys.executable, __file__, "--serve"],
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=server_err,
+                cwd=str(Path(__file__).resolve().parents[1]),
+            )
+        self._ready = concurrent.futures.Future[None]()
+        self._reader = threading.Thread(target=self._read, name="warm-python", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if msg.get("ready"):
+                self._ready.set_result(None)
+                continue
+            with self._lock:
+                if "pid" in msg:
+                    fut, value = self._pids.pop(msg["id"]), int(msg["pid"])
+                else:
+                    fut, value = self._dones.pop(msg["id"]), int(msg["rc"])
+                if not fut.done():
+                    fut.set_result(value)
+        # The warm process is gone: nothing pending will ever be answered.
+        with self._lock:
+            for fut in [*self._pids.values(), *self._dones.values()]:
+                if not fut.done():
+                    fut.set_exception(RuntimeError("the warm Python process exited"))
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError(self.server_stderr()))
+
+    def server_stderr(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self._tmp / "server.err").read_text(errors="replace")[-3000:]
+        return ""
+
+    def start(
+        self, argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str] | None = None
+    ) -> Child:
+        """Start ``python *argv`` (``argv`` = ``["-c", code, ...]``, ``["-m", mod, ...]``
+        or ``[script, ...]``) as a forked child when its ``PREFECT_*`` settings are the
+        warm process's, else as a fresh interpreter."""
+        with self._lock:
+            self._next += 1
+            rid = self._next
+        out, err = self._tmp / f"{rid}.out", self._tmp / f"{rid}.err"
+        cwd = str(cwd or os.getcwd())
+        args = [sys.executable, *argv]
+        if _import_time_env(env) == _import_time_env(self.env) and self._up():
+            pid_fut = concurrent.futures.Future[int]()
+            done = concurrent.futures.Future[int]()
+            with self._lock:
+                self._pids[rid], self._dones[rid] = pid_fut, done
+            req = {
+                "id": rid,
+                "argv": argv,
+                "env": env,
+                "cwd": cwd,
+                "out": str(out),
+                "err": str(err),
+            }
+            assert self.proc.stdin is not None
+            with self._lock:
+                self.proc.stdin.write((json.dumps(req) + "\n").encode())
+                self.proc.stdin.flush()
+                self.forks += 1
+            return Child(args, pid_fut.result(60), done, out, err, forked=True)
+        with out.open("wb") as o, err.open("wb") as e:
+            proc = subprocess.Popen(
+                args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=o, stderr=e
+            )
+        done = concurrent.futures.Future[int]()
+        threading.Thread(target=lambda: done.set_result(proc.wait()), daemon=True).start()
+        with self._lock:
+            self.fresh += 1
+            self._fallbacks.append(proc)
+        return Child(args, proc.pid, done, out, err, forked=False)
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+    ) -> Completed:
+        """``start`` and wait (kills the child and raises ``TimeoutExpired`` on timeout)."""
+        return self.start(argv, env=env, cwd=cwd).wait(timeout)
+
+    def wait_ready(self, timeout: float = 300) -> bool:
+        """Block until the warm process has imported everything (False: it failed;
+        every request then runs in a fresh interpreter)."""
+        try:
+            self._ready.result(timeout)
+        except Exception:
+            return False
+        return self.proc.poll() is None
+
+    def _up(self) -> bool:
+        return self._ready.done() and self.wait_ready(0)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for p in self._fallbacks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self._reader.join(5)
+        for f in self._tmp.iterdir():
+            f.unlink()
+        self._tmp.rmdir()
+
+
+# ----------------------------------------------------------------- the warm process
+
+
+def _run_child(req: dict[str, Any]) -> int:
+    """In the forked child: become ``python *argv`` and return its exit status."""
+    import runpy
+    import traceback
+
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    for target, path in ((1, req["out"]), (2, req["err"])):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    argv: list[str] = req["argv"]
+    # sys.path as a fresh interpreter builds it: argv's entry, then PYTHONPATH, then
+    # the installation's own entries (the warm process's PYTHONPATH taken out).
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    warm = set(_WARM_PYTHONPATH)
+    base = [p for p in sys.path[1:] if p not in warm]
+    if argv[0] == "-c":
+        first, sys.argv = "", ["-c", *argv[2:]]
+    elif argv[0] == "-m":
+        first, sys.argv = os.getcwd(), [argv[1], *argv[2:]]
+    else:
+        first, sys.argv = str(Path(argv[0]).resolve().parent), list(argv)
+    sys.path[:] = [first, *[os.path.abspath(p) for p in own], *base]
+    code = 0
+    try:
+        if argv[0] == "-c":
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        elif argv[0] == "-m":
+            # A fresh interpreter has not imported the module it runs as __main__
+            # (the warm process may have, through another import).
+            sys.modules.pop(argv[1], None)
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # What interpreter shutdown does before the process ends.
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return code
+
+
+_WARM_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def _serve() -> int:
+    # Everything heavy imported BEFORE any fork; no thread or event loop started.
+    import prefect.flow_engine
+    import prefect.flows  # noqa: F401
+
+    import coder_chat.crash_safe  # noqa: F401
+    import prefect_coder.flows.deployments.agent_turn
+    import prefect_coder.flows.deployments.agent_workflow  # noqa: F401
+
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    running: dict[int, int] = {}
+    buf = b""
+    stdin = sys.stdin.fileno()
+    open_input = True
+    while open_input or running:
+        if open_input:
+            readable, _, _ = select.select([stdin], [], [], 0.02)
+            if readable:
+                chunk = os.read(stdin, 1 << 16)
+                open_input = bool(chunk)
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    req = json.loads(line)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        code = 1
+                        try:
+                            code = _run_child(req)
+                        finally:
+                            os._exit(code)
+                    running[pid] = req["id"]
+                    out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+                    out.flush()
+        else:
+            select.select([], [], [], 0.02)
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            out.write(json.dumps({"id": running.pop(pid), "rc": rc}) + "\n")
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__" and "--serve" in sys.argv:
+    sys.exit(_serve())
