@@ -41,6 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAOS = ROOT / "tests" / "chaos"
 RECOVERY = ROOT / "tests" / "recovery"
 sys.path[:0] = [str(ROOT), str(CHAOS), str(RECOVERY)]
+# tests/conftest.py imports its helper modules (e.g. warm_python) from its own
+# folder, which pytest puts on sys.path; last, so another folder's ``conftest``
+# still never shadows the ones above.
+sys.path.append(str(ROOT / "tests"))
 
 
 def _suite_conftest() -> Any:
