@@ -371,13 +371,15 @@ async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
             + ", ".join(f"cap {r['cap']}: {1000 / r['cpu_ms_per_turn']:.1f}" for r in results),
             flush=True,
         )
-    if args.memory_workflows:
+    # RSS growth depends on the process's history (a first large fan-out grows the
+    # allocator's arenas): later rounds show what a warmed worker adds per open turn.
+    for round_ in range(args.memory_rounds if args.memory_workflows else 0):
         m = await _in_process(fleet, 50, args.memory_workflows, 1, args.memory_turn_s, args.store)
         print(
-            f"memory: {m['server_peak']} turns open at once (emulator log), RSS of this "
-            f"process then {m['rss_delta_at_peak_kib'] / 1024:.1f} MiB above its level before "
-            f"the fan-out = {m['kib_per_open_turn']:.0f} KiB per open turn (goal <= 50); "
-            f"load {m['load']}",
+            f"memory (round {round_ + 1}): {m['server_peak']} turns open at once (emulator "
+            f"log), RSS of this process then {m['rss_delta_at_peak_kib'] / 1024:.1f} MiB above "
+            f"its level before the fan-out = {m['kib_per_open_turn']:.0f} KiB per open turn "
+            f"(goal <= 50); load {m['load']}",
             flush=True,
         )
     if args.tracemalloc:
@@ -810,6 +812,7 @@ def main() -> None:
     p.add_argument("--store", choices=["sqlite", "pg"], default="sqlite")
     p.add_argument("--memory-workflows", type=int, default=50, help="0: no memory phase")
     p.add_argument("--memory-turn-s", type=float, default=5.0)
+    p.add_argument("--memory-rounds", type=int, default=1, help="memory phases in a row")
     p.add_argument("--handoff", action="store_true", help="store slot vs Prefect GCL hand-off")
     p.add_argument(
         "--tracemalloc",
