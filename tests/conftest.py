@@ -41,6 +41,65 @@ from warm_python import WarmPython
 pytest_plugins = ["coder_chat.emulator.pytest_plugin"]
 
 
+# Wall seconds each heavy file keeps one process busy (measured one directory at a
+# time on the 2-core machine at load 3-8, 2026-12-01, session start-up left out).
+# Under pytest-xdist (scripts/test's main pass, ``--dist loadfile
+# --no-loadscope-reorder``) files are handed to the workers in collection order;
+# the heaviest go first, so the run does not end with one worker alone on a long
+# file while the other idles (longest-first scheduling). A file not listed counts
+# as light and keeps its place after these. Only the order changes, never what runs.
+_HEAVY_FILES = {
+    "tests/recovery/test_crash_matrix.py": 190,
+    "tests/recovery/test_crash_followups.py": 115,
+    "tests/fanout/test_fanout_workers.py": 110,
+    "tests/sweeps/test_crash_and_concurrency.py": 95,
+    "tests/fanout/test_fanout_per_workflow.py": 95,
+    "tests/approvals/test_approvals.py": 80,
+    "tests/chaos/test_chaos.py": 75,
+    "tests/recovery/test_crashed_trigger.py": 73,
+    "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 68,
+    "tests/fanout/test_fanout_lean.py": 50,
+    "tests/fleet/test_fleet.py": 45,
+    "tests/recovery/test_crash_property.py": 43,
+    "tests/recovery/test_lost_and_archived.py": 41,
+    "tests/fleet/test_capacity.py": 38,
+    "tests/recovery/test_lost_response_live.py": 38,
+    "tests/hostloss/test_recover_turn_lease.py": 37,
+    "tests/recovery/test_structured_recovery.py": 36,
+    "tests/model_steps/test_model_step_flow.py": 33,
+    "tests/sweeps/test_orphan_sweep.py": 31,
+    "tests/recovery/test_turn_recovery.py": 30,
+    "tests/recovery/test_core_decisions.py": 29,
+    "tests/recovery/test_recover_turn_flow.py": 26,
+    "tests/hostloss/test_zombie.py": 22,
+    "tests/sweeps/test_stuck_sweep.py": 18,
+    "tests/flows/test_transient_failures.py": 15,
+    "tests/sweeps/test_deployments.py": 14,
+    "tests/recovery/test_recovered_result_fields.py": 14,
+    "tests/flows/test_turn_exits.py": 12,
+    "tests/hostloss/test_takeover.py": 11,
+    "tests/flows/test_single_flight.py": 10,
+}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, heaviest files first (see ``_HEAVY_FILES``); whole files
+    stay together, in their own order. Every worker sorts the same collection the
+    same way, as xdist requires."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::", 1)[0], i)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (-_HEAVY_FILES.get(path, 0), first[path])
+
+    items.sort(key=key)
+
+
 def _pg_bindir() -> Path:
     env = os.environ.get("PREFECT_CODER_TEST_PG_BIN")
     if env:

@@ -31,9 +31,11 @@ async def test_acquire_renew_release(store: StateStore) -> None:
 
 
 async def test_expired_lease_is_taken_over(store: StateStore) -> None:
-    assert await store.leases.acquire("k", "A", ttl=0.2) is not None
+    # 1 s, not less: B's first try must come while A's lease is live, and on a 2-core
+    # machine at load 10 the gap between these two statements passed 0.2 s.
+    assert await store.leases.acquire("k", "A", ttl=1.0) is not None
     assert await store.leases.acquire("k", "B", ttl=5) is None
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(1.05)
     assert await store.leases.get("k") is None
     b = await store.leases.acquire("k", "B", ttl=5)
     assert b is not None and b.holder == "B" and b.fence == 2
