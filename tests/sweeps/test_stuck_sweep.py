@@ -11,6 +11,7 @@ from sweep_helpers import new_chat, ours, snapshot, wait_status
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
+from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
 from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 from prefect_coder.flows.parts.sweep_options import SweepOptions
@@ -204,3 +205,38 @@ async def test_chats_of_others_are_never_stuck_for_this_sweep(
     assert report.listed == 0 and report.rows == []
     assert (await client.get_chat(other)).status == "running"
     await client.interrupt_chat(other)
+
+
+async def test_a_transient_failure_of_the_listing_is_read_again_not_the_end_of_the_sweep(
+    client: ChatClient,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    tenant: str,
+    options: SweepOptions,
+    emu: Emulator,
+) -> None:
+    """Two 503s on the listing (e.g. the deployment restarting, chaos seeds 40/88):
+    the page is read again after a backoff and the stuck run is still interrupted,
+    instead of the sweep run failing and sweeping nothing until its next tick."""
+    stuck = await new_chat(client, labels=ours(tenant, workflow_id), script=SLEEPY)
+    await asyncio.sleep(0.4)
+    seen = len(emu.event_log(["fault"]))
+    emu.faults.fail_rest(2, status=503, method="GET", path="/api/v2/chats")
+    try:
+        report = await sweep_stuck_turns(
+            SweepSettings.model_validate(settings),
+            turn_budget_s=0.3,
+            action_budget_s=60,
+            options=options,
+        )
+    finally:
+        emu.faults.clear()
+    fired = emu.event_log(["fault"])[seen:]
+    # both failures met the listing (the sweep's first requests), none anything else
+    assert [(e["details"]["fault"], e["details"]["path"]) for e in fired] == [
+        ("fail", "/api/v2/chats"),
+        ("fail", "/api/v2/chats"),
+    ], fired
+    rows = {r.chat_id: r for r in report.rows}
+    assert rows[stuck].decision == "interrupt" and rows[stuck].ok, rows[stuck]
+    assert await wait_status(client, stuck, "waiting") == "waiting"
