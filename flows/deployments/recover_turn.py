@@ -177,6 +177,11 @@ async def _inspect(
         last_seen_message_id=checkpoint.last_seen_message_id,
         tools=tools,
     )
+    # The step's own turn timeout, as run_turn reckons it: it bounds the follow and is
+    # the deadline journaled with a resubmission, which a racing sweep honours.
+    timings = recovery_timings(
+        settings, creds.request_timeout, settings.turn_timeout_s or creds.turn_timeout
+    )
     recovery = TurnRecovery(
         client,
         store,
@@ -184,7 +189,8 @@ async def _inspect(
         marker,
         tools=tools,
         journal_entry=JournalEntry,
-        timings=recovery_timings(settings, creds.request_timeout, creds.turn_timeout),
+        timings=timings,
+        turn_timeout=timings.settle_budget,
         output_model=answer.model if answer is not None else None,
         structured_tool_name=answer.name if answer is not None else "structured_output",
         logger=log,
