@@ -12,8 +12,9 @@ import contextlib
 
 from pydantic import BaseModel, Field
 
-from coder_chat.errors import CoderApiError, CoderChatError
+from coder_chat.errors import CoderApiError, CoderChatError, CoderTransportError
 from coder_chat.models import Chat
+from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.parts.observe import TurnObserver
@@ -49,8 +50,13 @@ async def _retire_one(
     interrupt_bound_s: float,
     poll_s: float,
     store: StateStore | None = None,
+    *,
+    settled: bool = False,
 ) -> str:
     """Stop and archive one chat; returns "archived", "already" or "gone".
+
+    ``settled``: the caller's last turn settled on this chat, so it is most likely at
+    rest — archive it straight away (one ``PATCH``) instead of reading it first.
 
     With ``store`` (the checkpointed chat) the first interrupt is journaled
     ``cut-short`` before it is sent: an attempt the archive truncates must never
@@ -70,6 +76,10 @@ async def _retire_one(
         # whether the chat was archived before (a re-run of a finished workflow
         # reaches its final step again) or is gone: no read of our own first.
         bound = interrupt_bound_s + ARCHIVE_SETTLE_S
+        if settled:
+            verdict = await _archive_at_rest(client, chat_id)
+            if verdict is not None:
+                return verdict
         journaled = False
 
         async def before_interrupt(_chat: Chat) -> None:
@@ -104,6 +114,32 @@ async def _retire_one(
     return "archived"
 
 
+async def _archive_at_rest(client: ChatClient, chat_id: str) -> str | None:
+    """Archive a chat believed at rest with one ``PATCH``; its verdict, or None when the
+    server refused because a run is active (409) or the request failed in transit.
+
+    Saves the ``GET`` that ``stop_chat`` reads first (one REST call per one-turn
+    fan-out workflow, docs/performance.md round 6) and changes nothing else: the
+    server archives only a chat at rest (chatd-wire §1.9: 409 while a run is active
+    or winding down), so a chat with a live run is refused and left to ``stop_chat``,
+    which journals "cut short" before it interrupts. "Already archived" is the
+    server's 400, a missing chat its 404 — what ``stop_chat``'s first read tells."""
+    try:
+        await client.archive_chat(chat_id)
+    except CoderApiError as exc:
+        if exc.status == 404:
+            return "gone"
+        if exc.status == 400 and "already archived" in exc.message.lower():
+            return "already"
+        if exc.status == 409:
+            return None
+        raise
+    except CoderTransportError:
+        # It may have landed: stop_chat reads the chat and then calls it "already".
+        return None
+    return "archived"
+
+
 async def retire_workflow_chat(
     workflow_id: str,
     resources: TurnResources,
@@ -111,10 +147,15 @@ async def retire_workflow_chat(
     lease_wait_s: float = 120.0,
     lease_ttl_s: float = 60.0,
     interrupt_bound_s: float = INTERRUPT_BOUND_S,
+    settled: bool = False,
 ) -> ArchiveOutcome:
     """Interrupt and archive the workflow's chat and any chats it stranded.
 
     Holds the workflow's lease, so it never lands in the middle of a turn.
+    ``settled``: the caller's last turn settled on the checkpointed chat (a workflow
+    whose steps all finished): that chat is archived with one ``PATCH`` first, and
+    only a refusal (a run is active) brings it to rest the long way. Stranded chats
+    always go the long way.
     """
     logger = run_logger(__name__)
     store = resources.store
@@ -148,6 +189,7 @@ async def retire_workflow_chat(
                 interrupt_bound_s,
                 POLL_S,
                 store if checkpointed else None,
+                settled=settled and checkpointed,
             )
             if checkpointed:
                 # The checkpoint still names the chat: keep its journal entry. A

@@ -169,11 +169,14 @@ async def run_steps(
                 if not settings.keep_chat and archive_as_task:
                     await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
                 elif not settings.keep_chat:
+                    # Every step returned: the last turn settled on the chat, which is
+                    # archived with one PATCH unless the server says a run is active.
                     await retire_workflow_chat(
                         workflow_id,
                         shared,
                         lease_wait_s=settings.lease_wait_s,
                         lease_ttl_s=settings.lease_ttl_s,
+                        settled=True,
                     )
         finally:
             await background.drain(only=own_background)
