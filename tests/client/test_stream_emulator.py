@@ -156,8 +156,14 @@ async def test_drop_mid_tool_call_args(chatd_emulator: Any, events: Any) -> None
     parts = [e.message_part.part for e in deltas(got)]  # type: ignore[union-attr]
     streamed = "".join(p.args_delta for p in parts if p.args_delta is not None)
     assert json.loads(streamed) == args
+    # The whole call: at most once as the preview's last part, and once in the committed
+    # assistant message. A loaded machine's redial can come after the server committed
+    # the message (all args deltas were out before the drop); the redial then sends the
+    # committed message instead of the preview's last part (seen at load 15).
     full = [p for p in parts if p.type == "tool-call" and "args" in p.model_fields_set]
-    assert len(full) == 1 and full[0].args == args
+    assert len(full) <= 1 and all(p.args == args for p in full)
+    committed = [p for m in assistant_messages(got) for p in m.content if p.type == "tool-call"]
+    assert len(committed) == 1 and committed[0].args == args
     (action,) = [e for e in got if e.type == "action_required"]
     assert action.action_required is not None
     assert json.loads(action.action_required.tool_calls[0].args) == args
