@@ -62,16 +62,28 @@ def payments() -> Iterator[Payments]:
                 os.environ["PAYMENTS_URL"] = old
 
 
+#: The emulator's client-tool pause timeout here. chatd's 300 s is shorter than a
+#: loaded machine can take between a case's crash and its recovery (the crash
+#: matrix crashes every case before it recovers any: 377 s at load 15), and a pause
+#: timed out by then turns the step's answer into "Tool execution timed out". The
+#: tests about that timeout expire the pause explicitly (expire_requires_action).
+PAUSE_TIMEOUT_S = 3600.0
+
+
 @pytest.fixture(scope="session")
 def emu() -> Iterator[Emulator]:
-    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as e:
+    with Emulator.running_in_thread(
+        tokens=[TOKEN], delta_delay=0.0, requires_action_timeout=PAUSE_TIMEOUT_S
+    ) as e:
         yield e
 
 
 @pytest.fixture
 def fresh_emu() -> Iterator[Emulator]:
     """An emulator of its own, for tests that arm faults or inspect every chat."""
-    with Emulator.running_in_thread(tokens=[TOKEN], delta_delay=0.0) as e:
+    with Emulator.running_in_thread(
+        tokens=[TOKEN], delta_delay=0.0, requires_action_timeout=PAUSE_TIMEOUT_S
+    ) as e:
         yield e
 
 
