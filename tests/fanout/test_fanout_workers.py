@@ -33,6 +33,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from fanout_env import (
     Worker,
@@ -80,9 +81,15 @@ class Hosts:
     """Which worker started which flow run: a run's ``infrastructure_pid`` is its
     process, whose parent is the worker (sampled while the process lives)."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(self, workers: list[Worker], shard_deployment: UUID) -> None:
         self.by_pid = {w.proc.pid: w.name for w in workers}
+        self.shard_deployment = shard_deployment
         self.of_run: dict[str, str] = {}
+        self.shards: set[str] = set()
+
+    def shard_hosts(self) -> set[str]:
+        """The workers seen running an ``agent-fanout-shard`` run so far."""
+        return {h for r, h in self.of_run.items() if r in self.shards}
 
     async def sample(self, client: PrefectClient) -> None:
         runs = await client.read_flow_runs(
@@ -96,6 +103,8 @@ class Hosts:
                 parent = parent_of(int(str(r.infrastructure_pid).split(":")[-1]))
                 if parent in self.by_pid:
                     self.of_run[str(r.id)] = self.by_pid[parent]
+                    if r.deployment_id == self.shard_deployment:
+                        self.shards.add(str(r.id))
 
 
 async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
@@ -112,7 +121,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=3)
         for i in (1, 2)
     ]
-    hosts = Hosts(workers)
+    hosts = Hosts(workers, deployment_id(deployed, "agent-fanout-shard"))
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, STEPS, 1.5)
     parameters = {
         "workflows": [i.model_dump(mode="json") for i in items],
@@ -128,13 +137,16 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 "agent-fanout/agent-fanout", parameters=parameters, timeout=0
             )
 
-            # Mid-way: some steps done, and the fan-out's worker runs turns of its own.
+            # Mid-way: some steps done, and the pool spread the shards — the fan-out's
+            # worker runs shards of its own and so does the other worker. (After the
+            # kill the survivor runs everything; only before it does a shard on each
+            # worker show the spread.)
             async def midway() -> str | None:
                 await hosts.sample(client)
                 host = hosts.of_run.get(str(first.id))
                 done = len(emu.event_log(["turn_end"]))
-                mine = [r for r, h in hosts.of_run.items() if h == host and r != str(first.id)]
-                return host if host and mine and done >= KILL_AFTER_TURNS else None
+                spread = host is not None and hosts.shard_hosts() == {w.name for w in workers}
+                return host if spread and done >= KILL_AFTER_TURNS else None
 
             try:
                 victim_name = await until("a fan-out mid-way", 300 * SCALE, midway)
@@ -145,6 +157,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                     (table, hosts.of_run, len(emu.event_log(["turn_end"])))
                 ) from None
             victim = next(w for w in workers if w.name == victim_name)
+            spread_before_kill = hosts.shard_hosts()
             victim.kill_with_children()
             killed_after_turns = len(emu.event_log(["turn_end"]))
             killed_at_s = time.monotonic() - started
@@ -212,8 +225,9 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     states = [r.state_type for r in shard_runs]
     assert states.count(StateType.COMPLETED) == SHARDS, states
     assert StateType.CRASHED in states, states
-    # Both workers ran shard runs.
-    assert {h for r, h in hosts.of_run.items()} == {w.name for w in workers}, hosts.of_run
+    # Both workers ran shard runs, before the kill (the pool spread the fan-out, not
+    # only the survivor taking over after it).
+    assert spread_before_kill == {w.name for w in workers}, hosts.of_run
     # One user message per step, counted from the emulator's event log.
     counts = user_messages_per_step(emu, items, STEPS)
     assert counts == {step_marker(i.workflow_id, s): 1 for i in items for s in STEPS}, counts
@@ -225,7 +239,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         f"{len(shard_runs)} shard runs ({states.count(StateType.CRASHED)} crashed); "
         f"{sum(counts.values())} user messages for {WORKFLOWS * len(STEPS)} steps; "
         f"{len(emu.chats())} chats, all archived; peak {emu.max_concurrent_turns()} of cap "
-        f"{CAP}; hosts {sorted(set(hosts.of_run.values()))}; killed after "
+        f"{CAP}; shard hosts {sorted(hosts.shard_hosts())}; killed after "
         f"{killed_after_turns} finished turns, {killed_at_s:.0f}s in; "
         f"{time.monotonic() - started:.0f}s in all"
     )
