@@ -283,67 +283,92 @@ async def turn_slot(
     ui = _WaitingState()
     queued = gate.lock.locked()
     announced = False
+    renewer: asyncio.Task[None] | None = None
+    index = -1
     try:
-        if queued:
-            # Every claim of this process queues, free slots or not. A turn queued
-            # behind its neighbours' claims is not waiting on the cap: announcing it
-            # (log line, event, two task-run state API calls) cost a fan-out of quick
-            # turns a fifth of its CPU, and at cap 50 a starved loop kept nearly every
-            # claim queued for over a second. So a queued turn announces only once it
-            # has queued SHOW_WAITING_AFTER_S while the head of the queue finds every
-            # slot busy — then it is waiting on the cap, behind the head.
-            got_gate = await _acquire_within(gate.lock, min(wait, SHOW_WAITING_AFTER_S))
-            while not got_gate:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TurnSlotUnavailableError(cap, time.monotonic() - started)
-                if not announced and gate.cap_full:
-                    _announce(cap, wait, workflow_id, step, log, ui)
-                    announced = True
-                got_gate = await _acquire_within(
-                    gate.lock, left if announced else min(left, SHOW_WAITING_AFTER_S)
-                )
-        else:
-            await gate.lock.acquire()  # not locked: taken at once
         try:
-            index, waited = await _wait_for_slot(
-                claimer,
-                cap,
-                started,
-                deadline,
-                workflow_id,
-                step,
-                log,
-                poll_interval,
-                ui=ui if not announced else None,
-                gate=gate,
-            )
+            if queued:
+                # Every claim of this process queues, free slots or not. A turn queued
+                # behind its neighbours' claims is not waiting on the cap: announcing it
+                # (log line, event, two task-run state API calls) cost a fan-out of
+                # quick turns a fifth of its CPU, and at cap 50 a starved loop kept
+                # nearly every claim queued for over a second. So a queued turn
+                # announces only once it has queued SHOW_WAITING_AFTER_S while the head
+                # of the queue finds every slot busy — then it is waiting on the cap,
+                # behind the head.
+                got_gate = await _acquire_within(gate.lock, min(wait, SHOW_WAITING_AFTER_S))
+                while not got_gate:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+                    if not announced and gate.cap_full:
+                        _announce(cap, wait, workflow_id, step, log, ui)
+                        announced = True
+                    got_gate = await _acquire_within(
+                        gate.lock, left if announced else min(left, SHOW_WAITING_AFTER_S)
+                    )
+            else:
+                await gate.lock.acquire()  # not locked: taken at once
+            try:
+                index, waited = await _wait_for_slot(
+                    claimer,
+                    cap,
+                    started,
+                    deadline,
+                    workflow_id,
+                    step,
+                    log,
+                    poll_interval,
+                    ui=ui if not announced else None,
+                    gate=gate,
+                )
+                # Renew from the moment the claim committed, before anything else is
+                # awaited: the waiting state's API calls below (ui.stop) took longer
+                # than the ttl on a loaded Prefect server, the unrenewed slot lapsed
+                # and the next waiter took it while this turn ran (7 turns at cap 5).
+                renewer = asyncio.create_task(
+                    _renew(store, slot_key(index), holder, ttl, log),
+                    name=f"renew:{slot_key(index)}",
+                )
+            finally:
+                gate.lock.release()
         finally:
-            gate.lock.release()
-    finally:
-        await ui.stop()
+            await ui.stop()
+    except BaseException:
+        if renewer is not None:  # cancelled while the waiting state was put back
+            await _let_go(renewer, store, index, holder, ttl, log)
+        raise
+    assert renewer is not None
     if announced or waited:
         log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
-    key = slot_key(index)
     if SLOT_TRACE is not None:
         now = time.monotonic()
         SLOT_TRACE.append(("acquire_waited" if waited else "acquire", now))
         SLOT_TRACE.append(("acquire_latency", now - started))
-    # Renew from the moment the claim committed (not after a second acquire: under a
-    # busy store that gap could outlast the ttl and hand the slot to someone else).
-    renewer = asyncio.create_task(_renew(store, key, holder, ttl, log), name=f"renew:{key}")
     try:
         yield index
     finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
-        if SLOT_TRACE is not None:
-            SLOT_TRACE.append(("release", time.monotonic()))
-        try:
-            await store.leases.release(key, holder)
-        except Exception:  # it lapses after ttl on its own
-            log.warning("could not release turn slot %d; it lapses after %.0fs", index, ttl)
+        await _let_go(renewer, store, index, holder, ttl, log)
+
+
+async def _let_go(
+    renewer: asyncio.Task[None],
+    store: StateStore,
+    index: int,
+    holder: str,
+    ttl: float,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """Stop renewing slot ``index`` and release it (it lapses after ``ttl`` if that fails)."""
+    renewer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await renewer
+    if SLOT_TRACE is not None:
+        SLOT_TRACE.append(("release", time.monotonic()))
+    try:
+        await store.leases.release(slot_key(index), holder)
+    except Exception:  # it lapses after ttl on its own
+        log.warning("could not release turn slot %d; it lapses after %.0fs", index, ttl)
 
 
 async def _renew(
