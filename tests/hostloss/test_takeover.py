@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,7 +20,8 @@ from urllib.parse import quote
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.states import Crashed, Running
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Crashed, Failed, Running
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
@@ -86,9 +88,17 @@ async def _start_holder(
     return proc
 
 
+@pytest.mark.parametrize("over", [Crashed, Failed, Cancelled], ids=lambda s: s.__name__)
 async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
-    prefect_harness: Any, store_url: str, tenant: str, emu: Emulator, creds: CoderCredentials
+    prefect_harness: Any,
+    store_url: str,
+    tenant: str,
+    emu: Emulator,
+    creds: CoderCredentials,
+    over: Callable[[], State],
 ) -> None:
+    # Crashed is what the zombie automation sets for a lost host; Failed and Cancelled
+    # (an operator's cancel, a failed run) are over just the same (issue 15).
     workflow_id = f"hl-{uuid.uuid4().hex[:8]}"
     async with get_client() as client:
         run = await client.create_flow_run(_holder_flow)
@@ -118,8 +128,8 @@ async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
             async with turn_slot(store, 1, wait=0.3, ttl=5, credentials=creds):
                 pytest.fail("took the slot of a run Prefect shows Running")
 
-        async with get_client() as client:  # what the zombie automation does
-            await client.set_flow_run_state(run.id, Crashed(), force=True)
+        async with get_client() as client:  # e.g. what the zombie automation does
+            await client.set_flow_run_state(run.id, over(), force=True)
         settings = WorkflowSettings(lease_ttl_s=5, lease_wait_s=30)
         # ``holder_run_over`` reuses a "still running" answer for up to 1 s.
         async with hold_workflow_lease(workflow_id, store, settings) as held:
