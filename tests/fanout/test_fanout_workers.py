@@ -27,6 +27,7 @@ of 2, minutes on 2 cores; result in docs/fleet.md). The kill waits for
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import time
@@ -52,6 +53,9 @@ from fanout_env import (
 )
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
     FlowRunFilter,
     FlowRunFilterState,
     FlowRunFilterStateType,
@@ -201,6 +205,12 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 table = [(r.name, r.state_name, r.infrastructure_pid) for r in runs]
                 raise AssertionError(table) from None
             outcomes = await final.state.aresult()
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["agent-fanout"]),
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[final.id]),
+                )
+            )
 
             # Every recover-turn run started by the triggers has ended too.
             async def recoveries_done() -> bool:
@@ -221,6 +231,13 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         outcomes,
         logs,
     )
+    # … and the completed fan-out reports each workflow in its one table artifact.
+    assert len(artifacts) == 1, artifacts
+    assert isinstance(artifacts[0].data, str), artifacts[0].data
+    rows: list[dict[str, Any]] = json.loads(artifacts[0].data)
+    assert sorted((r["workflow_id"], r["ok"], r["error"]) for r in rows) == sorted(
+        (i.workflow_id, True, "") for i in items
+    ), rows
     # The workflows ran in shards; the victim's shards crashed with it and ran again.
     states = [r.state_type for r in shard_runs]
     assert states.count(StateType.COMPLETED) == SHARDS, states
