@@ -72,7 +72,9 @@ async def test_observability_is_published_and_the_token_is_nowhere(
         for _ in range(100):
             events = await _events(client, workflow_id)
             mine = [e for e in events if e["payload"].get("workflow_id") == workflow_id]
-            if {"coder.turn.settled", "coder.chat.archived"} <= {e["event"] for e in mine}:
+            seen = [e["event"] for e in mine]
+            # all of them: the events worker may deliver one step's settle after the archive
+            if seen.count("coder.turn.settled") >= 2 and "coder.chat.archived" in seen:
                 break
             await asyncio.sleep(0.1)
         names = [e["event"] for e in mine]

@@ -26,6 +26,15 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.retry import is_retryable_failure
 
 
+@pytest.fixture(autouse=True)
+def _product_commit_horizon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests time a late commit against the product's commit horizon (the
+    per-segment request timeout). tests/recovery shortens the horizon for the rest of
+    its pytest session (PREFECT_CODER_COMMIT_HORIZON_S=1.0); under xdist a worker can
+    run these files after it, and a 1 s horizon against a 1 s late commit races."""
+    monkeypatch.delenv("PREFECT_CODER_COMMIT_HORIZON_S", raising=False)
+
+
 @pytest.fixture(scope="module")
 async def short_http_block(prefect_env: object, emu: Emulator) -> str:
     """Credentials whose single REST calls time out fast (0.5 s) while turns may
