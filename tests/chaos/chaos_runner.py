@@ -24,7 +24,7 @@ from typing import Any
 
 from chaos_invariants import LIVE, Evidence, Violation, check
 from chaos_schedule import TEMPLATES, Phase, Schedule, SweepRun, Timed
-from crash_matrix import ForkServer, directive, env_for_children, run_workflow
+from crash_matrix import ForkServer, crash_settings, directive, env_for_children, run_workflow
 from payments import Payments
 from pydantic import SecretStr
 
@@ -89,18 +89,7 @@ class Rig:
         sees only the schedule's chats."""
         tenant = f"chaos-{tag}-{uuid.uuid4().hex[:8]}"
         await ChatStateStore(url=self.state_url, tenant=tenant).save(tenant, overwrite=True)
-        return WorkflowSettings(
-            credentials_block=self.credentials_block,
-            store_block=tenant,
-            retries=retries,
-            retry_delay_s=0,
-            lease_wait_s=20,
-            lease_ttl_s=1,
-            settle_wait_s=5,
-            redial_backoff_ms=20,
-            artifacts=False,
-            tool_modules=["prefect_coder.flows.demo_tools", "payment_tools"],
-        )
+        return crash_settings(self.credentials_block, tenant, retries=retries)
 
 
 def steps_of(templates: tuple[str, ...] | list[str]) -> list[Step]:
