@@ -38,7 +38,7 @@ from warm_python import WarmPython
 # The emulator's pytest plugin is opt-in (it is not auto-loaded into every pytest
 # session of an environment that has prefect-coder installed); this is the one line a
 # user's own conftest.py needs too.
-pytest_plugins = ["coder_chat.emulator.pytest_plugin"]
+pytest_plugins = ["coder_chat.emulator.pytest_plugin", "support.cpu_report"]
 
 
 # Wall seconds each heavy file keeps one process busy (measured one directory at a
@@ -189,6 +189,12 @@ def postgres_url() -> Iterator[str]:
             ),
             **run,  # type: ignore[arg-type]
         )
+        # The postmaster is pg_ctl's daemon, nobody's child here: the opt-in CPU
+        # report (CODER_TEST_CPU_REPORT) counts it by pid. (Imported here: a module
+        # imported before pytest registers it as a plugin is not assert-rewritten.)
+        from support.cpu_report import track_pid
+
+        track_pid(int((data / "postmaster.pid").read_text().split()[0]))
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         detail = getattr(exc, "stderr", None) or exc
         log = (root / "log").read_text() if (root / "log").exists() else ""
