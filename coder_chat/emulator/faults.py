@@ -6,6 +6,7 @@ the handle in ``server.py`` and the control API arm it. Time comes from ``time.m
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -25,13 +26,17 @@ def status_message(status: int) -> str:
 class RestFault:
     """Fail, drop the response of, or delay the next ``remaining`` matching REST calls."""
 
-    action: str  # "fail" | "drop_response" | "delay_commit"
+    action: str  # "fail" | "drop_response" | "delay_commit" | "hold_commit"
     remaining: int
     method: str | None = None
     path: str | None = None  # substring of the request path
     status: int = 503
     message: str | None = None  # None: the status's reason phrase
     seconds: float = 0.0
+    #: ``hold_commit``: the request that releases the held one (see :class:`Hold`).
+    until_method: str | None = None
+    until_path: str | None = None
+    until_count: int = 1
 
     def error_message(self) -> str:
         """The ``message`` of the error envelope this fault answers with."""
@@ -39,6 +44,34 @@ class RestFault:
 
     def matches(self, method: str, path: str) -> bool:
         """True when the rule applies to this request."""
+        if self.method and self.method.upper() != method.upper():
+            return False
+        return not (self.path and self.path not in path)
+
+
+@dataclass
+class Hold:
+    """A request held before it commits until ``remaining`` more matching requests
+    (``method``/``path`` substring) have arrived: the held request commits right
+    BEFORE the last of them is served, and that one waits for the commit.
+
+    This orders a late commit deterministically between two reads of a client: the
+    "send committed later than the commit horizon" window, where one read saw the
+    chat before the commit and the next sees it after. ``max_seconds`` bounds the
+    hold (the request then commits anyway), so a test that never sends the
+    releasing request does not hang the server.
+    """
+
+    method: str | None
+    path: str | None
+    remaining: int
+    max_seconds: float
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    committed: asyncio.Event = field(default_factory=asyncio.Event)
+    held_path: str = ""
+
+    def matches(self, method: str, path: str) -> bool:
+        """True when this request counts towards the release."""
         if self.method and self.method.upper() != method.upper():
             return False
         return not (self.path and self.path not in path)
@@ -81,13 +114,38 @@ class FaultState:
     upgrades: list[UpgradeRefusal] = field(default_factory=list)
     drops: list[DropRule] = field(default_factory=list)
     stalls: list[Stall] = field(default_factory=list)
+    holds: list[Hold] = field(default_factory=list)
 
     def clear(self) -> None:
-        """Disarm everything."""
+        """Disarm everything (held requests commit now)."""
         self.rest.clear()
         self.upgrades.clear()
         self.drops.clear()
         self.stalls.clear()
+        for h in self.holds:
+            h.release.set()
+        self.holds.clear()
+
+    def hold(self, fault: RestFault, path: str) -> Hold:
+        """Register a request that a ``hold_commit`` fault holds (until released)."""
+        h = Hold(fault.until_method, fault.until_path, fault.until_count, fault.seconds)
+        h.held_path = path
+        self.holds.append(h)
+        return h
+
+    def releases(self, method: str, path: str) -> list[Hold]:
+        """Holds this request releases (it must wait for their commits before it is
+        served); count it towards every other matching hold."""
+        out = []
+        for h in list(self.holds):
+            if h.release.is_set() or not h.matches(method, path):
+                continue
+            h.remaining -= 1
+            if h.remaining <= 0:
+                h.release.set()
+                self.holds.remove(h)
+                out.append(h)
+        return out
 
     def take_rest(self, method: str, path: str) -> RestFault | None:
         """Consume the first matching REST fault, if any."""
@@ -145,4 +203,13 @@ class FaultState:
             "upgrades": [u.__dict__ for u in self.upgrades],
             "drops": [d.__dict__ for d in self.drops],
             "stalls": [s.__dict__ for s in self.stalls],
+            "holds": [
+                {
+                    "held_path": h.held_path,
+                    "until_method": h.method,
+                    "until_path": h.path,
+                    "remaining": h.remaining,
+                }
+                for h in self.holds
+            ],
         }

@@ -6,6 +6,7 @@ WebSocket upgrades are answered here and handed to ``sessions.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from . import statemachine as sm
 from .config import DEFAULT_MODEL_CONFIG_ID
 from .core import Core
 from .eras import EXPERIMENTAL_PREFIX, V2_PREFIX
-from .faults import status_message
+from .faults import Hold, status_message
 from .httpserver import (
     DROP,
     DropResponse,
@@ -67,12 +68,15 @@ class Api:
     async def handle(self, req: Request) -> Result:
         """Entry point for every non-control request."""
         core = self.core
+        fault = None
         if req.is_upgrade:
             status = core.faults.take_upgrade_refusal(_chat_id_of(req.path), req.path)
             if status is not None:
                 core.log("fault", None, fault="refuse_upgrade", status=status, path=req.path)
                 return error_response(status, status_message(status))
         else:
+            for hold in core.faults.releases(req.method, req.path):
+                await hold.committed.wait()  # a held request commits before this one is served
             fault = core.faults.take_rest(req.method, req.path)
             if fault is not None:
                 core.log("fault", None, fault=fault.action, method=req.method, path=req.path)
@@ -83,13 +87,26 @@ class Api:
                 elif fault.action == "drop_response":
                     await self._dispatch(req)
                     return DROP
-        resp = await self._dispatch(req)
+        if fault is not None and fault.action == "hold_commit":
+            resp = await self._held(req, core.faults.hold(fault, req.path))
+        else:
+            resp = await self._dispatch(req)
         if core.cfg.log_requests:
             status = resp.status if isinstance(resp, Response) else 101
             core.log(
                 "request", _chat_id_of(req.path), method=req.method, path=req.path, status=status
             )
         return resp
+
+    async def _held(self, req: Request, hold: Hold) -> Result:
+        """Run a request a ``hold_commit`` fault held, once released (or timed out)."""
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hold.release.wait(), hold.max_seconds)
+            self.core.log("fault", None, fault="hold_commit_released", path=req.path)
+            return await self._dispatch(req)
+        finally:
+            hold.committed.set()
 
     async def _dispatch(self, req: Request) -> Result:
         try:

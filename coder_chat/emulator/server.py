@@ -150,6 +150,33 @@ class Faults:
             )
         )
 
+    def hold_commit(
+        self,
+        *,
+        until_path: str | None,
+        until_method: str | None = "GET",
+        until_count: int = 1,
+        count: int = 1,
+        method: str | None = "POST",
+        path: str | None = None,
+        max_seconds: float = 60.0,
+    ) -> None:
+        """Hold the next ``count`` matching requests before they commit until
+        ``until_count`` more requests matching ``until_method``/``until_path`` arrive:
+        the held request commits right before the last of them is served (or after
+        ``max_seconds``). Orders a late commit between two reads, deterministically."""
+        fault = RestFault(
+            "hold_commit",
+            count,
+            method,
+            path,
+            seconds=float(max_seconds),
+            until_method=until_method,
+            until_path=until_path,
+            until_count=until_count,
+        )
+        self._emu._call(lambda: self._faults().rest.append(fault))
+
     def restart(self, downtime: float = 0.0) -> Any:
         """Close the listener and every connection, reopen on the same port after
         ``downtime`` seconds; all state is kept. Blocks until reopened when called from

@@ -40,7 +40,7 @@ from typing import Any
 from prefect.artifacts import acreate_table_artifact
 
 from coder_chat.core.fields import field, plain
-from coder_chat.core.recovery import RecoveryDecision
+from coder_chat.core.recovery import RecoveryDecision, is_answered
 from coder_chat.core.usage import usage_of_messages
 from coder_chat.crash_safe import crash_point
 from coder_chat.errors import CoderError, CoderRecoveryError, CoderTransportError
@@ -473,6 +473,10 @@ async def _on_archived(
     if where.last_user_message_id is not None:
         if where.tail:
             finished, why = archived_tail_finished(before, marker, where.attempts, status)
+            if finished and not is_answered(messages, where.last_user_message_id):
+                # Its send committed, yet nothing answered it (a late commit the
+                # archive's run never took up): never an empty "finished" answer.
+                finished, why = False, "its last attempt has no answer in history"
         else:
             finished, why = True, "a later step was sent after it: it finished"
         decisions.append(
