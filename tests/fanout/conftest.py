@@ -1,9 +1,12 @@
 """Fixtures of the fan-out tests: the session's Prefect test server, a fresh emulator per
-test (its event log and messages are the measurement) and a SQLite store file per test."""
+test (its event log and messages are the measurement), a SQLite store file per test, and
+for the tests whose workflows run on process workers the session's PostgreSQL cluster
+as the store (a tenant of its own per test), as issue 15 asks of the real path."""
 
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,3 +30,10 @@ def emu() -> Iterator[Emulator]:
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> tuple[str, str]:
+    """The session's PostgreSQL as the ``ChatStateStore`` and a tenant of this test's own:
+    the cluster is shared by the session, and turn slots and leases are per tenant."""
+    return postgres_url, f"fanout-{uuid.uuid4().hex[:8]}"

@@ -216,9 +216,12 @@ async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) 
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def fanout_settings(emu: Emulator, store_url: str, cap: int) -> WorkflowSettings:
-    """Blocks of their own (credentials with a turn cap of ``cap``, the test's store) and
-    the fan-out's settings: short leases and slot ttl, artifacts on."""
+async def fanout_settings(
+    emu: Emulator, store_url: str, cap: int | None, tenant: str | None = None
+) -> WorkflowSettings:
+    """Blocks of their own (credentials with a turn cap of ``cap``, the test's store, in
+    ``tenant`` if given) and the fan-out's settings: short leases and slot ttl,
+    artifacts on."""
     credentials = emulator_credentials(
         emu,
         TOKEN,
@@ -231,6 +234,7 @@ async def fanout_settings(emu: Emulator, store_url: str, cap: int) -> WorkflowSe
         "fanout",
         credentials,
         store_url,
+        tenant=tenant,
         lease_wait_s=90,
         lease_ttl_s=3,
         settle_wait_s=5,

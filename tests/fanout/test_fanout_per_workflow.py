@@ -1,16 +1,27 @@
 """``agent-fanout`` with ``shard_size`` 1 through the real path: a Prefect server, a
 ``prefect worker start`` process worker, ``run_deployment``. At size 1 a deployment
 run of the fan-out starts every workflow as its own ``agent-workflow`` flow run
-(keyed ``fanout-<workflow_id>``), no ``agent-fanout-shard`` run.
+(keyed ``fanout-<workflow_id>``), no ``agent-fanout-shard`` run. The Prefect server and
+the ``ChatStateStore`` both run on the session's PostgreSQL cluster.
+
+One of the workflow runs is SIGKILLed (its own flow-run process, the worker lives on)
+while its first turn runs on the emulator. The worker reports the run Crashed; from
+there everything is the product: the ``prefect.yaml`` Crashed trigger of
+``agent-workflow`` starts ``recover-turn`` for the workflow, and the fan-out starts the
+workflow again under the key naming the crashed run; the workflow lease serialises the
+two, the in-flight turn is recovered from the chat, the rest runs once.
 
 Measured: the fan-out's one ``agent-fanout`` table artifact lists each workflow with
-its own flow run, every workflow finished, one user message per step (the emulator's
-event log), no chat left unarchived, the turn cap never exceeded.
+its own flow run (the killed one with the run that finished it), every workflow
+finished, one user message per step (the emulator's event log: the killed turn was
+not sent again), no chat left unarchived, the turn cap never exceeded.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +32,7 @@ from fanout_env import (
     deployment_id,
     fanout_items,
     fanout_settings,
+    parent_of,
     runs_of,
     start_worker,
     stop_worker,
@@ -34,26 +46,39 @@ from prefect.client.schemas.filters import (
     ArtifactFilterFlowRunId,
     ArtifactFilterKey,
 )
+from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import step_marker
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
+from prefect_coder.flows.parts.params import Step, step_marker
 
 CAP = 2
 WORKFLOWS = 3
 STEPS = ("plan", "do")
+#: The killed workflow's first turn: long enough that the kill lands while it runs
+#: server-side (checked from the emulator's log, not assumed).
+VICTIM_TURN_S = 6.0
 
 
-async def test_shard_size_one_runs_each_workflow_as_its_own_run(
-    prefect_harness: Any, emu: Emulator, store_url: str, tmp_path: Path
+async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_killed_one(
+    prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
 ) -> None:
-    settings = await fanout_settings(emu, store_url, CAP)
+    store_url, tenant = pg_store
+    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
     pool = f"fanout1-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
-    # --limit 4: the fan-out and its three workflow runs at once.
-    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=4)
+    # --limit 6: the fan-out, its three workflow runs, the killed one's restart and the
+    # recover-turn run the trigger starts.
+    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=6)
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, STEPS, 0.3)
+    victim = items[0].workflow_id
+    plan = items[0].steps[0]
+    items[0].steps[0] = Step(
+        name=plan.name,
+        prompt=plan.prompt.replace('"sleep": 0.3', f'"sleep": {VICTIM_TURN_S}'),
+    )
     parameters = {
         "workflows": [i.model_dump(mode="json") for i in items],
         "settings": settings.model_dump(mode="json"),
@@ -61,18 +86,51 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run(
         "fail_on_error": True,
         "shard_size": 1,
     }
+    workflow_dep = deployment_id(deployed, "agent-workflow")
     try:
         async with get_client() as client:
             started = await run_deployment(  # type: ignore[misc]
                 "agent-fanout/agent-fanout", parameters=parameters, timeout=0
             )
 
+            # The victim's first turn runs on the emulator, and its flow run's process
+            # (a child of the worker) is known: kill that process alone.
+            def victim_turn_running() -> bool:
+                chats = {c["id"] for c in emu.chats() if c["labels"].get(LABEL_WORKFLOW) == victim}
+                log = [
+                    e for e in emu.event_log(["turn_start", "turn_end"]) if e["chat_id"] in chats
+                ]
+                ends = sum(e["kind"] == "turn_end" for e in log)
+                return len(log) - ends > 0 and ends == 0
+
+            async def victim_process() -> tuple[Any, int] | None:
+                if not victim_turn_running():
+                    return None
+                for run in await runs_of(client, workflow_dep, [StateType.RUNNING]):
+                    pid = str(run.infrastructure_pid or "").split(":")[-1]
+                    if run.name == victim and pid and parent_of(int(pid)) == worker.proc.pid:
+                        return run, int(pid)
+                return None
+
+            crashed_run, pid = await until("the victim's first turn", 240, victim_process)
+            os.kill(pid, signal.SIGKILL)
+            # An order fact from the emulator: the kill landed while the turn ran.
+            assert victim_turn_running(), emu.event_log(["turn_start", "turn_end"])
+
             async def fanout_final() -> Any:
                 run = await client.read_flow_run(started.id)
                 return run if run.state and run.state.is_final() else None
 
             final = await until("the agent-fanout run to end", 240, fanout_final)
-            workflow_runs = await runs_of(client, deployment_id(deployed, "agent-workflow"))
+            recover_dep = deployment_id(deployed, "recover-turn")
+
+            # The trigger's recover-turn run has ended too (it may finish after the fan-out).
+            async def recoveries() -> list[Any] | None:
+                runs = await runs_of(client, recover_dep)
+                return runs if runs and all(r.state and r.state.is_final() for r in runs) else None
+
+            recover_runs = await until("the recover-turn run", 180, recoveries)
+            workflow_runs = await runs_of(client, workflow_dep)
             shard_runs = await runs_of(client, deployment_id(deployed, "agent-fanout-shard"))
             artifacts = await client.read_artifacts(
                 artifact_filter=ArtifactFilter(
@@ -87,18 +145,25 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run(
         log = worker.log.read_text(errors="replace")[-4000:]
 
     assert final.state.is_completed(), (final.state, log)
-    # Each workflow its own agent-workflow run; no shard runs at size 1.
+    # Each workflow its own agent-workflow run; no shard runs at size 1. The killed
+    # run ended Crashed (reported by the worker) and its workflow ran again once.
     assert shard_runs == []
-    assert sorted(r.name for r in workflow_runs) == sorted(i.workflow_id for i in items)
-    assert all(r.state and r.state.is_completed() for r in workflow_runs), [
-        (r.name, r.state_name) for r in workflow_runs
-    ]
-    run_of = {r.name: str(r.id) for r in workflow_runs}
-    # Per-workflow outcomes, in the fan-out's order, each naming its own run …
+    states = sorted((r.name, r.state_type) for r in workflow_runs)
+    assert states == sorted(
+        [(i.workflow_id, StateType.COMPLETED) for i in items] + [(victim, StateType.CRASHED)]
+    ), states
+    assert next(r for r in workflow_runs if r.id == crashed_run.id).state_type == StateType.CRASHED
+    # The Crashed trigger started recover-turn for the killed workflow, and it completed.
+    assert [(r.parameters["workflow_id"], r.state_type) for r in recover_runs] == [
+        (victim, StateType.COMPLETED)
+    ], [(r.name, r.state_name, r.state and r.state.message) for r in recover_runs]
+    run_of = {r.name: str(r.id) for r in workflow_runs if r.state_type == StateType.COMPLETED}
+    runs_per = {i.workflow_id: 2 if i.workflow_id == victim else 1 for i in items}
+    # Per-workflow outcomes, in the fan-out's order, each naming the run that finished it …
     assert outcomes is not None
     got = [o if isinstance(o, dict) else o.model_dump(mode="json") for o in outcomes]
-    assert [(o["workflow_id"], o["ok"], o["state"]) for o in got] == [
-        (i.workflow_id, True, "COMPLETED") for i in items
+    assert [(o["workflow_id"], o["ok"], o["state"], o["runs"]) for o in got] == [
+        (i.workflow_id, True, "COMPLETED", runs_per[i.workflow_id]) for i in items
     ], got
     assert [o["flow_run_id"] for o in got] == [run_of[i.workflow_id] for i in items]
     assert [[r["text"] for r in o["results"]] for o in got] == [
@@ -112,8 +177,12 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run(
     assert [
         (r["workflow_id"], r["ok"], r["state"], r["runs"], r["flow_run_id"], r["error"])
         for r in rows
-    ] == [(i.workflow_id, True, "COMPLETED", 1, run_of[i.workflow_id], "") for i in items], rows
-    # One user message per step, counted from the emulator's event log.
+    ] == [
+        (i.workflow_id, True, "COMPLETED", runs_per[i.workflow_id], run_of[i.workflow_id], "")
+        for i in items
+    ], rows
+    # One user message per step, counted from the emulator's event log: the killed
+    # turn was recovered from its chat, not sent again.
     counts = user_messages_per_step(emu, items, STEPS)
     assert counts == {step_marker(i.workflow_id, s): 1 for i in items for s in STEPS}, counts
     chats = emu.chats()

@@ -1,0 +1,87 @@
+"""``max_parallel`` holds across a fan-out's shards, on a real process worker.
+
+Six one-step workflows in three ``agent-fanout-shard`` runs of 2, ``max_parallel`` 4:
+``cut_shards`` makes that 2 workflows per shard and 2 shards at once (the pure rule is
+in test_shards.py). No turn cap, and the worker has room for all three shard runs at
+once (``--limit 3``), so only the fan-out's split can keep the running turns to 4.
+
+Measured: the emulator's event log never shows more than 4 running turns, and the
+Prefect server never shows more than 2 of the shard runs running at once (from their
+start and end times: the third started after one of the first two ended).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fanout_env import (
+    child_env,
+    deploy,
+    deployment_id,
+    fanout_items,
+    fanout_settings,
+    runs_of,
+    start_worker,
+    stop_worker,
+    undeploy,
+)
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+
+from coder_chat.emulator import Emulator
+from prefect_coder.flows.deployments.agent_fanout import SHARD_DEPLOYMENT, agent_fanout
+
+WORKFLOWS = 6
+SHARD_SIZE = 2
+MAX_PARALLEL = 4
+
+
+def _most_at_once(intervals: list[tuple[Any, Any]]) -> int:
+    """The most intervals open at one instant (an end sorts before a start at a tie)."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_max_parallel_holds_across_shards(
+    prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
+) -> None:
+    store_url, tenant = pg_store
+    settings = await fanout_settings(emu, store_url, None, tenant=tenant)
+    pool = f"fanout-par-{uuid.uuid4().hex[:6]}"
+    deployed = await deploy(pool)
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=3)
+    items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, ["only"], 2.0)
+    try:
+        # The fan-out itself runs here (no process start for it); its shards are
+        # deployment runs on the worker.
+        outcomes = await agent_fanout(
+            items,
+            settings,
+            max_parallel=MAX_PARALLEL,
+            shard_size=SHARD_SIZE,
+            shard_deployment=SHARD_DEPLOYMENT,
+            poll_interval_s=0.5,
+        )
+        async with get_client() as client:
+            shard_runs = await runs_of(client, deployment_id(deployed, "agent-fanout-shard"))
+    finally:
+        await stop_worker(worker)
+        await undeploy(deployed)
+        log = worker.log.read_text(errors="replace")[-4000:]
+
+    assert [o.ok for o in outcomes] == [True] * WORKFLOWS, (outcomes, log)
+    assert [r.state_type for r in shard_runs] == [StateType.COMPLETED] * 3, shard_runs
+    assert len(emu.event_log(["turn_start"])) == WORKFLOWS
+    # The server's own count of running turns: never above max_parallel …
+    assert 1 <= emu.max_concurrent_turns() <= MAX_PARALLEL, emu.event_log(["turn_start"])
+    # … because never more than max_parallel // per-shard shards ran at once.
+    spans = [(r.start_time, r.end_time) for r in shard_runs]
+    assert all(s is not None and e is not None for s, e in spans), spans
+    assert _most_at_once(spans) <= MAX_PARALLEL // SHARD_SIZE, spans
