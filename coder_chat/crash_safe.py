@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, get_type_hints
@@ -73,6 +74,8 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+_log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- crash points
 
@@ -173,6 +176,13 @@ class CrashSafeTool(ClientTool[M]):
             durable first, so a crash inside the effect leaves a findable chat).
         redrive: the re-drive path for an ambiguous ``committing`` entry
             (default: ``effect`` again, with the same key).
+        match_earlier_attempts: ask the ledger to answer a call that repeats one an
+            EARLIER attempt of the same step already applied (same tool, same
+            arguments; count-based) with that call's recorded output instead of
+            running the effect again under the new call id's key. Needs a ledger
+            whose ``begin`` takes ``match_earlier_attempts`` (``blocks``' does; it
+            scopes calls by the chat's send journal). Durable workflows turn it on
+            (``prefect_coder.flows.parts.toolset.bind_crash_safe``).
     """
 
     def __init__(
@@ -185,10 +195,12 @@ class CrashSafeTool(ClientTool[M]):
         ledger: ToolLedgerStore | None = None,
         before_effect: BeforeEffect | None = None,
         redrive: Callable[[M, EffectContext], Awaitable[Any]] | None = None,
+        match_earlier_attempts: bool = False,
     ) -> None:
         self.effect = effect
         self.ledger = ledger
         self.before_effect = before_effect
+        self.match_earlier_attempts = match_earlier_attempts
         self._redrive = redrive or effect
         super().__init__(name, description, input_model, self._live)
 
@@ -196,7 +208,11 @@ class CrashSafeTool(ClientTool[M]):
         return f"CrashSafeTool(name={self.name!r}, input_model={self.input_model.__name__})"
 
     def bind(
-        self, ledger: ToolLedgerStore, *, before_effect: BeforeEffect | None = None
+        self,
+        ledger: ToolLedgerStore,
+        *,
+        before_effect: BeforeEffect | None = None,
+        match_earlier_attempts: bool | None = None,
     ) -> CrashSafeTool[M]:
         """A copy of this tool writing to ``ledger`` (per turn / per store)."""
         return CrashSafeTool(
@@ -207,6 +223,11 @@ class CrashSafeTool(ClientTool[M]):
             ledger=ledger,
             before_effect=before_effect or self.before_effect,
             redrive=self._redrive,
+            match_earlier_attempts=(
+                self.match_earlier_attempts
+                if match_earlier_attempts is None
+                else match_earlier_attempts
+            ),
         )
 
     def _require_ledger(self) -> ToolLedgerStore:
@@ -229,11 +250,27 @@ class CrashSafeTool(ClientTool[M]):
         if self.before_effect is not None:
             await self.before_effect(ctx)
         args = value.model_dump(mode="json")
+        # Passed only when asked for: a ledger of another shape need not know it.
+        scoped: dict[str, Any] = (
+            {"match_earlier_attempts": True} if self.match_earlier_attempts else {}
+        )
         # Write-ahead, BEFORE the effect: no entry proves the effect never started.
-        entry, _created = await ledger.begin(
-            ctx.chat_id, ctx.tool_call_id, tool_name=self.name, args=args
+        entry, created = await ledger.begin(
+            ctx.chat_id, ctx.tool_call_id, tool_name=self.name, args=args, **scoped
         )
         if entry.state == "done":
+            replay_of = getattr(entry, "replay_of", None)
+            if created and replay_of:
+                # A resubmitted attempt repeating an applied call under a NEW call id
+                # (a new key): the ledger answered it from the earlier call's record.
+                _log.info(
+                    "crash-safe tool %s: call %s repeats call %s, which an earlier attempt "
+                    "of this step already applied with the same arguments: answered with "
+                    "its recorded output, the effect is not run again",
+                    self.name,
+                    ctx.tool_call_id,
+                    replay_of,
+                )
             # A replayed call (e.g. a re-read pause) whose effect already committed.
             return entry.output
         # "committing" from an earlier crash, or ours: either way run the effect with

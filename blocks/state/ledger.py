@@ -3,19 +3,54 @@
 Keyed by tenant + chat id + tool call id: call ids are only unique within a
 chat, so a store shared across workflows must never let one chat's ``done``
 answer another chat's call.
+
+A resubmitted attempt of a step (the seed design resubmits a step cut short past
+its turn deadline) lets the model call an already-applied tool again under a NEW
+call id — a new key, so the key alone would run the effect twice. With
+``begin(..., match_earlier_attempts=True)`` the write-ahead also records which step
+attempt made the call (the chat's journal entry at that moment: every send is
+journaled before it leaves, so the entry names the attempt whose run makes the
+call) and a fingerprint of (tool name, canonical JSON arguments); the k-th call of
+an attempt with a given fingerprint is answered from the k-th call with that
+fingerprint that an EARLIER attempt of the step applied (``done``), if there is one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import sqlalchemy as sa
 
-from ._ops import Ops
+from ._ops import Ops, StoreConnection
 from .engines import upsert
 from .records import LedgerEntry, from_epoch
+from .schema import journal as jt
 from .schema import tool_ledger as t
+
+
+def args_fingerprint(tool_name: str, args: Any) -> str:
+    """sha256 of the call's canonical JSON ``{"tool": name, "args": args}`` (sorted keys,
+    no whitespace): two calls with the same tool and the same arguments match."""
+    canonical = json.dumps(
+        {"tool": tool_name, "args": args},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def attempt_index(journal_state: str, journal_attempt: int) -> int:
+    """The 0-based attempt a call belongs to, from the chat's journal entry at its
+    write-ahead: a ``submitting`` entry carries the count BEFORE its send (= the new
+    attempt's index); ``resumed``/``cut-short`` carry the count of landed attempts,
+    the newest of which is the one that runs (index count - 1)."""
+    if journal_state == "submitting":
+        return journal_attempt
+    return max(0, journal_attempt - 1)
 
 
 def _dump(value: Any) -> str:
@@ -35,6 +70,9 @@ def _row(row: Any) -> LedgerEntry:
         output=None if row.output_json is None else json.loads(row.output_json),
         created_at=from_epoch(row.created_at),
         updated_at=from_epoch(row.updated_at),
+        marker=row.marker,
+        attempt=row.attempt,
+        replay_of=row.replay_of,
     )
 
 
@@ -64,7 +102,13 @@ class ToolLedger:
         )
 
     async def begin(
-        self, chat_id: str, tool_call_id: str, *, tool_name: str | None = None, args: Any = None
+        self,
+        chat_id: str,
+        tool_call_id: str,
+        *,
+        tool_name: str | None = None,
+        args: Any = None,
+        match_earlier_attempts: bool = False,
     ) -> tuple[LedgerEntry, bool]:
         """Write-ahead ``committing`` BEFORE the effect; never overwrites an existing entry.
 
@@ -73,29 +117,94 @@ class ToolLedger:
         ``entry.output`` and do not run the tool again. If it is ``committing`` and not
         created, an earlier attempt crashed mid-effect: re-drive with the same
         idempotency key.
+
+        ``match_earlier_attempts`` (needs ``tool_name``): record the step attempt that
+        makes the call (from the chat's journal entry, read under a lock in the same
+        transaction) and its (tool, arguments) fingerprint. If this is the k-th call
+        with that fingerprint in its attempt and an EARLIER attempt of the same step
+        applied at least k+1 such calls (``done``, not themselves answered this way),
+        the new entry is written ``done`` at once with the k+1-th one's output and
+        ``replay_of`` naming it: the effect is not run again. Calls within one attempt
+        never match each other. Without a journal entry nothing is matched.
         """
         _require(chat_id, tool_call_id)
         now = self._ops.now()
-        stmt = (
-            upsert(self._ops.backend, t)
-            .values(
-                tenant=self._ops.tenant,
-                chat_id=chat_id,
-                tool_call_id=tool_call_id,
-                state="committing",
-                tool_name=tool_name,
-                args_json=None if args is None else _dump(args),
-                output_json=None,
-                created_at=now,
-                updated_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=[t.c.tenant, t.c.chat_id, t.c.tool_call_id])
-            .returning(t.c.tool_call_id)
-        )
+        values: dict[str, Any] = {
+            "tenant": self._ops.tenant,
+            "chat_id": chat_id,
+            "tool_call_id": tool_call_id,
+            "state": "committing",
+            "tool_name": tool_name,
+            "args_json": None if args is None else _dump(args),
+            "output_json": None,
+            "created_at": now,
+            "updated_at": now,
+        }
         async with self._ops.write() as conn:
+            if match_earlier_attempts and tool_name is not None:
+                values.update(await self._scope(conn, chat_id, tool_call_id, tool_name, args))
+            stmt = (
+                upsert(self._ops.backend, t)
+                .values(**values)
+                .on_conflict_do_nothing(index_elements=[t.c.tenant, t.c.chat_id, t.c.tool_call_id])
+                .returning(t.c.tool_call_id)
+            )
             created = (await conn.execute(stmt)).first() is not None
             row = (await conn.execute(sa.select(t).where(self._where(chat_id, tool_call_id)))).one()
         return _row(row), created
+
+    async def _scope(
+        self, conn: StoreConnection, chat_id: str, tool_call_id: str, tool_name: str, args: Any
+    ) -> dict[str, Any]:
+        """The step-attempt columns of a new entry, and — when an earlier attempt of
+        the step applied the same call — the recorded answer (see :meth:`begin`)."""
+        fp = args_fingerprint(tool_name, args)
+        jq = sa.select(jt.c.state, jt.c.marker, jt.c.attempt).where(
+            jt.c.tenant == self._ops.tenant, jt.c.chat_id == chat_id
+        )
+        if self._ops.backend == "postgresql":
+            # Serialise the chat's matching begins: READ COMMITTED would let two
+            # concurrent identical calls both count k and both take the same match.
+            # (SQLite's writers already are serial: BEGIN IMMEDIATE.)
+            jq = jq.with_for_update()
+        journal = (await conn.execute(jq)).one_or_none()
+        if journal is None:
+            return {"args_fp": fp}
+        marker, n = journal.marker, attempt_index(journal.state, journal.attempt)
+        scope = {"marker": marker, "attempt": n, "args_fp": fp}
+        existing = (
+            await conn.execute(
+                sa.select(t.c.tool_call_id).where(self._where(chat_id, tool_call_id))
+            )
+        ).first()
+        if existing is not None:
+            return scope  # the insert will not land: the call keeps its entry
+        same = sa.and_(
+            t.c.tenant == self._ops.tenant,
+            t.c.chat_id == chat_id,
+            t.c.marker == marker,
+            t.c.args_fp == fp,
+        )
+        k = (
+            await conn.execute(sa.select(sa.func.count()).where(same, t.c.attempt == n))
+        ).scalar_one()
+        match = (
+            await conn.execute(
+                sa.select(t.c.tool_call_id, t.c.output_json)
+                .where(same, t.c.attempt < n, t.c.state == "done", t.c.replay_of.is_(None))
+                .order_by(t.c.created_at, t.c.tool_call_id)
+                .offset(k)
+                .limit(1)
+            )
+        ).first()
+        if match is None:
+            return scope
+        return {
+            **scope,
+            "state": "done",
+            "output_json": match.output_json,
+            "replay_of": match.tool_call_id,
+        }
 
     async def complete(
         self,

@@ -65,7 +65,17 @@ class JournalEntry(_Record):
 
 
 class LedgerEntry(_Record):
-    """One client tool invocation: write-ahead ``committing``, then ``done`` with its output."""
+    """One client tool invocation: write-ahead ``committing``, then ``done`` with its output.
+
+    ``marker`` / ``attempt`` (schema version 3): the step attempt that made the call,
+    as the chat's journal named it at the write-ahead (``attempt`` is 0-based: the
+    step's first send is 0); None when the call was not scoped (``begin`` without
+    ``match_earlier_attempts``, no journal entry, or a row from an older version).
+    ``replay_of``: set when this call of a resubmitted attempt repeated a call an
+    earlier attempt of the step had already applied (same tool, same arguments) —
+    the id of that call, whose recorded output this entry holds; the effect did not
+    run again.
+    """
 
     chat_id: NonEmptyStr
     tool_call_id: NonEmptyStr
@@ -75,6 +85,9 @@ class LedgerEntry(_Record):
     output: Any = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    marker: str | None = None
+    attempt: int | None = None
+    replay_of: str | None = None
 
 
 class StrandedChat(_Record):

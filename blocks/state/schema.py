@@ -15,7 +15,11 @@ from .errors import SchemaVersionError
 
 #: 2: ``coder_state_journal.deadline`` (the attempt's turn deadline; nullable, so
 #: rows written by version 1 load as "no deadline recorded").
-SCHEMA_VERSION = 2
+#: 3: ``coder_state_tool_ledger.marker`` / ``.attempt`` / ``.args_fp`` / ``.replay_of``
+#: (which step attempt made a call, its (tool, arguments) fingerprint, and the earlier
+#: attempt's call whose recorded output it returned; nullable, so rows written by
+#: earlier versions load as "no attempt recorded" and are never matched).
+SCHEMA_VERSION = 3
 COMPONENT = "prefect-coder-state"
 
 metadata = sa.MetaData()
@@ -72,6 +76,14 @@ tool_ledger = sa.Table(
     sa.Column("output_json", sa.Text, nullable=True),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # Added in schema version 3 (ALTER TABLE on an older database), see LEDGER_V3_COLUMNS:
+    # the step attempt that made the call (the chat's journal entry at its write-ahead),
+    # the fingerprint of (tool name, canonical JSON arguments), and — for a call of a
+    # resubmitted attempt answered from an earlier attempt's applied call — that call's id.
+    sa.Column("marker", sa.Text, nullable=True),
+    sa.Column("attempt", sa.Integer, nullable=True),
+    sa.Column("args_fp", sa.Text, nullable=True),
+    sa.Column("replay_of", sa.Text, nullable=True),
     sa.CheckConstraint("state IN ('committing', 'done')", name="ck_ledger_state"),
     # A done entry always carries its output (JSON text, possibly "null").
     sa.CheckConstraint("state <> 'done' OR output_json IS NOT NULL", name="ck_ledger_output"),
@@ -134,6 +146,8 @@ async def ensure_schema(conn: StoreConnection, now: sa.ColumnElement[float]) -> 
         )
     if found < 2:
         await _add_journal_deadline(conn)
+    if found < 3:
+        await _add_ledger_step_scope(conn)
     if found < SCHEMA_VERSION:
         await conn.execute(
             schema_version.update()
@@ -159,3 +173,32 @@ async def _add_journal_deadline(conn: StoreConnection) -> None:
         await conn.execute(
             sa.text(f"ALTER TABLE {journal.name} ADD COLUMN deadline DOUBLE PRECISION")
         )
+
+
+#: Version 2 → 3: the ledger's step-attempt columns, with their SQL types.
+LEDGER_V3_COLUMNS = (
+    ("marker", "TEXT"),
+    ("attempt", "INTEGER"),
+    ("args_fp", "TEXT"),
+    ("replay_of", "TEXT"),
+)
+
+
+async def _add_ledger_step_scope(conn: StoreConnection) -> None:
+    """Version 2 → 3: the tool ledger's nullable step-attempt columns.
+
+    As :func:`_add_journal_deadline`: in the caller's transaction, each column checked
+    first (a half-migrated database must not fail). Rows written before keep NULLs:
+    no attempt recorded, so a resubmitted attempt never matches them (their effects
+    keep their own keys, as before). The version is bumped with it, so a worker
+    still on version 2 refuses the database instead of writing ledger rows without
+    the columns a resubmitted attempt's match reads.
+    """
+    columns = await conn.run_sync(
+        lambda sync: {c["name"] for c in sa.inspect(sync).get_columns(tool_ledger.name)}
+    )
+    for name, sql_type in LEDGER_V3_COLUMNS:
+        if name not in columns:
+            await conn.execute(
+                sa.text(f"ALTER TABLE {tool_ledger.name} ADD COLUMN {name} {sql_type}")
+            )

@@ -108,12 +108,19 @@ def bind_crash_safe(
 
     A turn passes its eager checkpoint's ``before_effect``: the chat must be
     findable before any effect.
+
+    Every crash-safe tool matches earlier attempts (``match_earlier_attempts``): a
+    step resubmitted after its attempt was cut short (past its turn deadline, a
+    known failure) lets the model call an already-applied tool again under a NEW
+    call id; that call is answered from the earlier call's recorded output instead
+    of applying the effect a second time (docs/durable-turns.md, "Resubmitted
+    attempts and applied tool calls").
     """
     out: list[ClientTool[Any]] = []
     for tool in tools:
         if needs_ledger(tool):
             tool = ledgered(tool)
         if isinstance(tool, CrashSafeTool):
-            tool = tool.bind(ledger, before_effect=before_effect)
+            tool = tool.bind(ledger, before_effect=before_effect, match_earlier_attempts=True)
         out.append(tool)
     return out
