@@ -131,9 +131,69 @@ def _statement(ops: Ops, name: str) -> Any:
     return stmt
 
 
+# The same three statements as fixed text, for a call made on the store itself (not
+# inside a ``store.transaction()``): on SQLite the whole write transaction then runs as
+# ONE job on the worker thread (BEGIN IMMEDIATE, statement, COMMIT: one hop instead of
+# two), on PostgreSQL as ONE statement in autocommit (one round trip instead of
+# BEGIN, statement, COMMIT) — a single statement is atomic, and durable once it
+# returns. No SQLAlchemy compilation or cache-key walk per call either. Every turn
+# of a fan-out takes two leases and releases both (docs/performance.md, round 7).
+_COLUMNS = "tenant, key, holder, fence, acquired_at, expires_at"
+_TEXT = {
+    "acquire": (
+        f"INSERT INTO {t.name} ({_COLUMNS}) VALUES ({{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
+        f"{{now}} + {{p4}}) "
+        "ON CONFLICT (tenant, key) DO UPDATE SET holder = excluded.holder, "
+        f"fence = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.fence "
+        f"ELSE {t.name}.fence + 1 END, "
+        f"acquired_at = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.acquired_at "
+        "ELSE excluded.acquired_at END, "
+        "expires_at = excluded.expires_at "
+        f"WHERE {t.name}.holder = excluded.holder OR {t.name}.expires_at <= {{now}} "
+        f"RETURNING {_COLUMNS}"
+    ),
+    "renew": (
+        f"UPDATE {t.name} SET expires_at = {{now}} + {{p4}} "
+        "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} "
+        f"RETURNING {_COLUMNS}"
+    ),
+    "release": (
+        f"UPDATE {t.name} SET expires_at = {{now}} "
+        "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
+        "RETURNING key"
+    ),
+}
+_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_PG_NOW = "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
+_SQLITE_TEXT = {
+    name: sql.format(now=_SQLITE_NOW, p1="?1", p2="?2", p3="?3", p4="?4")
+    for name, sql in _TEXT.items()
+}
+_PG_TEXT = {
+    name: sql.format(
+        now=_PG_NOW, p1="$1::text", p2="$2::text", p3="$3::text", p4="$4::double precision"
+    )
+    for name, sql in _TEXT.items()
+}
+
+
+def _driver_one(sql: str, params: tuple[Any, ...], conn: sa.Connection) -> Any:
+    return conn.exec_driver_sql(sql, params).one_or_none()
+
+
 async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
-    """Run a prebuilt lease statement with ``params`` in a write transaction; its row or None
-    (every lease statement touches at most the one row of its key)."""
+    """Run a lease statement with ``params`` in a write transaction of its own (or the
+    caller's ``store.transaction()``); its row or None (every lease statement touches at
+    most the one row of its key)."""
+    run_transaction = getattr(ops, "run_transaction", None)
+    if run_transaction is not None:  # the store itself: one trip
+        values: tuple[Any, ...] = (params["p_tenant"], params["p_key"], params["p_holder"])
+        if name != "release":
+            values += (params["p_ttl"],)
+        if ops.backend == "sqlite":
+            return await run_transaction(functools.partial(_driver_one, _SQLITE_TEXT[name], values))
+        async with ops.autocommit() as conn:  # type: ignore[attr-defined]
+            return (await conn.exec_driver_sql(_PG_TEXT[name], values)).one_or_none()
     stmt = _statement(ops, name)
     async with ops.write() as conn:
         return await conn.run_sync(functools.partial(_one_or_none, stmt, params))

@@ -94,6 +94,56 @@ _PG_CHECKPOINT = (
 )
 
 
+# A first turn's checkpoint and its journaled send in ONE statement (autocommit): both
+# data-modifying CTEs run, atomically, or neither does.
+_PG_CHECKPOINT_AND_JOURNAL = f"""
+WITH j AS (
+    INSERT INTO coder_state_journal
+        (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
+    VALUES ($1::text, $3::text, $5::text, $6::text, $7::integer, $8::double precision,
+            $9::double precision, {_PG_NOW})
+    {_JOURNAL_SET}
+    RETURNING updated_at
+), c AS (
+    INSERT INTO coder_state_checkpoints
+        (tenant, workflow_id, chat_id, last_seen_message_id, updated_at)
+    VALUES ($1::text, $2::text, $3::text, $4::bigint, {_PG_NOW})
+    {_CHECKPOINT_SET}
+    RETURNING updated_at
+)
+SELECT c.updated_at, (SELECT updated_at FROM j) FROM c
+"""
+
+# The archive's read: the checkpoint and the workflow's stranded chats (oldest first),
+# in one statement — a checkpoint row (kind 0) and one row per stranded chat (kind 1).
+_ARCHIVE_TARGETS = (
+    "SELECT 0 AS kind, chat_id, last_seen_message_id, updated_at, 0.0 AS created_at "
+    "FROM coder_state_checkpoints WHERE tenant = {p1} AND workflow_id = {p2} "
+    "UNION ALL "
+    "SELECT 1 AS kind, chat_id, NULL, updated_at, created_at "
+    "FROM coder_state_stranded_chats WHERE tenant = {p1} AND workflow_id = {p2} "
+    "ORDER BY 1, 5, 2"
+)
+_SQLITE_ARCHIVE_TARGETS = _ARCHIVE_TARGETS.format(p1="?1", p2="?2")
+_PG_ARCHIVE_TARGETS = _ARCHIVE_TARGETS.format(p1="$1::text", p2="$2::text")
+
+# After archiving a checkpointed chat: its tool ledger and any stranded record go.
+_SQLITE_FORGET_TOOLS = (
+    "DELETE FROM coder_state_tool_ledger WHERE tenant = ? AND chat_id = ?",
+    "DELETE FROM coder_state_stranded_chats WHERE tenant = ? AND chat_id = ?",
+)
+_PG_FORGET_TOOLS = """
+WITH l AS (
+    DELETE FROM coder_state_tool_ledger WHERE tenant = $1::text AND chat_id = $2::text
+    RETURNING 1
+), s AS (
+    DELETE FROM coder_state_stranded_chats WHERE tenant = $1::text AND chat_id = $2::text
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM s)
+"""
+
+
 def _checkpoint(row: Any) -> Checkpoint:
     return Checkpoint(
         workflow_id=row[0],
@@ -219,8 +269,66 @@ class Turns:
             async with self._store.autocommit() as conn:
                 updated_at = (await conn.exec_driver_sql(_PG_CHECKPOINT, params)).scalar_one()
         else:
-            async with self._store.transaction() as tx:
-                saved = await tx.checkpoints.set(workflow_id, chat_id, last_seen_message_id)
-                await tx.journal.set(chat_id, journal)
-                return saved
+            async with self._store.autocommit() as conn:
+                updated_at = (
+                    await conn.exec_driver_sql(
+                        _PG_CHECKPOINT_AND_JOURNAL,
+                        (
+                            *params,
+                            journal.state,
+                            journal.marker,
+                            journal.attempt,
+                            journal.at,
+                            journal.deadline,
+                        ),
+                    )
+                ).one()[0]
         return cp.model_copy(update={"updated_at": from_epoch(updated_at)})
+
+    async def archive_targets(self, workflow_id: str) -> tuple[Checkpoint | None, list[str]]:
+        """The archive's read, in one trip: the workflow's checkpoint (or None) and the
+        ids of the chats it stranded, oldest first (``stranded.list``'s order)."""
+        tenant = self._store.tenant
+        if self._store.backend == "sqlite":
+
+            def body(conn: sa.Connection) -> list[Any]:
+                return list(
+                    conn.exec_driver_sql(_SQLITE_ARCHIVE_TARGETS, (tenant, workflow_id)).all()
+                )
+
+            async with self._store.read() as sconn:
+                rows = await sconn.run_sync(body)
+        else:
+            async with self._store.autocommit() as conn:
+                rows = list(
+                    (await conn.exec_driver_sql(_PG_ARCHIVE_TARGETS, (tenant, workflow_id))).all()
+                )
+        checkpoint: Checkpoint | None = None
+        stranded: list[str] = []
+        for row in rows:
+            if row[0] == 0:
+                checkpoint = Checkpoint(
+                    workflow_id=workflow_id,
+                    chat_id=row[1],
+                    last_seen_message_id=row[2],
+                    updated_at=from_epoch(row[3]),
+                )
+            else:
+                stranded.append(row[1])
+        return checkpoint, stranded
+
+    async def forget_tools(self, chat_id: str) -> None:
+        """After the checkpointed chat was archived: delete its tool ledger and any
+        stranded record of it, in one transaction (one trip). Its journal entry and the
+        checkpoint stay (a rerun recovers lost results from the archived chat)."""
+        tenant = self._store.tenant
+        if self._store.backend == "sqlite":
+
+            def body(conn: sa.Connection) -> None:
+                for sql in _SQLITE_FORGET_TOOLS:
+                    conn.exec_driver_sql(sql, (tenant, chat_id))
+
+            await self._store.run_transaction(body)
+        else:
+            async with self._store.autocommit() as conn:
+                await conn.exec_driver_sql(_PG_FORGET_TOOLS, (tenant, chat_id))

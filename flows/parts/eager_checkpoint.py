@@ -67,21 +67,22 @@ class EagerCheckpoint:
         async with self._lock:
             if self.written == chat_id:
                 return
-            async with self.store.transaction() as tx:
-                await tx.checkpoints.set(self.workflow_id, chat_id, None)
-                # The first send's write-ahead, late: the count before it was 0.
-                await tx.journal.set(
-                    chat_id,
-                    JournalEntry(
-                        state="submitting",
-                        marker=self.marker,
-                        attempt=0,
-                        at=self.started_at,
-                        deadline=None
-                        if self.turn_timeout is None
-                        else self.started_at + self.turn_timeout,
-                    ),
-                )
+            # The checkpoint and the first send's write-ahead, late (the count before it
+            # was 0), in one transaction and one trip (store.turns.record).
+            await self.store.turns.record(
+                self.workflow_id,
+                chat_id,
+                None,
+                journal=JournalEntry(
+                    state="submitting",
+                    marker=self.marker,
+                    attempt=0,
+                    at=self.started_at,
+                    deadline=None
+                    if self.turn_timeout is None
+                    else self.started_at + self.turn_timeout,
+                ),
+            )
             self.written = chat_id
         crash_point("turn.after_checkpoint")
 

@@ -9,6 +9,7 @@ lands in the middle of another run's turn.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from pydantic import BaseModel, Field
 
@@ -171,8 +172,8 @@ async def retire_workflow_chat(
                     step="archive",
                 )
             )
-        checkpoint = await store.checkpoints.get(workflow_id)
-        stranded = [s.chat_id for s in await store.stranded.list(workflow_id)]
+        # Both in one read (one trip): the checkpointed chat and the stranded ones.
+        checkpoint, stranded = await store.turns.archive_targets(workflow_id)
         outcome = ArchiveOutcome(workflow_id=workflow_id)
         if checkpoint is None and not stranded:
             logger.info("workflow %s has no chat to archive", workflow_id)
@@ -197,9 +198,7 @@ async def retire_workflow_chat(
                 # chat's history, and the entry is what says whether its newest
                 # attempt finished (flows/parts/unfinished_attempt.py). The ledger
                 # guards nothing on a chat that can never pause again.
-                async with store.transaction() as tx:
-                    await tx.ledger.clear(chat_id)
-                    await tx.stranded.remove(chat_id)
+                await store.turns.forget_tools(chat_id)
             else:
                 await store.forget_chat(chat_id)
             if verdict == "archived":
@@ -207,7 +206,17 @@ async def retire_workflow_chat(
                 TurnObserver(
                     workflow_id=workflow_id, step="archive", logger=logger, chat_id=chat_id
                 ).emit("coder.chat.archived", {"stranded": chat_id != outcome.chat_id})
-                logger.info("archived chat %s of workflow %s", chat_id, workflow_id)
+                # A finished workflow's routine archive (a fan-out's, inline): its
+                # coder.chat.archived event says it, and a log record per workflow
+                # cost the worker's console and API handlers ≈ 3 % of a fan-out's loop
+                # and the server a log row per turn (docs/performance.md, round 7).
+                # Every other archive (failure, recovery, stranded chats) logs INFO.
+                logger.log(
+                    logging.DEBUG if settled and checkpointed else logging.INFO,
+                    "archived chat %s of workflow %s",
+                    chat_id,
+                    workflow_id,
+                )
             else:
                 logger.info(
                     "chat %s of workflow %s was %s",

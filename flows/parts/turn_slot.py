@@ -96,23 +96,52 @@ async def busy_slots(store: StateStore, cap: int) -> set[int]:
     return set(await _busy_holders(store, cap))
 
 
+# Every live slot row of the tenant: a key range on the primary key (``turn-slot;``
+# is the first string after every ``turn-slot:…``), filtered to the cap in Python.
+# Fixed text run through the driver: building the ``IN (50 keys)`` select per claim
+# was ≈ 1 % of a fan-out worker's loop (docs/performance.md, round 7).
+_BUSY = (
+    "SELECT key, holder, expires_at - {now} FROM " + lease_table.name + " "
+    "WHERE tenant = {p1} AND key >= '"
+    + SLOT_PREFIX
+    + "' AND key < '"
+    + SLOT_PREFIX[:-1]
+    + chr(ord(SLOT_PREFIX[-1]) + 1)
+    + "' AND expires_at > {now}"
+)
+_SQLITE_BUSY = _BUSY.format(now="((julianday('now') - 2440587.5) * 86400.0)", p1="?")
+_PG_BUSY = _BUSY.format(
+    now="CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)", p1="$1::text"
+)
+
+
+def _slot_index(key: str, cap: int) -> int | None:
+    tail = key[len(SLOT_PREFIX) :]
+    if not tail.isdigit():
+        return None
+    index = int(tail)
+    return index if index < cap else None
+
+
 async def _busy_holders(store: StateStore, cap: int) -> dict[int, tuple[str, float]]:
     """Live slots: index → (holder, seconds left)."""
-    keys = [slot_key(i) for i in range(cap)]
-    now = store.now()
-    async with store.read() as conn:
-        rows = await conn.execute(
-            sa.select(
-                lease_table.c.key,
-                lease_table.c.holder,
-                (lease_table.c.expires_at - now).label("left"),
-            ).where(
-                lease_table.c.tenant == store.tenant,
-                lease_table.c.key.in_(keys),
-                lease_table.c.expires_at > now,
-            )
-        )
-        return {int(str(r.key)[len(SLOT_PREFIX) :]): (str(r.holder), float(r.left)) for r in rows}
+    rows: list[Any]
+    if store.backend == "sqlite":
+
+        def body(conn: sa.Connection) -> list[Any]:
+            return list(conn.exec_driver_sql(_SQLITE_BUSY, (store.tenant,)).all())
+
+        async with store.read() as sconn:
+            rows = await sconn.run_sync(body)
+    else:
+        async with store.autocommit() as conn:
+            rows = list((await conn.exec_driver_sql(_PG_BUSY, (store.tenant,))).all())
+    busy: dict[int, tuple[str, float]] = {}
+    for key, holder, left in rows:
+        index = _slot_index(str(key), cap)
+        if index is not None:
+            busy[index] = (str(holder), float(left))
+    return busy
 
 
 class _Claimer:
@@ -135,8 +164,19 @@ class _Claimer:
         self.log = log
         self._said: set[tuple[str, str | None]] = set()
 
-    async def claim(self) -> int | None:
+    async def claim(self, hints: list[int] | None = None) -> int | None:
+        """A slot, or None. ``hints``: slots this process released last (newest last);
+        the newest is tried first with one atomic acquire and no read — in a busy
+        worker it is most likely still free (a fan-out of quick turns hands slots
+        on within the process), and the acquire, not the read, decides anyway."""
         store = self.store
+        while hints:
+            hinted = hints.pop()
+            if hinted < self.cap:
+                got = await store.leases.acquire(slot_key(hinted), self.holder, self.ttl)
+                if got is not None:
+                    return hinted
+                break  # taken by another process meanwhile: read what is free
         busy = await _busy_holders(store, self.cap)
         free = [i for i in range(self.cap) if i not in busy]
         # Random order: waiters that see the same free slot mostly try different ones.
@@ -296,17 +336,30 @@ async def turn_slot(
                 # announces only once it has queued SHOW_WAITING_AFTER_S while the head
                 # of the queue finds every slot busy — then it is waiting on the cap,
                 # behind the head.
-                got_gate = await _acquire_within(gate.lock, min(wait, SHOW_WAITING_AFTER_S))
-                while not got_gate:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TurnSlotUnavailableError(cap, time.monotonic() - started)
-                    if not announced and gate.cap_full:
-                        _announce(cap, wait, workflow_id, step, log, ui)
-                        announced = True
-                    got_gate = await _acquire_within(
-                        gate.lock, left if announced else min(left, SHOW_WAITING_AFTER_S)
+                # ONE acquire for the whole wait, looked at every SHOW_WAITING_AFTER_S:
+                # an acquire bounded by wait_for and started again each second cost a
+                # task, a timer and a cancellation per queued claim per second (3 % of
+                # a loaded fan-out worker's loop), and each restart sent the claim to
+                # the back of the queue.
+                acquiring = asyncio.ensure_future(gate.lock.acquire())
+                try:
+                    done, _ = await asyncio.wait(
+                        {acquiring}, timeout=min(wait, SHOW_WAITING_AFTER_S)
                     )
+                    while not done:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TurnSlotUnavailableError(cap, time.monotonic() - started)
+                        if not announced and gate.cap_full:
+                            _announce(cap, wait, workflow_id, step, log, ui)
+                            announced = True
+                        done, _ = await asyncio.wait(
+                            {acquiring},
+                            timeout=left if announced else min(left, SHOW_WAITING_AFTER_S),
+                        )
+                except BaseException:
+                    _drop_acquire(acquiring, gate.lock)
+                    raise
             else:
                 await gate.lock.acquire()  # not locked: taken at once
             try:
@@ -336,7 +389,7 @@ async def turn_slot(
             await ui.stop()
     except BaseException:
         if renewer is not None:  # cancelled while the waiting state was put back
-            await _let_go(renewer, store, index, holder, ttl, log)
+            await _let_go(renewer, store, index, holder, ttl, log, gate)
         raise
     assert renewer is not None
     if announced or waited:
@@ -348,7 +401,7 @@ async def turn_slot(
     try:
         yield index
     finally:
-        await _let_go(renewer, store, index, holder, ttl, log)
+        await _let_go(renewer, store, index, holder, ttl, log, gate)
 
 
 async def _let_go(
@@ -358,17 +411,23 @@ async def _let_go(
     holder: str,
     ttl: float,
     log: logging.Logger | logging.LoggerAdapter[Any],
+    gate: _Gate | None = None,
 ) -> None:
-    """Stop renewing slot ``index`` and release it (it lapses after ``ttl`` if that fails)."""
+    """Stop renewing slot ``index`` and release it (it lapses after ``ttl`` if that fails);
+    a released slot becomes ``gate``'s newest claim hint."""
     renewer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await renewer
     if SLOT_TRACE is not None:
         SLOT_TRACE.append(("release", time.monotonic()))
     try:
-        await store.leases.release(slot_key(index), holder)
+        released = await store.leases.release(slot_key(index), holder)
     except Exception:  # it lapses after ttl on its own
         log.warning("could not release turn slot %d; it lapses after %.0fs", index, ttl)
+        return
+    if released and gate is not None:
+        gate.released.append(index)
+        del gate.released[:-_HINTS]
 
 
 async def _renew(
@@ -400,14 +459,18 @@ class _Gate:
     """The FIFO queue of this process's claims on one store (per event loop), and
     whether its head is waiting on the cap (found every slot busy)."""
 
-    __slots__ = ("cap_full", "lock")
+    __slots__ = ("cap_full", "lock", "released")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.cap_full = False
+        #: Slots this process released, newest last (at most ``_HINTS``): claim hints.
+        self.released: list[int] = []
 
 
 _gates: dict[tuple[int, str, str], _Gate] = {}
+#: How many released slots a gate remembers as claim hints.
+_HINTS = 64
 
 
 def _local_gate(store: StateStore) -> _Gate:
@@ -419,12 +482,14 @@ def _local_gate(store: StateStore) -> _Gate:
     return gate
 
 
-async def _acquire_within(lock: asyncio.Lock, within_s: float) -> bool:
-    """``lock.acquire()`` bounded by ``within_s`` seconds; False when it ran out."""
-    try:
-        return await asyncio.wait_for(lock.acquire(), timeout=max(0.0, within_s))
-    except TimeoutError:
-        return False
+def _drop_acquire(acquiring: asyncio.Future[Any], lock: asyncio.Lock) -> None:
+    """Give up a pending ``lock.acquire()`` task: cancel it, or — when it got the lock
+    already — release the lock (a cancelled acquire that was just woken hands the
+    lock to the next waiter itself: ``asyncio.Lock``)."""
+    if acquiring.cancel():
+        return
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        lock.release()
 
 
 def _announce(
@@ -464,7 +529,7 @@ async def _wait_for_slot(
     ui: _WaitingState | None,
     gate: _Gate,
 ) -> tuple[int, bool]:
-    index = await claimer.claim()
+    index = await claimer.claim(gate.released)
     if index is not None:
         return index, False
     if ui is not None:  # not announced yet
@@ -478,7 +543,7 @@ async def _wait_for_slot(
                 raise TurnSlotUnavailableError(cap, time.monotonic() - started)
             # Jitter spreads the pollers of a large fan-out over the interval.
             await asyncio.sleep(min(left, poll_interval * (0.5 + _rng.random())))
-            index = await claimer.claim()
+            index = await claimer.claim(gate.released)
     finally:
         gate.cap_full = False
     return index, True

@@ -218,8 +218,13 @@ async def _record_after_turn(
     turn_timeout: float,
     logger: RunLogger,
     observer: TurnObserver,
+    eagerly_journaled: str | None = None,
 ) -> None:
-    """The ``finally`` checkpoint: every exit of a turn goes through here."""
+    """The ``finally`` checkpoint: every exit of a turn goes through here.
+
+    ``eagerly_journaled``: the chat this turn's eager checkpoint already recorded
+    together with this step's write-ahead (marker, attempt 0) — its journal entry
+    then needs no read (see below)."""
     chat_id = agent.chat_id
     if chat_id:
         # Even a failed turn checkpoints: a first step that failed after creating
@@ -240,6 +245,21 @@ async def _record_after_turn(
         # The send's turn deadline goes with it (JournalEntry.deadline): the stuck-turn
         # sweep leaves a crashed attempt live until then, whatever its own timeout.
         deadline = started_at + turn_timeout
+        if eagerly_journaled == chat_id:
+            # The eager checkpoint committed this chat's entry with this step's marker
+            # (attempt 0), and under the workflow's lease only this turn writes it: a
+            # later cut-short keeps the marker. So the read below would find the marker
+            # and add nothing for a finished send; one trip, no read (the fan-out's
+            # every turn is a first turn: docs/performance.md, round 7).
+            journal = None
+            if failed is not None and not left_live:
+                journal = JournalEntry(
+                    state="submitting", marker=marker, attempt=1, at=started_at, deadline=deadline
+                )
+            await store.turns.record(
+                workflow_id, chat_id, agent.last_seen_message_id, journal=journal
+            )
+            return
         async with store.transaction() as tx:
             entry = await tx.journal.get(chat_id)
             await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
@@ -507,6 +527,7 @@ async def _turn_under_lease(
                     turn_timeout=turn_timeout,
                     logger=logger,
                     observer=observer,
+                    eagerly_journaled=eager.written,
                 )
                 await eager.after_turn(agent.chat_id)
                 if failed is not None:
