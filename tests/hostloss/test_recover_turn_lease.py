@@ -10,14 +10,12 @@ longer than recover-turn may wait (20 s), so only a takeover lets it through.
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
-from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed, Running
-from test_takeover import _holder_flow, _start_holder
+from test_takeover import _holder_flow, _kill, _start_holder
+from warm_python import WarmPython
 
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore, workflow_key
 from prefect_coder.flows.deployments.recover_turn import recover_turn
@@ -26,19 +24,16 @@ from prefect_coder.flows.parts.params import WorkflowSettings
 
 
 async def test_recover_turn_takes_over_a_crashed_runs_lease(
-    prefect_harness: Any, store_url: str, tenant: str, creds: CoderCredentials
+    warm_python: WarmPython, store_url: str, tenant: str, creds: CoderCredentials
 ) -> None:
     workflow_id = f"hl-rt-{uuid.uuid4().hex[:8]}"
     async with get_client() as client:
         run = await client.create_flow_run(_holder_flow)
         await client.set_flow_run_state(run.id, Running(), force=True)
-    proc = await _start_holder(
-        str(prefect_harness.api_url), store_url, tenant, workflow_id, str(run.id)
-    )
+    proc = await _start_holder(warm_python, store_url, tenant, workflow_id, str(run.id))
     store = StateStore(store_url, tenant=tenant)
     try:
-        os.kill(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        await _kill(proc)
         held = await store.leases.get(workflow_key(workflow_id))
         assert held is not None and holder_run_id(held[0].holder) == run.id
         async with get_client() as client:  # what the worker reports after the kill
@@ -62,6 +57,5 @@ async def test_recover_turn_takes_over_a_crashed_runs_lease(
         assert "no checkpoint" in report.reason
     finally:
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            await _kill(proc, check=False)
         await store.aclose()

@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
 from support.prefect_blocks import save_settings
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
@@ -85,7 +84,7 @@ async def _slot_rows(store: StateStore) -> dict[str, Any]:
 
 
 async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
-    prefect_harness: Any,
+    warm_python: WarmPython,
     postgres_url: str,
     emu: Emulator,
     creds: CoderCredentials,
@@ -103,16 +102,12 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
             "settings": settings.model_dump(mode="json"),
         }
     )
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        PREFECT_API_URL=str(prefect_harness.api_url),
-        PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(prefect_harness.results_dir),
-        PREFECT_LOGGING_LEVEL="WARNING",
+    # The worker: a separate process forked from the session's warm process (its
+    # environment: the session's Prefect server and result storage), so it does not
+    # import Prefect again; it runs its flows in-process, so one SIGKILL kills it all.
+    worker = await asyncio.to_thread(
+        warm_python.start, ["-c", _WORKER, payload], env=dict(warm_python.env), cwd=ROOT
     )
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _WORKER, payload, cwd=ROOT, env=env, start_new_session=True,
-    )  # fmt: skip
     store = StateStore(postgres_url, tenant=tenant)
     waiter: asyncio.Task[Any] | None = None
     quick = Step(name="s", prompt='work #emu {"text": "next"}')
@@ -123,8 +118,8 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
             lambda: len(emu.event_log(["turn_start"])) == CAP,
         )
         assert started
-        os.killpg(worker.pid, signal.SIGKILL)  # a real crash: no release, no renewals
-        await worker.wait()
+        worker.kill()  # SIGKILL, a real crash: no release, no renewals
+        assert (await worker.communicate(30)).returncode == -signal.SIGKILL
         workflow_of = {c["id"]: c["labels"][LABEL_WORKFLOW] for c in emu.chats()}
         chat_of = {wf: chat for chat, wf in workflow_of.items()}
         dead = {str(k): r for k, r in (await _slot_rows(store)).items()}
@@ -179,8 +174,8 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
         if waiter is not None and not waiter.done():
             waiter.cancel()
         if worker.returncode is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            await worker.wait()
+            worker.kill()
+            await worker.communicate(30)
         await store.aclose()
 
     # (1) The cap on running turns held server-side: the waiting workflows' turns

@@ -8,13 +8,12 @@ whose chat still runs: ``test_slot_takeover.py``."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -22,6 +21,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Crashed, Failed, Running
+from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
@@ -56,7 +56,8 @@ async def main():
         hold_workflow_lease(wf, store, settings),
         turn_slot(store, 1, wait=5, ttl=ttl, workflow_id=wf),
     ):
-        print("HELD", flush=True)
+        with open(sys.argv[5], "w") as mark:
+            mark.write("HELD")
         await asyncio.sleep(3600)
 
 asyncio.run(main())
@@ -68,29 +69,53 @@ def _holder_flow() -> None:
     """Only its runs are used: a flow run for the killed holder to belong to."""
 
 
+def _ended(pid: int) -> bool:
+    """The process is gone or a zombie (its parent, the warm process, reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
 async def _start_holder(
-    api_url: str, store_url: str, tenant: str, workflow_id: str, run_id: str
-) -> asyncio.subprocess.Process:
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        PREFECT_API_URL=api_url,
-        PREFECT__FLOW_RUN_ID=run_id,
-        PREFECT_LOGGING_LEVEL="WARNING",
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, store_url, tenant, workflow_id, str(TTL),
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 120)
-    assert line.strip() == b"HELD"
-    return proc
+    warm: WarmPython, store_url: str, tenant: str, workflow_id: str, run_id: str
+) -> Child:
+    """The holder: a separate process (own pid, killed for real with SIGKILL) forked
+    from the session's warm process, so it does not import Prefect again (~4-5 CPU-s
+    a fresh interpreter); it belongs to flow run ``run_id`` as a worker's flow-run
+    process does (``PREFECT__FLOW_RUN_ID``). Returns once it holds lease and slot."""
+    mark = Path(tempfile.gettempdir()) / f"hostloss-held-{uuid.uuid4().hex}"
+    argv = ["-c", _HOLDER, store_url, tenant, workflow_id, str(TTL), str(mark)]
+    env = dict(warm.env, PREFECT__FLOW_RUN_ID=run_id)
+    child = await asyncio.to_thread(warm.start, argv, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            if _ended(child.pid) or time.monotonic() > deadline:
+                child.kill()
+                done = await child.communicate(30)
+                raise AssertionError(
+                    f"the holder did not take lease and slot (rc {done.returncode}):\n"
+                    + done.stderr[-3000:]
+                )
+            await asyncio.sleep(0.02)
+    finally:
+        mark.unlink(missing_ok=True)
+    return child
+
+
+async def _kill(child: Child, *, check: bool = True) -> None:
+    """SIGKILL (no release, no renewals) and wait until the process is gone; with
+    ``check``, it was still alive (holding) when the signal came."""
+    child.kill()
+    done = await child.communicate(30)
+    assert not check or done.returncode == -signal.SIGKILL, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("over", [Crashed, Failed, Cancelled], ids=lambda s: s.__name__)
 async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
-    prefect_harness: Any,
+    warm_python: WarmPython,
     store_url: str,
     tenant: str,
     emu: Emulator,
@@ -103,14 +128,11 @@ async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
     async with get_client() as client:
         run = await client.create_flow_run(_holder_flow)
         await client.set_flow_run_state(run.id, Running(), force=True)
-    proc = await _start_holder(
-        str(prefect_harness.api_url), store_url, tenant, workflow_id, str(run.id)
-    )
+    proc = await _start_holder(warm_python, store_url, tenant, workflow_id, str(run.id))
     store = StateStore(store_url, tenant=tenant)
     settings = WorkflowSettings(lease_ttl_s=5, lease_wait_s=0.3)
     try:
-        os.kill(proc.pid, signal.SIGKILL)  # a real crash: no release, no renewals
-        await proc.wait()
+        await _kill(proc)  # a real crash: no release, no renewals
         lease = await store.leases.get(workflow_key(workflow_id))
         slot = await store.leases.get(slot_key(0))
         assert lease is not None and slot is not None
@@ -155,8 +177,7 @@ async def test_killed_holder_with_crashed_run_is_taken_over_at_once(
                 assert now[0].acquired_at < old_slot.expires_at
     finally:
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            await _kill(proc, check=False)
         await store.aclose()
 
 
