@@ -14,6 +14,9 @@ reads the finished shards' outcomes and starts each crashed shard again; the new
 shard run takes over its workflows' leases, returns their finished steps from storage
 and recovers the turns that were in flight before sending anything.
 
+The Prefect server and the ``ChatStateStore`` both run on the session's PostgreSQL
+cluster (the store in a tenant of this test's own), as issue 15 asks.
+
 Measured from the emulator: every workflow finished, one user message per step (no
 duplicate turn), no chat left unarchived, the turn cap never exceeded.
 
@@ -112,9 +115,10 @@ class Hosts:
 
 
 async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
-    prefect_harness: Any, emu: Emulator, store_url: str, tmp_path: Path
+    prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
 ) -> None:
-    settings = await fanout_settings(emu, store_url, CAP)
+    store_url, tenant = pg_store
+    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
