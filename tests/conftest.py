@@ -18,6 +18,7 @@ the database ``prefect_server`` of that cluster (not SQLite: see ``prefect_harne
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pwd
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,40 +257,86 @@ def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[st
     ``prefect_test_harness`` always runs its server on a fresh SQLite file, and a
     SQLite-backed server answers 503 ("database is locked") to concurrent writers on
     a busy machine (``POST /flow_runs/`` during the crash matrix). This is the same
-    arrangement on the session's PostgreSQL: the database URL goes to the server
-    process through the settings, the server is registered as the process's default
-    ephemeral server (so nothing starts a second one), and ``PREFECT_API_URL`` points
-    at it in this process and in every settings context copied from now on.
+    arrangement on the session's PostgreSQL: the server process Prefect's own
+    ``SubprocessASGIServer`` runs (uvicorn on ``create_app``, its settings passed
+    through the environment, the database URL among them), and ``PREFECT_API_URL``
+    points at it in this process and in every settings context copied from now on,
+    so no client here starts an ephemeral server of its own.
+
+    Started here rather than through ``SubprocessASGIServer``: importing
+    ``prefect.server.api.server`` into the test process (the whole server app, only
+    to launch a subprocess) cost ~3.4 CPU-s per pytest session (issue 12), and
+    nothing in the test process uses the server's modules.
     """
+    import httpx
+    import prefect
     from prefect.context import _temporary_global_settings_context, get_settings_context
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.server.database.dependencies import temporary_database_interface
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        get_current_settings,
         temporary_settings,
     )
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(temporary_database_interface())
-        stack.enter_context(
-            temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url})
-        )
-        server = SubprocessASGIServer(port=_free_port())
-        previous = SubprocessASGIServer._instances.get(None)
-        SubprocessASGIServer._instances[None] = server
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            # What SubprocessASGIServer sets for its server: no UI, ephemeral mode.
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        app_dir = str(prefect.__module_path__.parent)
+        factory = "prefect.server.api.server:create_app"
+        return subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", factory,
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
+             "--lifespan", "on"],
+            env=env,
+        )  # fmt: skip
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url}):
+        port = _free_port()
+        proc = launch(port)
+        atexit.register(stop, proc)
         try:
-            server.start(timeout=startup_timeout)
-            stack.callback(server.stop)
-            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url}))
-            stack.enter_context(_temporary_global_settings_context(get_settings_context()))
-            yield server.api_url
+            deadline = time.monotonic() + startup_timeout
+            with httpx.Client() as client:
+                while True:
+                    rc = proc.poll()
+                    if rc == 3 and time.monotonic() < deadline:  # the port was taken
+                        port = _free_port()
+                        proc = launch(port)
+                        atexit.register(stop, proc)
+                        continue
+                    if rc is not None:
+                        raise RuntimeError(f"the Prefect test server exited with code {rc}")
+                    with contextlib.suppress(httpx.TransportError):
+                        if client.get(f"http://127.0.0.1:{port}/api/health").status_code == 200:
+                            break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"the Prefect test server did not answer within {startup_timeout} s"
+                        )
+                    time.sleep(0.1)
+            api_url = f"http://127.0.0.1:{port}/api"
+            with (
+                temporary_settings(updates={PREFECT_API_URL: api_url}),
+                _temporary_global_settings_context(get_settings_context()),
+            ):
+                yield api_url
         finally:
-            stack.close()
-            if previous is not None:
-                SubprocessASGIServer._instances[None] = previous
-            else:
-                SubprocessASGIServer._instances.pop(None, None)
+            stop(proc)
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,10 +192,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _rows_json(rec: _Recorder, end: _Sample) -> list[dict[str, Any]]:
     if rec.last is not None:
         rec.row("(after the last test: session finish)").add(rec.last, end, 0)
-    return [{"file": name, "worker": rec.worker, **vars(row)} for name, row in rec.rows.items()]
+    return [
+        {"file": name, "worker": rec.worker, "server_mods": _server_modules(), **vars(row)}
+        for name, row in rec.rows.items()
+    ]
 
 
-def _table(rows: list[dict[str, Any]], workers: int) -> str:
+def _server_modules() -> int:
+    """How many ``prefect.server`` modules this process imported (the test server runs
+    in its own process: the test process needs none of them)."""
+    return sum(1 for m in sys.modules if m.startswith("prefect.server"))
+
+
+def _table(rows: list[dict[str, Any]], workers: int, server_mods: str) -> str:
     def total(r: dict[str, Any]) -> float:
         return float(r["self_s"] + r["reaped_s"] + r["live_s"])
 
@@ -209,7 +219,8 @@ def _table(rows: list[dict[str, Any]], workers: int) -> str:
         "# Session-scoped fixtures (PostgreSQL cluster, Prefect test server, warm",
         "# Python) start inside the FIRST file that uses them and stop inside the",
         "# session's LAST file: their start-up and shutdown land there.",
-        f"# total {all_cpu:.1f} CPU-s",
+        f"# total {all_cpu:.1f} CPU-s; prefect.server modules imported by the test "
+        f"process(es): {server_mods}",
         f"{'cpu_s':>8} {'self_s':>8} {'reaped_s':>8} {'live_s':>8} {'wall_s':>8} "
         f"{'tests':>5} {'worker':>6}  file",
     ]
@@ -235,4 +246,5 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         with contextlib.suppress(ValueError, OSError):
             rows += json.loads(part.read_text())
         part.unlink()
-    rec.path.write_text(_table(rows, workers))
+    mods = sorted({f"{r['worker'] or 'main'}={r.pop('server_mods', '?')}" for r in rows})
+    rec.path.write_text(_table(rows, workers, " ".join(mods)))
