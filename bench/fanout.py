@@ -21,17 +21,26 @@ log - RSS before the fan-out) / that peak.
 process workers (PostgreSQL store): turns/s with 1 and with 2 workers at
 ``--workers-cap`` (50), in shards of ``--shard-size`` (1 = one ``agent-workflow`` run
 per workflow), with the workers' CPU per turn (worker + its flow-run processes).
-With ``--kill``: two workers at ``--kill-cap`` (all slots busy), long turns; the
-worker whose flow runs hold the most turn slots (not the fan-out's own) is SIGKILLed
-with its flow-run processes, its runs are marked Crashed at once (what the zombie
-automation does), and the bench times, per slot the dead worker held, how long until
-a live process holds it again — against ``--slot-ttl`` — and the fan-out's end.
+With ``--kill`` (alone, or after the throughput runs with ``--workers-mode``): two
+workers (``--kill-worker-limit`` 5) at ``--kill-cap`` (all slots busy), shards of
+``--kill-shard-size`` (5), long turns; the worker whose flow runs hold the most turn
+slots (not the fan-out's own) is SIGKILLed with its flow-run processes, its runs are
+marked Crashed at once (what the zombie automation does), and the bench times, per
+slot the dead worker held, how long until a live process holds it again — against
+``--slot-ttl`` —, the first turn start after the kill (emulator log) and the
+fan-out's end.
+
+``--latency-mode`` — turns bound by model latency, as real ones are: each turn waits
+``--latency-turn-s`` (20 s) in the emulator's scripted model, each worker runs at most
+``--latency-worker-limit`` (2) shard runs of ``--latency-shard-size`` (5) workflows,
+i.e. a bounded number of turns at once; turns/s with 1 and 2 workers at cap
+``--workers-cap`` (50). The fan-out's flow run runs in this process.
 
 ``--handoff``: the slot hand-off latency of a store turn slot vs a Prefect global
 concurrency limit (limit 1, idle process; docs/fleet.md).
 
-Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--steps 1]``
-or ``... --workers-mode [--shard-size 20] [--kill]``.
+Run: ``.venv/bin/python bench/fanout.py [--workflows 200] [--caps 5,50] [--steps 1]``,
+``... --workers-mode [--shard-size 20] [--kill]``, ``... --kill`` or ``... --latency-mode``.
 """
 
 from __future__ import annotations
@@ -585,11 +594,12 @@ async def _workers_mode(args: argparse.Namespace, fleet: Fleet) -> None:
     env = child_env(fleet.api_url, fleet.tmp / "results")
     env["PREFECT_LOGGING_LEVEL"] = "ERROR"
     steps = args.steps
-    print(
-        f"workers mode: shard size {args.shard_size}, worker --limit {args.worker_limit}, "
-        f"PostgreSQL store and Prefect server; load {loadavg()}",
-        flush=True,
-    )
+    if args.worker_counts:
+        print(
+            f"workers mode: shard size {args.shard_size}, worker --limit {args.worker_limit}, "
+            f"PostgreSQL store and Prefect server; load {loadavg()}",
+            flush=True,
+        )
     try:
         for count in [int(c) for c in args.worker_counts.split(",") if c]:
             workers = [
@@ -657,8 +667,15 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
+    # The kill run's own shard size and worker limit (not --shard-size/--worker-limit of
+    # the throughput runs): with the throughput defaults (shards of 20, --limit 12) its
+    # 40 workflows were two shards that both landed on one worker, and no other worker
+    # ever held a slot. Shards of 5 and --limit 5 make 8 shards the pool must spread
+    # (the fan-out and 4 shards fill one worker).
     workers = [
-        await start_worker(pool, f"{pool}-k{i}", env, fleet.tmp / f"k{i}.log", args.worker_limit)
+        await start_worker(
+            pool, f"{pool}-k{i}", env, fleet.tmp / f"k{i}.log", args.kill_worker_limit
+        )
         for i in range(2)
     ]
     cap = args.kill_cap
@@ -667,6 +684,13 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
     )
     items = _items(f"bk-{uuid.uuid4().hex[:6]}", args.kill_workflows, 1, args.kill_turn_s)
     params = await _fanout_params(items, settings, args)
+    params["shard_size"] = args.kill_shard_size
+    print(
+        f"kill run: {len(items)} workflows of one {args.kill_turn_s:.0f}s turn, shards of "
+        f"{args.kill_shard_size}, two workers --limit {args.kill_worker_limit}, cap {cap}, "
+        f"slot ttl {args.slot_ttl:.0f}s; load {loadavg()}",
+        flush=True,
+    )
     store = ChatStateStore(url=fleet.pg_store_url).get_store()
     by_pid = {w.proc.pid: w.name for w in workers}
     try:
@@ -705,42 +729,46 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
             dead_pids = set(victim.kill_with_children())
             killed_at = time.perf_counter()
             killed_wall = time.time()
-            await victim.proc.wait()
             dead_slots = {i for i, h in held.items() if _holder_pid(h) in dead_pids}
+            retaken: dict[int, float] = {}
+            freed: list[float] = []
+
+            # The store is polled from the kill on, beside the Crashed marking below: polled
+            # after it, as before, the clock started only once the marking ended (78 s at
+            # load 20-27, the server's database timing out), not at the death.
+            async def poll_slots() -> None:
+                while (
+                    len(retaken) < len(dead_slots)
+                    and time.perf_counter() - killed_at < 10 * args.slot_ttl + 300
+                ):
+                    now_held = await _slot_holders(store, cap)
+                    if not freed and not any(
+                        _holder_pid(h) in dead_pids for h in now_held.values()
+                    ):
+                        freed.append(time.perf_counter() - killed_at)
+                    for i in dead_slots - set(retaken):
+                        now = now_held.get(i)
+                        if now is not None and _holder_pid(now) not in dead_pids:
+                            retaken[i] = time.perf_counter() - killed_at
+                    await asyncio.sleep(0.1)
+
+            poller = asyncio.create_task(poll_slots())
+            await victim.proc.wait()
             marked = await _mark_dead_runs_crashed(client, dead_pids)
             print(
                 f"kill: worker {victim.name} SIGKILLed with its flow runs at "
                 f"{killed_at - t0:.1f}s, holding {len(dead_slots)} of {cap} turn slots; "
-                f"{marked} runs marked Crashed at once (slot ttl {args.slot_ttl:.0f}s)",
+                f"{marked} runs marked Crashed {time.perf_counter() - killed_at:.1f}s after "
+                f"the kill (slot ttl {args.slot_ttl:.0f}s)",
                 flush=True,
             )
-            retaken: dict[int, float] = {}
-            freed_after: float | None = None
-            while (
-                len(retaken) < len(dead_slots)
-                and time.perf_counter() - killed_at < 10 * args.slot_ttl + 300
-            ):
-                now_held = await _slot_holders(store, cap)
-                if freed_after is None and not any(
-                    _holder_pid(h) in dead_pids for h in now_held.values()
-                ):
-                    freed_after = time.perf_counter() - killed_at
-                for i in dead_slots - set(retaken):
-                    now = now_held.get(i)
-                    if now is not None and _holder_pid(now) not in dead_pids:
-                        retaken[i] = time.perf_counter() - killed_at
-                await asyncio.sleep(0.1)
+            await poller
+            freed_after = freed[0] if freed else None
             times = sorted(retaken.values())
-            later = [
-                e["time"] - killed_wall
-                for e in fleet.emu.event_log(["turn_start"])
-                if e["time"] > killed_wall
-            ]
             print(
                 f"kill: no slot held by the dead worker any more after "
                 f"{freed_after if freed_after is not None else float('nan'):.1f}s (lapsed "
-                f"or taken over); first turn started anywhere after the kill: "
-                f"{min(later) if later else float('nan'):.1f}s",
+                f"or taken over)",
                 flush=True,
             )
             print(
@@ -775,6 +803,21 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
                 final = await fanout_final()
                 await asyncio.sleep(0.5)
             wall = time.perf_counter() - t0
+            # The first turn after the kill, from the emulator's log (its wall clock, the
+            # same machine's): read once the fan-out ended. Read right after the slots
+            # were retaken, as before, it was often empty (a slot is claimed before its
+            # turn's message is sent) and printed nan.
+            later = [
+                e["time"] - killed_wall
+                for e in await asyncio.to_thread(fleet.emu.event_log, ["turn_start"])
+                if e["time"] > killed_wall
+            ]
+            print(
+                f"kill: first turn started anywhere after the kill: "
+                f"{min(later) if later else float('nan'):.1f}s ({len(later)} turns started "
+                f"after it)",
+                flush=True,
+            )
             ideal = len(items) * args.kill_turn_s / cap
             print(
                 f"kill: fan-out {final.state.type.value if final else 'not finished'} after "
@@ -787,6 +830,104 @@ async def _kill_run(args: argparse.Namespace, fleet: Fleet, pool: str, env: dict
         for w in workers:
             await stop_worker(w)
         await store.aclose()
+
+
+async def _latency_mode(args: argparse.Namespace, fleet: Fleet) -> None:
+    """Turns bound by model latency, as real ones are (seconds to minutes each): every
+    turn waits ``--latency-turn-s`` in the emulator's scripted model (``#emu`` sleep),
+    and each worker drives a bounded number of turns at once — ``--latency-worker-limit``
+    shard runs (the process worker's ``--limit``) of ``--latency-shard-size`` workflows
+    each. Turns/s with 1 and with 2 workers at cap ``--workers-cap`` (50, not binding).
+
+    The fan-out's own flow run runs in this process (``shard_deployment`` given), so it
+    takes none of the workers' limit: only the workers' shard runs count."""
+    from fanout_env import child_env, deploy, start_worker, stop_worker, undeploy
+
+    from prefect_coder.flows.deployments.agent_fanout import SHARD_DEPLOYMENT
+
+    pool = f"bench-lat-{uuid.uuid4().hex[:6]}"
+    deployed = await deploy(pool)
+    env = child_env(fleet.api_url, fleet.tmp / "results")
+    env["PREFECT_LOGGING_LEVEL"] = "ERROR"
+    per_worker = args.latency_worker_limit * args.latency_shard_size
+    steps, turn_s = args.latency_steps, args.latency_turn_s
+    print(
+        f"latency mode: {args.latency_workflows} workflows x {steps} turns of {turn_s:.0f}s "
+        f"model latency, shards of {args.latency_shard_size}, worker --limit "
+        f"{args.latency_worker_limit} (≤ {per_worker} turns per worker at once), cap "
+        f"{args.workers_cap}; ideal per worker {per_worker / turn_s:.2f} turns/s; load "
+        f"{loadavg()}",
+        flush=True,
+    )
+    rates: dict[int, float] = {}
+    try:
+        for count in [int(c) for c in args.worker_counts.split(",") if c]:
+            workers = [
+                await start_worker(
+                    pool,
+                    f"{pool}-{count}-{i}",
+                    env,
+                    fleet.tmp / f"lat{count}{i}.log",
+                    args.latency_worker_limit,
+                )
+                for i in range(count)
+            ]
+            try:
+                settings = await _settings(fleet, fleet.pg_store_url, args.workers_cap)
+                items = _items(
+                    f"bl{count}-{uuid.uuid4().hex[:6]}", args.latency_workflows, steps, turn_s
+                )
+                before = len(fleet.emu.event_log(["turn_start"]))
+                ends_before = len(fleet.emu.event_log(["turn_end"]))
+                load0 = loadavg()
+                cpu0 = sum(
+                    _tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers
+                )
+                srv0 = process_cpu_s(fleet.server_pid)
+                t0 = time.perf_counter()
+                outcomes = await agent_fanout(
+                    items,
+                    settings,
+                    max_parallel=max(64, len(items)),
+                    fail_on_error=False,
+                    shard_size=args.latency_shard_size,
+                    shard_deployment=SHARD_DEPLOYMENT,
+                    poll_interval_s=0.5,
+                )
+                wall = time.perf_counter() - t0
+                cpu = (
+                    sum(_tree_cpu_s(w.proc.pid) + _live_children_cpu_s(w.proc.pid) for w in workers)
+                    - cpu0
+                )
+                srv_cpu = process_cpu_s(fleet.server_pid) - srv0
+            finally:
+                for w in workers:
+                    await stop_worker(w)
+            starts = fleet.emu.event_log(["turn_start"], since=before)
+            ends = fleet.emu.event_log(["turn_end"], since=ends_before)
+            peak = max((e["details"]["running"] for e in starts), default=0)
+            failed = sum(not o.ok for o in outcomes)
+            turns = (len(items) - failed) * steps
+            rates[count] = turns / wall
+            # The steady part, from the emulator's clock: turns ended between the first
+            # and the last turn end (leaves out the first shards' process starts).
+            span = ends[-1]["time"] - ends[0]["time"] if len(ends) > 1 else float("nan")
+            print(
+                f"{count} worker(s): {turns} turns in {wall:.1f}s = {rates[count]:.2f} turns/s "
+                f"({failed} workflows failed; {len(starts)} turns started); between the first "
+                f"and the last turn end {(len(ends) - 1) / span:.2f} turns/s; server peak "
+                f"{peak} running turns; workers' CPU (incl. shard processes) "
+                f"{cpu / max(1, turns) * 1000:.0f} ms/turn, Prefect server "
+                f"{srv_cpu / max(1, turns) * 1000:.0f} ms/turn; load {load0} → {loadavg()}",
+                flush=True,
+            )
+        if 1 in rates and 2 in rates:
+            print(
+                f"latency mode: 2 workers / 1 worker = {rates[2] / rates[1]:.2f}x turns/s",
+                flush=True,
+            )
+    finally:
+        await undeploy(deployed)
 
 
 def _children_of(pid: int) -> list[int]:
@@ -829,11 +970,31 @@ def main() -> None:
     p.add_argument("--kill-cap", type=int, default=5)
     p.add_argument("--kill-workflows", type=int, default=40)
     p.add_argument("--kill-turn-s", type=float, default=3.0)
+    p.add_argument("--kill-shard-size", type=int, default=5, help="shard size of the kill run")
+    p.add_argument(
+        "--kill-worker-limit", type=int, default=5, help="flow runs per worker in the kill run"
+    )
     p.add_argument("--slot-ttl", type=float, default=15.0)
+    p.add_argument(
+        "--latency-mode",
+        action="store_true",
+        help="1 vs 2 workers with turns bound by model latency and a bounded worker limit",
+    )
+    p.add_argument("--latency-workflows", type=int, default=40)
+    p.add_argument("--latency-steps", type=int, default=2)
+    p.add_argument("--latency-turn-s", type=float, default=20.0, help="model latency per turn")
+    p.add_argument("--latency-shard-size", type=int, default=5)
+    p.add_argument(
+        "--latency-worker-limit", type=int, default=2, help="shard runs per worker at once"
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     with _fleet(tmp) as fleet:
-        if args.workers_mode:
+        if args.latency_mode:
+            asyncio.run(_latency_mode(args, fleet))
+        elif args.workers_mode or args.kill:
+            if not args.workers_mode:  # --kill alone: only the kill run
+                args.worker_counts = ""
             asyncio.run(_workers_mode(args, fleet))
         else:
             asyncio.run(_main(args, fleet))
