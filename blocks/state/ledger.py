@@ -142,7 +142,7 @@ class ToolLedger:
         }
         async with self._ops.write() as conn:
             if match_earlier_attempts and tool_name is not None:
-                values.update(await self._scope(conn, chat_id, tool_call_id, tool_name, args))
+                values.update(await self._scope(conn, chat_id, tool_name, args))
             stmt = (
                 upsert(self._ops.backend, t)
                 .values(**values)
@@ -154,7 +154,7 @@ class ToolLedger:
         return _row(row), created
 
     async def _scope(
-        self, conn: StoreConnection, chat_id: str, tool_call_id: str, tool_name: str, args: Any
+        self, conn: StoreConnection, chat_id: str, tool_name: str, args: Any
     ) -> dict[str, Any]:
         """The step-attempt columns of a new entry, and — when an earlier attempt of
         the step applied the same call — the recorded answer (see :meth:`begin`)."""
@@ -172,33 +172,28 @@ class ToolLedger:
             return {"args_fp": fp}
         marker, n = journal.marker, attempt_index(journal.state, journal.attempt)
         scope = {"marker": marker, "attempt": n, "args_fp": fp}
-        existing = (
+        # One read of the step's calls with this fingerprint, this attempt's and the
+        # earlier ones' (a handful of rows): the count and the match are taken here.
+        # A call id that already has an entry gets no new row (the insert does not
+        # land), so what is computed for it is never written.
+        rows = (
             await conn.execute(
-                sa.select(t.c.tool_call_id).where(self._where(chat_id, tool_call_id))
-            )
-        ).first()
-        if existing is not None:
-            return scope  # the insert will not land: the call keeps its entry
-        same = sa.and_(
-            t.c.tenant == self._ops.tenant,
-            t.c.chat_id == chat_id,
-            t.c.marker == marker,
-            t.c.args_fp == fp,
-        )
-        k = (
-            await conn.execute(sa.select(sa.func.count()).where(same, t.c.attempt == n))
-        ).scalar_one()
-        match = (
-            await conn.execute(
-                sa.select(t.c.tool_call_id, t.c.output_json)
-                .where(same, t.c.attempt < n, t.c.state == "done", t.c.replay_of.is_(None))
+                sa.select(t.c.tool_call_id, t.c.attempt, t.c.state, t.c.replay_of, t.c.output_json)
+                .where(
+                    t.c.tenant == self._ops.tenant,
+                    t.c.chat_id == chat_id,
+                    t.c.marker == marker,
+                    t.c.args_fp == fp,
+                    t.c.attempt <= n,
+                )
                 .order_by(t.c.created_at, t.c.tool_call_id)
-                .offset(k)
-                .limit(1)
             )
-        ).first()
-        if match is None:
+        ).all()
+        k = sum(1 for r in rows if r.attempt == n)
+        applied = [r for r in rows if r.attempt < n and r.state == "done" and r.replay_of is None]
+        if k >= len(applied):
             return scope
+        match = applied[k]
         return {
             **scope,
             "state": "done",
