@@ -100,6 +100,10 @@ class Child:
             self._err.unlink()
         return Completed(self.args, rc, out, err, self.forked)
 
+    def poll(self) -> int | None:
+        """The exit status if the child has ended (``-N``: killed by signal N), else None."""
+        return self._done.result() if self._done.done() else None
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
@@ -180,6 +184,11 @@ class WarmPython:
             return (self._tmp / "server.err").read_text(errors="replace")[-3000:]
         return ""
 
+    def would_fork(self, env: dict[str, str]) -> bool:
+        """Whether a request with ``env`` is forked (its import-time ``PREFECT_*``
+        settings are the warm process's) rather than run in a fresh interpreter."""
+        return _import_time_env(env) == _import_time_env(self.env)
+
     def start(
         self, argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str] | None = None
     ) -> Child:
@@ -192,7 +201,7 @@ class WarmPython:
         out, err = self._tmp / f"{rid}.out", self._tmp / f"{rid}.err"
         cwd = str(cwd or os.getcwd())
         args = [sys.executable, *argv]
-        if _import_time_env(env) == _import_time_env(self.env) and self._up():
+        if self.would_fork(env) and self._up():
             pid_fut = concurrent.futures.Future[int]()
             done = concurrent.futures.Future[int]()
             with self._lock:

@@ -2,7 +2,10 @@
 a real SQLite store, and the test "payments" service.
 
 Recovery time constants are shortened through the environment (the settle poll
-and the commit horizon), so the whole suite stays fast.
+and the commit horizon), so the whole suite stays fast: in this process for each
+module of this directory only (``_fast_recovery_env``; under pytest-xdist other
+directories' files run in the same process afterwards and must see the product's
+values), and in every crash child's own environment (``recovery_env.PrefectEnv``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from warm_python import WarmPython
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -36,16 +40,16 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  #
 from prefect_coder.flows.parts.params import WorkflowSettings  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _fast_recovery_env() -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in FAST_ENV}
-    os.environ.update(FAST_ENV)
-    yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    """The fast constants for this module's in-process recoveries, restored after it.
+
+    Module scope, autouse: set up before the module's own module-scoped fixtures
+    (the crash matrix recovers in one), torn down before the next file runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in FAST_ENV.items():
+            mp.setenv(k, v)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -138,13 +142,17 @@ def settings(coder_block: str, sqlite_block: str, payments: Payments) -> Workflo
 
 @pytest.fixture(scope="session")
 async def fork_server(
-    prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    warm_python: WarmPython,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[ForkServer]:
-    """One warm process that forks a fresh child per crash run (saves the import)."""
-    server = ForkServer(
-        env_for_children(prefect_env.child_env(), payments.url),
-        tmp_path_factory.mktemp("fork") / "children-stderr.log",
-    )
+    """Crash runs forked from the session's warm process (tests/warm_python.py:
+    no Prefect import per child; each is still a process of its own, SIGKILLed)."""
+    env = env_for_children(prefect_env.child_env(), payments.url)
+    # Same import-time PREFECT_* settings, or every child would pay the import.
+    assert warm_python.would_fork(env), "recovery children's PREFECT_* differ from warm_python's"
+    server = ForkServer(env, tmp_path_factory.mktemp("fork") / "children-stderr.log", warm_python)
     await server.start()
     yield server
     await server.stop()

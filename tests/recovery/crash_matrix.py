@@ -2,7 +2,8 @@
 
 A two-step workflow; each step charges the test payments service through the
 crash-safe ``charge_card`` tool, then answers. A child process runs the workflow
-and SIGKILLs itself at a named crash point (``crash_child.py``); recovery then
+and SIGKILLs itself at a named crash point (``crash_child.py``, forked from a warm
+Python process: ``ForkServer``); recovery then
 runs either as a plain rerun of the workflow (``run_turn`` recovers
 automatically) or through the ``recover-turn`` flow followed by the rerun.
 """
@@ -22,6 +23,10 @@ from coder_chat.emulator import Emulator
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # tests/: warm_python
+
+from warm_python import WarmPython  # noqa: E402
 
 
 def directive(script: Any) -> str:
@@ -132,69 +137,57 @@ def child_spec(
     )
 
 
-async def run_child(
-    env: dict[str, str], crash_at: str, spec: str
-) -> subprocess.CompletedProcess[str]:
-    """Run the workflow in a fresh process that SIGKILLs itself at ``crash_at``."""
-    full = {**env, "CRASH_AT": crash_at, "CRASH_SPEC": spec}
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, str(HERE / "crash_child.py")],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=str(HERE.parents[1]),
-    )
-
-
 class ForkServer:
-    """Client of ``crash_child.py --serve``: one warm process that forks a child per run."""
+    """Crash-test runs, each in a fresh process forked from a warm Python process
+    (``tests/warm_python.py``: the import of Prefect and the flows is paid once).
 
-    def __init__(self, env: dict[str, str], stderr_path: Path) -> None:
+    ``warm``: a warm process to share (the session's ``warm_python`` fixture); its
+    ``PREFECT_*`` environment must be ``env``'s, else each run starts a fresh
+    interpreter (correct, but it pays the import). Without one, :meth:`start` starts
+    a warm process of its own on ``env`` and :meth:`stop` ends it. Every run's
+    stderr is appended to ``stderr_path`` (:meth:`stderr_tail`)."""
+
+    def __init__(
+        self, env: dict[str, str], stderr_path: Path, warm: WarmPython | None = None
+    ) -> None:
         self.env = env
         self.stderr_path = stderr_path
-        self.proc: asyncio.subprocess.Process | None = None
-        self._waiters: dict[int, asyncio.Future[int]] = {}
-        self._next = 0
-        self._reader: asyncio.Task[None] | None = None
-        self._stderr = stderr_path.open("wb")  # closed in stop()
+        self._warm = warm
+        self._own = warm is None
 
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(HERE / "crash_child.py"),
-            "--serve",
-            env=self.env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=self._stderr,
-            cwd=str(HERE.parents[1]),
-        )
-        assert self.proc.stdout is not None
-        ready = await asyncio.wait_for(self.proc.stdout.readline(), 60)
-        assert json.loads(ready).get("ready"), ready
-        self._reader = asyncio.create_task(self._read())
+    async def start(self, ready_s: float = 60) -> None:
+        """Start (or check) the warm process; ``TimeoutError`` if it is not ready in
+        ``ready_s`` (a heavily loaded machine: callers may retry)."""
+        if self._warm is None:
+            self._warm = WarmPython(self.env)
+        if not await asyncio.to_thread(self._warm.wait_ready, ready_s):
+            raise TimeoutError(
+                f"the warm Python process was not ready in {ready_s:g} s: "
+                + self._warm.server_stderr()
+            )
 
-    async def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            msg = json.loads(line)
-            fut = self._waiters.pop(msg["id"], None)
-            if fut is not None and not fut.done():
-                fut.set_result(int(msg["rc"]))
+    @property
+    def forks(self) -> int:
+        """How many runs were forked from the warm process (the rest were fresh)."""
+        return 0 if self._warm is None else self._warm.forks
 
     async def run(self, crash_at: str, spec: str, *, limit_s: float = 120) -> int:
-        """Run the workflow in a fresh forked process; its exit code (-9 = killed)."""
-        assert self.proc is not None and self.proc.stdin is not None
-        self._next += 1
-        rid = self._next
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters[rid] = fut
-        req = {"id": rid, "crash_at": crash_at, "spec": json.loads(spec)}
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        await self.proc.stdin.drain()
-        return await asyncio.wait_for(fut, limit_s)
+        """Run the workflow in a fresh forked process that SIGKILLs itself at
+        ``crash_at`` (empty: never); its exit code (-9 = killed, 0 finished, 3 raised).
+        ``TimeoutError`` (the child killed) if it runs longer than ``limit_s``."""
+        assert self._warm is not None, "start() first"
+        env = {**self.env, "CRASH_AT": crash_at, "CRASH_SPEC": spec}
+        child = await asyncio.to_thread(
+            self._warm.start, [str(HERE / "crash_child.py")], env=env, cwd=HERE.parents[1]
+        )
+        try:
+            done = await child.communicate(limit_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"crash child {crash_at!r} ran past {limit_s:g} s") from None
+        if done.stdout or done.stderr:
+            with self.stderr_path.open("a", errors="replace") as log:
+                log.write(done.stdout + done.stderr)
+        return done.returncode
 
     def stderr_tail(self, n: int = 4000) -> str:
         try:
@@ -203,18 +196,9 @@ class ForkServer:
             return ""
 
     async def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 30)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._reader is not None:
-            self._reader.cancel()
-        self._stderr.close()
+        if self._own and self._warm is not None:
+            await asyncio.to_thread(self._warm.close)
+            self._warm = None
 
 
 async def run_workflow(
@@ -353,7 +337,6 @@ __all__ = [
     "effects_of",
     "env_for_children",
     "os",
-    "run_child",
     "run_workflow",
     "turn_record",
     "user_texts",

@@ -4,9 +4,6 @@ horizon, see the late turn, and return ITS result — not queue a duplicate."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
 
@@ -18,11 +15,9 @@ LATE_COMMIT_S = 3.0
 
 
 @pytest.fixture
-def long_horizon() -> Iterator[None]:
-    old = os.environ.get("PREFECT_CODER_COMMIT_HORIZON_S")
-    os.environ["PREFECT_CODER_COMMIT_HORIZON_S"] = str(HORIZON_S)
-    yield
-    os.environ["PREFECT_CODER_COMMIT_HORIZON_S"] = old or ""
+def long_horizon(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The in-process rerun's horizon (the crashed child's is its own environment's).
+    monkeypatch.setenv("PREFECT_CODER_COMMIT_HORIZON_S", str(HORIZON_S))
 
 
 TEXT_STEPS = [
