@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
-from flow_helpers import user_messages
+from flow_helpers import ROOT, user_messages
 from pydantic import BaseModel
 from sweep_helpers import directive, wait_status
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
@@ -38,6 +37,7 @@ async def test_a_crash_after_create_before_checkpoint_leaves_an_orphan_the_sweep
     workflow_id: str,
     options: SweepOptions,
     prefect_env: object,
+    warm_python: WarmPython,
 ) -> None:
     step = Step(name="first", prompt="start" + directive({"text": "done", "deltas": 3}))
     spec = {
@@ -46,12 +46,12 @@ async def test_a_crash_after_create_before_checkpoint_leaves_an_orphan_the_sweep
         # the killed process's workflow lease lapses after this ttl
         "settings": settings.model_copy(update={"lease_ttl_s": 1.0}).model_dump(),
     }
+    # A process of its own (forked from the warm one: no Prefect import), SIGKILLed.
     proc = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, str(HERE / "sweep_crash_child.py")],
+        warm_python.run,
+        [str(HERE / "sweep_crash_child.py")],
         env=prefect_env.subprocess_env(SWEEP_SPEC=json.dumps(spec)),  # type: ignore[attr-defined]
-        capture_output=True,
-        text=True,
+        cwd=ROOT,
         timeout=90,
     )
     assert proc.returncode == -9, proc.stdout + proc.stderr
@@ -85,6 +85,7 @@ async def test_the_eager_checkpoint_option_decides_who_owns_a_chat_after_a_mid_s
     workflow_id: str,
     options: SweepOptions,
     prefect_env: object,
+    warm_python: WarmPython,
 ) -> None:
     async def crash(wid: str, eager: bool) -> str:
         slow = directive({"text": "long", "deltas": 30, "delay": 0.1})
@@ -95,14 +96,13 @@ async def test_the_eager_checkpoint_option_decides_who_owns_a_chat_after_a_mid_s
                 update={"lease_ttl_s": 1.0, "eager_checkpoint": eager}
             ).model_dump(),
         }
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(HERE / "sweep_crash_child.py"),
+        child = await asyncio.to_thread(
+            warm_python.start,
+            [str(HERE / "sweep_crash_child.py")],
             env=prefect_env.subprocess_env(  # type: ignore[attr-defined]
                 SWEEP_SPEC=json.dumps(spec), SWEEP_CRASH_AT="none"
             ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
         )
         try:
             marker = step_marker(wid, "s")
@@ -125,10 +125,10 @@ async def test_the_eager_checkpoint_option_decides_who_owns_a_chat_after_a_mid_s
                     await asyncio.sleep(0.01)
             else:
                 await asyncio.sleep(0.3)  # the dial is long past: nothing was written
-            assert child.returncode is None  # still mid-stream
+            assert child.poll() is None  # still mid-stream
         finally:
             child.kill()  # a real SIGKILL: no finally block runs
-            await child.wait()
+            await child.communicate(30)
         return chat
 
     # Both children are killed mid-stream, after the dial, before their `finally`.

@@ -4,13 +4,12 @@ the README's set-up does), one run at a time, with parameters the flows accept."
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from pathlib import Path
 
 import yaml
 from flow_helpers import ROOT
 from prefect.cli.deploy._models import PrefectYamlModel
 from prefect.flows import load_flow_from_entrypoint
+from warm_python import WarmPython
 
 SWEEPS = {"sweep-orphans": "*/15 * * * *", "sweep-stuck-turns": "* * * * *"}
 
@@ -34,8 +33,12 @@ def test_prefect_yaml_schedules_both_sweeps_with_valid_parameters() -> None:
         assert d.parameters["dry_run"] is False
 
 
+#: What the ``prefect`` console script runs (its arguments follow ``-c CODE``).
+_PREFECT_CLI = "import sys; from prefect.cli import app; sys.exit(app())"
+
+
 async def test_prefect_deploy_creates_the_scheduled_sweep_deployments(
-    prefect_env: object,
+    prefect_env: object, warm_python: WarmPython
 ) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -46,11 +49,13 @@ async def test_prefect_deploy_creates_the_scheduled_sweep_deployments(
             await client.create_work_pool(WorkPoolCreate(name="coder-process", type="process"))
         except ObjectAlreadyExists:
             pass
-    prefect = Path(__import__("sys").executable).with_name("prefect")
+    # `prefect --no-prompt deploy ...` in a process of its own, forked from the warm
+    # one (it has imported Prefect already; the CLI itself is imported in the child).
     proc = await asyncio.to_thread(
-        subprocess.run,
+        warm_python.run,
         [
-            str(prefect),
+            "-c",
+            _PREFECT_CLI,
             "--no-prompt",
             "deploy",
             "--name",
@@ -60,8 +65,6 @@ async def test_prefect_deploy_creates_the_scheduled_sweep_deployments(
         ],
         cwd=ROOT,
         env=prefect_env.subprocess_env(),  # type: ignore[attr-defined]
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,7 +1,7 @@
 """``sweep-stuck-turns`` never cuts short a checkpointed step's crashed attempt that is
 still within its turn deadline (the chaos finding of seeds 14 and 71, docs/chaos.md).
 
-A real SIGKILL (the crash matrix's fork server, ``tests/recovery``) leaves the step's
+A real SIGKILL (the crash matrix's children, ``tests/recovery``) leaves the step's
 attempt live on the server; the sweep then runs with the chaos test's budgets
 (0.01 s: everything running or paused is "stuck"):
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from warm_python import WarmPython
 
 _TESTS = Path(__file__).resolve().parents[1]
 for _p in (str(_TESTS / "recovery"), str(_TESTS / "chaos")):
@@ -87,13 +88,17 @@ def payments() -> Iterator[Payments]:
 
 @pytest.fixture(scope="module")
 async def fork_server(
-    prefect_harness: Any, payments: Payments, tmp_path_factory: pytest.TempPathFactory
+    prefect_harness: Any,
+    payments: Payments,
+    warm_python: WarmPython,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[ForkServer]:
-    env = PrefectEnv(prefect_harness.api_url, prefect_harness.results_dir)
-    server = ForkServer(
-        env_for_children(env.child_env(), payments.url),
-        tmp_path_factory.mktemp("sweep-fork") / "children-stderr.log",
+    """Crash runs forked from the session's warm process (no Prefect import each)."""
+    env = env_for_children(
+        PrefectEnv(prefect_harness.api_url, prefect_harness.results_dir).child_env(), payments.url
     )
+    assert warm_python.would_fork(env), "the crash children's PREFECT_* differ from warm_python's"
+    server = ForkServer(env, tmp_path_factory.mktemp("sweep-fork") / "stderr.log", warm_python)
     await server.start()
     yield server
     await server.stop()
@@ -164,20 +169,25 @@ async def _crash_running_and_paused(
     continuation keeps running (60 s of model work before the fee), one paused on the
     fee, a call nothing ran. Returns ``(workflow_id, chat_id)`` of each."""
     running_wf, paused_wf = _wf(f"{tag}-run"), _wf(f"{tag}-pause")
-    running = await crash_to_chat(
-        server,
-        "turn.after_tool_results:2",
-        child_spec(running_wf, settings, steps=_pay_then_fee(fee_sleep=60)),
-        emu,
-        running_wf,
-    )
-    paused = await crash_to_chat(
-        server,
-        "turn.after_tool_results:2",
-        child_spec(paused_wf, settings, steps=_pay_then_fee()),
-        emu,
-        paused_wf,
-        status="requires_action",
+    # Side by side: their sends (and so their turn deadlines) come close together,
+    # however long one child takes on a loaded machine (one after the other, the
+    # first deadline had mostly passed by the second kill at load 15).
+    running, paused = await asyncio.gather(
+        crash_to_chat(
+            server,
+            "turn.after_tool_results:2",
+            child_spec(running_wf, settings, steps=_pay_then_fee(fee_sleep=60)),
+            emu,
+            running_wf,
+        ),
+        crash_to_chat(
+            server,
+            "turn.after_tool_results:2",
+            child_spec(paused_wf, settings, steps=_pay_then_fee()),
+            emu,
+            paused_wf,
+            status="requires_action",
+        ),
     )
     return (running_wf, running), (paused_wf, paused)
 
