@@ -75,22 +75,37 @@ async def _start(
     return run.id, wf
 
 
+#: ``python -m prefect.engine`` with Prefect's loggers at a level other than the
+#: session's WARNING: the loggers that ``PREFECT_LOGGING_LEVEL`` sets in Prefect's
+#: logging.yml, set at run time (a changed ``PREFECT_LOGGING_LEVEL`` would make the
+#: warm process start a fresh interpreter that imports Prefect again: ~5 CPU-s).
+_ENGINE_AT_LEVEL = """
+import logging, runpy, sys
+for name in ("prefect", "prefect.extra", "prefect.client", "prefect.infrastructure"):
+    logging.getLogger(name).setLevel({level!r})
+sys.modules.pop("prefect.engine", None)
+runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+"""
+
+
 def _execute(warm: WarmPython, run_id: UUID, results: Path, log_level: str = "WARNING") -> str:
     """Run the flow run in a fresh process, like a process worker (blocks until it exits);
     returns what the process printed on stderr. The process is forked from the
-    session's warm process (tests/warm_python.py: no second import of Prefect) when
-    its Prefect settings are the session's, else a fresh interpreter."""
+    session's warm process (tests/warm_python.py: no second import of Prefect)."""
     env = dict(
         os.environ,
         PREFECT__FLOW_RUN_ID=str(run_id),
         PREFECT_API_URL=str(PREFECT_API_URL.value()),
         PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results),
-        PREFECT_LOGGING_LEVEL=log_level,
+        PREFECT_LOGGING_LEVEL="WARNING",
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY="",
         PYTHONPATH=str(ROOT),
     )
     env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY")
-    proc = warm.run(["-m", "prefect.engine"], env=env, cwd=ROOT, timeout=90)
+    argv = ["-m", "prefect.engine"]
+    if log_level != "WARNING":
+        argv = ["-c", _ENGINE_AT_LEVEL.format(level=log_level)]
+    proc = warm.run(argv, env=env, cwd=ROOT, timeout=90)
     assert TOKEN not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr
