@@ -262,7 +262,12 @@ async def test_late_landing_send_is_seen_after_the_horizon(
             ),
         )
     )
-    outcome = await _recovery(client, store, chat_id, marker, []).run()
+    # A horizon a loaded machine's late send still lands in (0.5 s did not at load
+    # 12: the send committed after it and recovery resubmitted).
+    timings = RecoveryTimings(
+        probe_bound=5.0, settle_budget=10.0, poll_interval=0.02, commit_horizon=3.0
+    )
+    outcome = await _recovery(client, store, chat_id, marker, [], timings=timings).run()
     await send
     # the late turn landed within the horizon: recovery saw it and waited it out
     assert outcome.attempts == 2
