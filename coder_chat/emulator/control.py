@@ -160,6 +160,17 @@ async def _route(emu: Emulator, req: Request) -> Response:
                 path=b.get("path"),
             )
             return json_response(200, {"ok": True})
+        if name == "hold-commit":
+            f.hold_commit(
+                until_path=b.get("until_path"),
+                until_method=b.get("until_method", "GET"),
+                until_count=int(b.get("until_count", 1)),
+                count=int(b.get("count", 1)),
+                method=b.get("method", "POST"),
+                path=b.get("path"),
+                max_seconds=float(b.get("max_seconds", 60.0)),
+            )
+            return json_response(200, {"ok": True})
     if segs == ["restart"] and m == "POST":
         b = _body(req)
         downtime = float(b.get("downtime", 0.0))
