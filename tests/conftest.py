@@ -66,7 +66,6 @@ _HEAVY_FILES = {
     "tests/recovery/test_lost_and_archived.py": 41,
     "tests/fleet/test_capacity.py": 38,
     "tests/recovery/test_lost_response_live.py": 38,
-    "tests/hostloss/test_recover_turn_lease.py": 37,
     "tests/recovery/test_structured_recovery.py": 36,
     "tests/model_steps/test_model_step_flow.py": 33,
     "tests/sweeps/test_orphan_sweep.py": 31,
@@ -79,8 +78,11 @@ _HEAVY_FILES = {
     "tests/sweeps/test_deployments.py": 14,
     "tests/recovery/test_recovered_result_fields.py": 14,
     "tests/flows/test_turn_exits.py": 12,
-    "tests/hostloss/test_takeover.py": 11,
     "tests/flows/test_single_flight.py": 10,
+    # Forked holders since issue 12 (fresh interpreters before: 37 and 11 s). Estimates
+    # scaled down: measured at load 9-19 only (17 and 14 s there, 158 and 69 s before).
+    "tests/hostloss/test_takeover.py": 8,
+    "tests/hostloss/test_recover_turn_lease.py": 7,
 }
 
 
