@@ -287,6 +287,16 @@ def user_texts(emu: Emulator, chat_id: str) -> list[str]:
     return out
 
 
+def charge_calls(emu: Emulator, chat_id: str) -> list[str]:
+    """The chat's ``charge_card`` call ids, in history order."""
+    return [
+        p["tool_call_id"]
+        for m in emu.messages(chat_id, include_system=False)
+        for p in m.get("content") or []
+        if p.get("type") == "tool-call" and p.get("tool_name") == "charge_card"
+    ]
+
+
 def turn_record(
     emu: Emulator, chat_id: str, user_message_id: int
 ) -> tuple[list[int], dict[str, int]]:

@@ -26,6 +26,7 @@ import pytest
 from crash_matrix import (
     STEPS,
     ForkServer,
+    charge_calls,
     child_spec,
     crash,
     crash_to_chat,
@@ -99,15 +100,6 @@ def _interrupts(emu: Emulator, chat_id: str) -> int:
     return len(status) + len(synthetic)
 
 
-def _charge_calls(emu: Emulator, chat_id: str) -> list[str]:
-    return [
-        p["tool_call_id"]
-        for m in emu.messages(chat_id, include_system=False)
-        for p in m.get("content") or []
-        if p.get("type") == "tool-call" and p.get("tool_name") == "charge_card"
-    ]
-
-
 def _transcript(emu: Emulator, chat_id: str) -> list[str]:
     """A compact history, for assertion messages."""
     out = []
@@ -144,7 +136,7 @@ async def assert_finished_once(
     transcript = "\n".join(_transcript(emu, chat_id))
     assert len(_user_turns(emu, chat_id, marker)) == 1, transcript  # nothing resubmitted
     assert _interrupts(emu, chat_id) == 0, transcript  # never cut short
-    ids = _charge_calls(emu, chat_id)
+    ids = charge_calls(emu, chat_id)
     assert len(ids) == calls, transcript
     effects = _effects(payments, chat_id)
     assert sorted(effects.values()) == [1] * calls, f"{effects}\n{transcript}"

@@ -15,14 +15,14 @@ once. Without the match the payments service counts two charges (two keys).
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from payments import Payments, running_payments
+from crash_matrix import charge_calls, crash_settings, directive, user_texts
+from payments import Payments
 from pydantic import SecretStr
 from recovery_env import TOKEN
 
@@ -34,12 +34,6 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 TURN_S = 3.0
 
 
-def _directive(script: Any) -> str:
-    import json
-
-    return " #emu " + json.dumps(script)
-
-
 @pytest.fixture(scope="module")
 def deadline_emu() -> Iterator[Emulator]:
     """This file's own emulator: the test scripts the resubmitted turn on it."""
@@ -49,26 +43,12 @@ def deadline_emu() -> Iterator[Emulator]:
         yield emu
 
 
-@pytest.fixture(scope="module")
-def deadline_payments() -> Iterator[Payments]:
-    with running_payments() as p:
-        old = os.environ.get("PAYMENTS_URL")
-        os.environ["PAYMENTS_URL"] = p.url
-        try:
-            yield p
-        finally:
-            if old is None:
-                os.environ.pop("PAYMENTS_URL", None)
-            else:
-                os.environ["PAYMENTS_URL"] = old
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def deadline_settings(
     request: pytest.FixtureRequest,
     prefect_harness: Any,
     deadline_emu: Emulator,
-    deadline_payments: Payments,
+    payments: Payments,
     tmp_path: Path,
 ) -> AsyncIterator[WorkflowSettings]:
     tag = uuid.uuid4().hex[:8]
@@ -86,39 +66,15 @@ async def deadline_settings(
     await ChatStateStore(url=url, tenant=f"deadline-{tag}").save(
         f"window-deadline-store-{tag}", overwrite=True
     )
-    yield WorkflowSettings(
-        credentials_block=f"window-deadline-coder-{tag}",
-        store_block=f"window-deadline-store-{tag}",
-        retries=0,
-        retry_delay_s=0,
-        lease_wait_s=20,
-        lease_ttl_s=1,
-        settle_wait_s=5,
-        redial_backoff_ms=20,
-        artifacts=False,
-        # The workflow's final archive forgets the chat's ledger: keep the chat, so
-        # the test can read what the ledger recorded.
+    # The workflow's final archive forgets the chat's ledger: keep the chat, so the
+    # test can read what the ledger recorded.
+    yield crash_settings(
+        f"window-deadline-coder-{tag}",
+        f"window-deadline-store-{tag}",
         keep_chat=True,
         turn_timeout_s=TURN_S,
         tool_modules=["payment_tools"],
     )
-
-
-def _charge_calls(emu: Emulator, chat_id: str) -> list[str]:
-    return [
-        p["tool_call_id"]
-        for m in emu.messages(chat_id, include_system=False)
-        for p in m.get("content") or []
-        if p.get("type") == "tool-call" and p.get("tool_name") == "charge_card"
-    ]
-
-
-def _user_texts(emu: Emulator, chat_id: str) -> list[str]:
-    return [
-        "".join(p.get("text", "") for p in m.get("content") or [] if p.get("type") == "text")
-        for m in emu.messages(chat_id, include_system=False)
-        if m.get("role") == "user"
-    ]
 
 
 async def _script_the_resubmission(
@@ -137,20 +93,20 @@ async def _script_the_resubmission(
 
 
 async def test_a_resubmitted_attempt_repeating_an_applied_call_does_not_charge_again(
-    deadline_settings: WorkflowSettings, deadline_emu: Emulator, deadline_payments: Payments
+    deadline_settings: WorkflowSettings, deadline_emu: Emulator, payments: Payments
 ) -> None:
     from prefect_coder.blocks import ChatStateStore as Block
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 
-    emu, payments, settings = deadline_emu, deadline_payments, deadline_settings
+    emu, settings = deadline_emu, deadline_settings
     workflow_id = f"w-deadline-{uuid.uuid4().hex[:8]}"
     charge = {"name": "charge_card", "args": {"amount_cents": 250}}
     steps = [
-        Step(name="plan", prompt="Plan." + _directive({"text": "A plan."})),
+        Step(name="plan", prompt="Plan." + directive({"text": "A plan."})),
         Step(
             name="pay",
             prompt="Charge the rest."
-            + _directive(
+            + directive(
                 {
                     "steps": [
                         {"text": "Charging.", "tool_calls": [charge]},
@@ -177,12 +133,12 @@ async def test_a_resubmitted_attempt_repeating_an_applied_call_does_not_charge_a
     finally:
         scripted.cancel()
     pay = step_marker(workflow_id, "pay")
-    history = "\n".join(_user_texts(emu, chat_id))
+    history = "\n".join(user_texts(emu, chat_id))
     assert [r.text for r in results] == ["A plan.", "All paid."], history
     # The attempt was cut short and resubmitted: two user turns carry pay's marker,
     # and the model called charge_card twice, under two call ids.
-    assert sum(pay in t for t in _user_texts(emu, chat_id)) == 2, history
-    calls = _charge_calls(emu, chat_id)
+    assert sum(pay in t for t in user_texts(emu, chat_id)) == 2, history
+    calls = charge_calls(emu, chat_id)
     assert len(calls) == 2 and len(set(calls)) == 2, calls
     # The card was charged ONCE: one effect, under the first call's key.
     with payments.lock:
