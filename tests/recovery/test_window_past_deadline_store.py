@@ -10,10 +10,10 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.pg_databases import fresh_database
 
 from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.blocks.state import SCHEMA_VERSION
@@ -162,15 +162,8 @@ async def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path}/v2/state.db"
         return
-    base = str(request.getfixturevalue("postgres_url"))
-    name = f"v2_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(base.replace("+asyncpg", ""))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield base.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with fresh_database(str(request.getfixturevalue("postgres_url")), "v2") as url:
+        yield url
 
 
 async def test_a_version_2_database_gains_the_ledger_columns_and_keeps_its_rows(

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.pg_databases import fresh_database
 
 from prefect_coder.blocks import SchemaVersionError, StateStore
 from prefect_coder.blocks.state import SCHEMA_VERSION
@@ -25,15 +24,8 @@ async def fresh_url(
     if backend == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path}/deep/er/state.db"
         return
-    base: str = request.getfixturevalue("postgres_url")
-    name = f"fresh_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(base.replace("+asyncpg", ""))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield base.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with fresh_database(request.getfixturevalue("postgres_url"), "fresh") as url:
+        yield url
 
 
 def _exists(path: str) -> bool:
