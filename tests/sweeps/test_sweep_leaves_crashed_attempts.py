@@ -39,6 +39,7 @@ from chaos_runner import process_env  # noqa: E402
 from crash_matrix import (  # noqa: E402
     STEPS,
     ForkServer,
+    charge_calls,
     child_spec,
     crash_to_chat,
     env_for_children,
@@ -50,7 +51,6 @@ from recovery_env import PrefectEnv  # noqa: E402
 from test_crash_followups import (  # noqa: E402
     _at_rest,
     _charge,
-    _charge_calls,
     _effects,
     _interrupts,
     _pay,
@@ -237,7 +237,7 @@ async def test_a_crashed_attempts_pause_on_a_call_that_never_ran_is_answered_not
     chat = await crash_to_chat(
         fork_server, "turn.after_tool_results:2", spec, emu, workflow_id, status="requires_action"
     )
-    fee_call = _charge_calls(emu, chat)[-1]
+    fee_call = charge_calls(emu, chat)[-1]
     assert await store.ledger.get(chat, fee_call) is None
 
     report = await _sweep(crash_settings)
