@@ -6,7 +6,6 @@ take distinct matches; and the in-place 2 → 3 migration of an existing databas
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,17 +18,6 @@ from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.blocks.state import SCHEMA_VERSION
 
 MARKER = "[wf/pay]"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def ledger_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateStore]:
-    if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
-    s = StateStore(url, tenant=f"match-{uuid.uuid4().hex[:8]}")
-    yield s
-    await s.aclose()
 
 
 async def _journal(
@@ -55,9 +43,9 @@ async def _call(
 
 
 async def test_a_resubmitted_attempt_matches_applied_calls_count_based(
-    ledger_store: StateStore,
+    store: StateStore,
 ) -> None:
-    store, chat = ledger_store, "chat-1"
+    store, chat = store, "chat-1"
     await _journal(store, chat, "submitting", 0)
     # Attempt 0 applies the same call twice (both run: one attempt never matches itself)
     # and another one once.
@@ -100,8 +88,8 @@ async def test_a_resubmitted_attempt_matches_applied_calls_count_based(
     assert not created and entry.replay_of is None
 
 
-async def test_other_steps_chats_and_unscoped_calls_never_match(ledger_store: StateStore) -> None:
-    store = ledger_store
+async def test_other_steps_chats_and_unscoped_calls_never_match(store: StateStore) -> None:
+    store = store
     await _journal(store, "chat-a", "submitting", 0)
     await _call(store, "chat-a", "x", 250)
     # Another step on the same chat, resubmitted: the first step's call is not its own.
@@ -119,8 +107,8 @@ async def test_other_steps_chats_and_unscoped_calls_never_match(ledger_store: St
     assert (entry.state, entry.attempt, entry.replay_of) == ("committing", None, None)
 
 
-async def test_racing_identical_calls_take_distinct_matches(ledger_store: StateStore) -> None:
-    store, chat = ledger_store, "chat-race"
+async def test_racing_identical_calls_take_distinct_matches(store: StateStore) -> None:
+    store, chat = store, "chat-race"
     await _journal(store, chat, "submitting", 0)
     for i in range(3):
         await _call(store, chat, f"old-{i}", 250)
