@@ -201,4 +201,8 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
     )
     assert len(chats) == WORKFLOWS, chats
     assert all(c["archived"] for c in chats), [c for c in chats if not c["archived"]]
-    assert emu.max_concurrent_turns() <= CAP
+    assert emu.max_concurrent_turns() <= CAP, (
+        [(c["id"], c["labels"].get(LABEL_WORKFLOW)) for c in chats],
+        emu.event_log(["turn_start", "turn_end", "message", "archived", "chat_created"]),
+        log,
+    )
