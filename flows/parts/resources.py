@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import gc
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -34,8 +36,10 @@ from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
 
 __all__ = [
+    "FREEZE_ENV",
     "ContextRouter",
     "TurnResources",
+    "freeze_startup_heap",
     "hold_workflow_lease",
     "load_credentials",
     "load_resources",
@@ -133,8 +137,37 @@ async def load_store(settings: WorkflowSettings) -> StateStore:
     return block.get_store()
 
 
+#: Environment variable: ``0`` leaves the garbage collector's generations alone.
+FREEZE_ENV = "PREFECT_CODER_GC_FREEZE"
+_frozen_in: int | None = None
+
+
+def freeze_startup_heap() -> bool:
+    """Once per process: move every object the garbage collector tracks now into its
+    permanent generation (``gc.freeze()``); True if this call did it.
+
+    By a workflow's first load the process holds Prefect, SQLAlchemy, pydantic and
+    their caches — millions of objects that live as long as the process. Every full
+    collection walked all of them: ONE took ≈ 1 s of a fan-out worker's loop (≈ 11 ms
+    per turn over 100 one-turn workflows; docs/performance.md, round 8), the loop
+    stopped meanwhile, and turns' garbage reaches the oldest generation (a turn
+    outlives two young collections), so full collections keep coming. Frozen objects
+    are never collected: only what is garbage at this moment, once, stays — the
+    price of skipping them from then on. Per process id, so a forked child freezes
+    its own heap. ``PREFECT_CODER_GC_FREEZE=0`` turns it off."""
+    global _frozen_in
+    pid = os.getpid()
+    if _frozen_in == pid or os.environ.get(FREEZE_ENV, "1").strip() == "0":
+        return False
+    _frozen_in = pid
+    gc.freeze()
+    return True
+
+
 async def load_resources(settings: WorkflowSettings) -> TurnResources:
-    """Credentials and store for a workflow run."""
+    """Credentials and store for a workflow run (the first load of a process freezes
+    its start-up heap: :func:`freeze_startup_heap`)."""
+    freeze_startup_heap()
     return TurnResources(await load_credentials(settings), await load_store(settings))
 
 

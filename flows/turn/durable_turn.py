@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -590,13 +591,20 @@ async def _turn_under_lease(
         },
         deferred=True,  # off the turn's path, batched (parts/background.py)
     )
-    logger.info(
-        "step %s settled on chat %s: finish=%s, %d tool call(s), %.0f ms",
+    # A routine turn's line is DEBUG: the coder.turn.settled event above and the
+    # persisted result carry the same, and at INFO the line went through Prefect's
+    # console handler (rich highlighting of the chat id) and API log handler — 9 % of
+    # a fan-out worker's loop (docs/performance.md, round 8). A step that took more
+    # than one send (recovered, resubmitted, re-asked) still says so at INFO.
+    logger.log(
+        logging.INFO if attempt > 1 else logging.DEBUG,
+        "step %s settled on chat %s: finish=%s, %d tool call(s), %.0f ms, attempt %d",
         step.name,
         result.chat_id,
         result.finish_reason,
         len(result.tool_calls),
         result.generate_ms,
+        attempt,
     )
     if settings.artifacts:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import logging
 import sqlite3
 import time
 from datetime import datetime
@@ -31,8 +32,13 @@ from prefect_coder.flows.turn.durable_turn import execute_turn
 
 
 async def test_write_ahead_is_committed_before_the_send_under_a_held_lease(
-    emu: Emulator, settings: WorkflowSettings, workflow_id: str, sqlite_block: str
+    emu: Emulator,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    sqlite_block: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="prefect_coder.flows.turn.durable_turn")
     settings = settings.model_copy(update={"artifacts": False})  # no flow run to attach to
     resources = await load_resources(settings)
     first = await execute_turn(
@@ -67,6 +73,10 @@ async def test_write_ahead_is_committed_before_the_send_under_a_held_lease(
     # the finally checkpoint moved the cursor on
     cp = await resources.store.checkpoints.get(workflow_id)
     assert cp is not None and cp.last_seen_message_id is not None
+    # A routine turn's "settled" line is DEBUG (round 8: off the console and the API
+    # log handler); its coder.turn.settled event carries the same.
+    settled = [r for r in caplog.records if "settled on chat" in r.getMessage()]
+    assert [r.levelno for r in settled] == [logging.DEBUG, logging.DEBUG]
     await resources.store.aclose()
     await background.drain()  # the deferred turn events
 
