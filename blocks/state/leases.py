@@ -40,6 +40,10 @@ logger = logging.getLogger("prefect_coder.blocks.state.leases")
 HolderGone = Callable[[Lease], Awaitable[bool]]
 
 
+#: The expiry a released row gets (the epoch): a lapsed row keeps its last expiry.
+RELEASED = 0.0
+
+
 def default_holder() -> str:
     """A holder id unique to this process and call: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -80,7 +84,7 @@ _P = sa.bindparam
 def _build(name: str, backend: Backend, now: sa.ColumnElement[float]) -> Any:
     ours = sa.and_(t.c.tenant == _P("p_tenant"), t.c.key == _P("p_key"))
     ttl = _P("p_ttl", type_=sa.Double)
-    if name == "acquire":
+    if name in ("acquire", "acquire_released"):
         # INSERT … ON CONFLICT DO UPDATE … WHERE expired OR same holder, RETURNING.
         stmt = upsert(backend, t).values(
             tenant=_P("p_tenant"),
@@ -100,7 +104,10 @@ def _build(name: str, backend: Backend, now: sa.ColumnElement[float]) -> Any:
                 "acquired_at": sa.case((same, t.c.acquired_at), else_=stmt.excluded.acquired_at),
                 "expires_at": stmt.excluded.expires_at,
             },
-            where=sa.or_(same, t.c.expires_at <= now),
+            where=sa.or_(
+                same,
+                t.c.expires_at <= now if name == "acquire" else t.c.expires_at == RELEASED,
+            ),
         ).returning(*t.c)
     if name == "renew":
         return (
@@ -113,7 +120,7 @@ def _build(name: str, backend: Backend, now: sa.ColumnElement[float]) -> Any:
         return (
             sa.update(t)
             .where(ours, t.c.holder == _P("p_holder"), t.c.expires_at > now)
-            .values(expires_at=now)
+            .values(expires_at=RELEASED)
             .returning(t.c.key)
         )
     raise ValueError(name)  # pragma: no cover
@@ -139,26 +146,27 @@ def _statement(ops: Ops, name: str) -> Any:
 # returns. No SQLAlchemy compilation or cache-key walk per call either. Every turn
 # of a fan-out takes two leases and releases both (docs/performance.md, round 7).
 _COLUMNS = "tenant, key, holder, fence, acquired_at, expires_at"
+_ACQUIRE = (
+    f"INSERT INTO {t.name} ({_COLUMNS}) VALUES ({{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
+    f"{{now}} + {{p4}}) "
+    "ON CONFLICT (tenant, key) DO UPDATE SET holder = excluded.holder, "
+    f"fence = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.fence "
+    f"ELSE {t.name}.fence + 1 END, "
+    f"acquired_at = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.acquired_at "
+    "ELSE excluded.acquired_at END, "
+    "expires_at = excluded.expires_at "
+    f"WHERE {t.name}.holder = excluded.holder OR {t.name}.expires_at "
+)
 _TEXT = {
-    "acquire": (
-        f"INSERT INTO {t.name} ({_COLUMNS}) VALUES ({{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
-        f"{{now}} + {{p4}}) "
-        "ON CONFLICT (tenant, key) DO UPDATE SET holder = excluded.holder, "
-        f"fence = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.fence "
-        f"ELSE {t.name}.fence + 1 END, "
-        f"acquired_at = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.acquired_at "
-        "ELSE excluded.acquired_at END, "
-        "expires_at = excluded.expires_at "
-        f"WHERE {t.name}.holder = excluded.holder OR {t.name}.expires_at <= {{now}} "
-        f"RETURNING {_COLUMNS}"
-    ),
+    "acquire": _ACQUIRE + f"<= {{now}} RETURNING {_COLUMNS}",
+    "acquire_released": _ACQUIRE + f"= {RELEASED!r} RETURNING {_COLUMNS}",
     "renew": (
         f"UPDATE {t.name} SET expires_at = {{now}} + {{p4}} "
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} "
         f"RETURNING {_COLUMNS}"
     ),
     "release": (
-        f"UPDATE {t.name} SET expires_at = {{now}} "
+        f"UPDATE {t.name} SET expires_at = {RELEASED!r} "
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
         "RETURNING key"
     ),
@@ -234,18 +242,23 @@ class Leases:
     def __init__(self, ops: Ops) -> None:
         self._ops = ops
 
-    async def acquire(self, key: str, holder: str, ttl: float) -> Lease | None:
+    async def acquire(
+        self, key: str, holder: str, ttl: float, *, released_only: bool = False
+    ) -> Lease | None:
         """Take the lease if free, expired, or already ours (then extended). None if held.
 
         One statement: INSERT … ON CONFLICT DO UPDATE … WHERE expired OR same holder,
         RETURNING the row; no row back means someone else holds it.
+        ``released_only``: not a lease that *lapsed* — only one its holder released
+        (or that never existed): what a lapsed lease guarded may still be going on,
+        and the caller judges that itself (turn slots: ``flows/parts/turn_slot.py``).
         """
         _check_ttl(ttl)
         if not key or not holder:
             raise ValueError("key and holder: both required and non-empty")
         row = await _run(
             self._ops,
-            "acquire",
+            "acquire_released" if released_only else "acquire",
             {"p_tenant": self._ops.tenant, "p_key": key, "p_holder": holder, "p_ttl": float(ttl)},
         )
         return None if row is None else _row(row)
@@ -292,7 +305,10 @@ class Leases:
     async def release(self, key: str, holder: str) -> bool:
         """Give the lease up now (only its holder can); True if ``holder`` held it.
 
-        The row stays (expired) so the fence keeps growing across holders.
+        The row stays so the fence keeps growing across holders, with its expiry set
+        to :data:`RELEASED`: a waiter can tell a lease its holder gave up from one that
+        *lapsed* (its holder stopped renewing — dead, or stalled — while what it
+        guarded may still be going on; see ``flows/parts/slot_takeover.py``).
         """
         row = await _run(
             self._ops, "release", {"p_tenant": self._ops.tenant, "p_key": key, "p_holder": holder}

@@ -1,4 +1,4 @@
-"""May a dead holder's turn slot be taken over before its ttl?
+"""May a gone holder's turn slot be taken — before its ttl, or after it?
 
 A turn slot stands for a turn running *server-side*: chatd runs the agent loop,
 so when the process that held a slot dies, its turn goes on (and recovery may
@@ -17,8 +17,30 @@ over at once when
    checkpointed chat. A workflow with no chat at all (the holder died before
    creating it) passes: nothing of it can be running.
 
-A holder id without the workflow (an older worker), no Coder credentials to ask
-with, or any error while asking: not taken over — the ttl decides, as before.
+A slot whose lease **lapsed** (its holder stopped renewing without releasing it:
+released rows are marked, ``blocks/state/leases.RELEASED``) is judged by rule 2
+too, whatever Prefect says about the run: the holder is dead or stalled (a
+starved event loop on a loaded machine, a store outage longer than the ttl),
+and either way its turn may still run server-side. Taking a lapsed slot on the
+ttl alone let the fleet run cap + 1 turns: for as long as a dead holder's turn
+went on after the ttl (real turns run for minutes, the ttl is 60 s), and in CI,
+where a 3 s test ttl lapsed under a stalled holder (3 turns at cap 2). A stalled
+holder that wakes up renews its lapsed slot if nobody took it
+(``Leases.renew``).
+
+Either kind is taken at once, without asking the server, by a waiter of **the
+same workflow**: it holds the workflow's lease (``durable_turn.execute_turn``
+takes the lease before the slot), so the gone holder's turn is the very turn it
+is about to follow or answer — one server-side turn, one slot. Without this a
+recovery of a paused turn (``requires_action``: not at rest until someone
+answers) waited for a slot that only its own answer could free.
+
+Not known (a holder id without the workflow — an older worker —, no Coder
+credentials to ask with, or an error while asking): a live lease of a run that
+is over is not taken (the ttl decides, as before), a lapsed one is (its ttl did).
+A chat that never comes to rest by itself still does in bounded time: chatd
+ends a ``requires_action`` pause after 5 minutes and the stuck-turn sweep
+interrupts a turn that runs too long.
 
 Probes are bounded and cheap: only a slot whose holder's run is final is probed
 (the Prefect answers are cached by ``holders``, and a waiter asks about all busy
@@ -65,20 +87,35 @@ class Verdict:
     holder_over: bool = False
     chat_id: str | None = None
     status: str | None = None
+    #: Taken because the holder ran the waiter's own workflow (the same turn).
+    same_workflow: bool = False
 
 
 _KEEP = Verdict(take=False)
+_TAKE_UNKNOWN = Verdict(take=True)
 
 
 async def judge_dead_slot(
-    store: StateStore, holder: str, credentials: CoderCredentials | None
+    store: StateStore,
+    holder: str,
+    credentials: CoderCredentials | None,
+    *,
+    lapsed: bool = False,
+    waiter_workflow: str | None = None,
 ) -> Verdict:
-    """Whether the slot ``holder`` holds may be taken over before its ttl (see module doc)."""
+    """Whether the slot ``holder`` holds may be taken now (see module doc).
+
+    ``lapsed``: the slot's lease ran out unreleased (else it is live, and only a
+    holder whose run Prefect shows over is considered). ``waiter_workflow``: the
+    workflow of the waiter, which holds that workflow's lease.
+    """
     workflow_id = holder_workflow_id(holder)
     if workflow_id is None or credentials is None:
+        return _TAKE_UNKNOWN if lapsed else _KEEP
+    if not lapsed and not await holder_over(holder):
         return _KEEP
-    if not await holder_over(holder):
-        return _KEEP
+    if waiter_workflow is not None and workflow_id == waiter_workflow:
+        return Verdict(take=True, holder_over=True, same_workflow=True)
     now = time.monotonic()
     cached = _busy.get(holder)
     if cached is not None and now - cached[0] < BUSY_RECHECK_S:
@@ -88,8 +125,10 @@ async def judge_dead_slot(
     try:
         async with credentials.get_client() as client:
             found = await _chat_not_at_rest(client, store, workflow_id)
-    except Exception as exc:  # don't know: the ttl decides
+    except Exception as exc:  # don't know: the ttl decides (a lapsed slot's has)
         _logger.debug("could not probe the chats of workflow %s", workflow_id, exc_info=True)
+        if lapsed:
+            return _TAKE_UNKNOWN
         verdict = Verdict(take=False, holder_over=True, status=f"unknown ({type(exc).__name__})")
     else:
         if found is None:

@@ -19,8 +19,12 @@ run in a final state AND its workflow's chats are at rest on the server
 (``slot_takeover.judge_dead_slot``): the dead process's turn goes on running
 server-side, and the cap counts running turns, so the run being Crashed alone
 is not enough (that let the fleet run cap + 1 turns), but nor does a worker's
-death stall the fleet for the whole ttl once its turn has ended. (The workflow
-*lease* of such a run is taken over at once: see ``resources.hold_workflow_lease``.)
+death stall the fleet for the whole ttl once its turn has ended. A slot that
+*lapsed* (its ttl ran out unreleased) is judged the same way — the ttl alone
+let a dead or stalled holder's still-running turn be joined by another — and a
+waiter of the holder's own workflow takes either at once (it is that turn's
+continuation). (The workflow *lease* of such a run is taken over at once: see
+``resources.hold_workflow_lease``.)
 
 A turn that has to wait logs ``waiting for a turn slot`` once (visible in the
 run's logs in the UI), shows the task run as ``Running`` named
@@ -46,10 +50,11 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Running
 
 from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks.state.leases import RELEASED
 from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.parts.holders import holder_workflow_id, holders_over, run_holder
 from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.slot_takeover import judge_dead_slot
+from prefect_coder.flows.parts.slot_takeover import Verdict, judge_dead_slot
 
 __all__ = [
     "SLOT_PREFIX",
@@ -96,10 +101,11 @@ async def busy_slots(store: StateStore, cap: int) -> set[int]:
     return set(await _busy_holders(store, cap))
 
 
-# Every live slot row of the tenant: a key range on the primary key (``turn-slot;``
-# is the first string after every ``turn-slot:…``), filtered to the cap in Python.
-# Fixed text run through the driver: building the ``IN (50 keys)`` select per claim
-# was ≈ 1 % of a fan-out worker's loop (docs/performance.md, round 7).
+# Every slot row of the tenant not released by its holder (live, or lapsed): a key
+# range on the primary key (``turn-slot;`` is the first string after every
+# ``turn-slot:…``), filtered to the cap in Python. Fixed text run through the driver:
+# building the ``IN (50 keys)`` select per claim was ≈ 1 % of a fan-out worker's loop
+# (docs/performance.md, round 7).
 _BUSY = (
     "SELECT key, holder, expires_at - {now} FROM " + lease_table.name + " "
     "WHERE tenant = {p1} AND key >= '"
@@ -107,7 +113,8 @@ _BUSY = (
     + "' AND key < '"
     + SLOT_PREFIX[:-1]
     + chr(ord(SLOT_PREFIX[-1]) + 1)
-    + "' AND expires_at > {now}"
+    + "' AND expires_at <> "
+    + repr(RELEASED)
 )
 _SQLITE_BUSY = _BUSY.format(now="((julianday('now') - 2440587.5) * 86400.0)", p1="?")
 _PG_BUSY = _BUSY.format(
@@ -125,6 +132,12 @@ def _slot_index(key: str, cap: int) -> int | None:
 
 async def _busy_holders(store: StateStore, cap: int) -> dict[int, tuple[str, float]]:
     """Live slots: index → (holder, seconds left)."""
+    return {i: row for i, row in (await _held_rows(store, cap)).items() if row[1] > 0}
+
+
+async def _held_rows(store: StateStore, cap: int) -> dict[int, tuple[str, float]]:
+    """Slots not released by their holder: index → (holder, seconds left); a lapsed
+    one (its holder stopped renewing) has ≤ 0 left."""
     rows: list[Any]
     if store.backend == "sqlite":
 
@@ -155,9 +168,12 @@ class _Claimer:
         ttl: float,
         credentials: CoderCredentials | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        workflow_id: str | None = None,
     ) -> None:
         self.store = store
         self.cap = cap
+        #: The waiter's workflow (it holds that workflow's lease).
+        self.workflow_id = workflow_id
         self.holder = holder
         self.ttl = ttl
         self.credentials = credentials
@@ -173,17 +189,41 @@ class _Claimer:
         while hints:
             hinted = hints.pop()
             if hinted < self.cap:
-                got = await store.leases.acquire(slot_key(hinted), self.holder, self.ttl)
+                # Released rows only: another process may have taken the slot since,
+                # and its lease lapsed while its turn still runs (judged below).
+                got = await store.leases.acquire(
+                    slot_key(hinted), self.holder, self.ttl, released_only=True
+                )
                 if got is not None:
                     return hinted
                 break  # taken by another process meanwhile: read what is free
-        busy = await _busy_holders(store, self.cap)
-        free = [i for i in range(self.cap) if i not in busy]
+        held = await _held_rows(store, self.cap)
+        free = [i for i in range(self.cap) if i not in held]
         # Random order: waiters that see the same free slot mostly try different ones.
         _rng.shuffle(free)
         for i in free:
-            if await store.leases.acquire(slot_key(i), self.holder, self.ttl) is not None:
+            # Released only: a slot taken since the read may lapse before this acquire.
+            got = await store.leases.acquire(slot_key(i), self.holder, self.ttl, released_only=True)
+            if got is not None:
                 return i
+        # A lapsed slot (its holder stopped renewing, dead or stalled) stands for a
+        # turn that may still run server-side, like a live slot of a run that is
+        # over: both are judged (slot_takeover), never taken on the ttl alone.
+        busy = {i: row for i, row in held.items() if row[1] > 0}
+        lapsed = [i for i in held if i not in busy]
+        _rng.shuffle(lapsed)
+        for i in lapsed:
+            other = held[i][0]
+            verdict = await judge_dead_slot(
+                store, other, self.credentials, lapsed=True, waiter_workflow=self.workflow_id
+            )
+            if verdict.take:
+                # Atomic: the acquire only takes a row that is still lapsed.
+                if await store.leases.acquire(slot_key(i), self.holder, self.ttl) is not None:
+                    self._taken(i, other, verdict, -held[i][1], lapsed=True)
+                    return i
+            else:
+                self._say_kept(i, other, verdict, -held[i][1], lapsed=True)
         if self.credentials is None:
             return None  # nothing to ask the server with: the ttl decides
         # All busy. A slot whose holder's run is over stands for a turn that may still
@@ -196,34 +236,69 @@ class _Claimer:
         for i, (other, left) in busy.items():
             if other not in over:
                 continue  # live, or not known to be over: its ttl decides
-            verdict = await judge_dead_slot(store, other, self.credentials)
+            verdict = await judge_dead_slot(
+                store, other, self.credentials, waiter_workflow=self.workflow_id
+            )
             if verdict.take:
                 got = await store.leases.take_over(slot_key(i), other, self.holder, self.ttl)
                 if got is not None:
-                    self.log.warning(
-                        "turn slot %d taken over from %s: its run is over and its chats are "
-                        "at rest (%.1fs before its expiry)",
-                        i,
-                        other,
-                        left,
-                    )
+                    self._taken(i, other, verdict, left, lapsed=False)
                     return i
-            elif verdict.holder_over and (other, verdict.chat_id) not in self._said:
-                # Once per dead holder and chat: the waiter probes again every second.
-                self._said.add((other, verdict.chat_id))
-                why = (
-                    f"chat {verdict.chat_id} is still {verdict.status} server-side"
-                    if verdict.chat_id
-                    else f"its chats' status is {verdict.status}"
-                )
-                self.log.info(
-                    "turn slot %d: its holder's run is over but %s; taken over once its "
-                    "chats are at rest (or in %.0fs, its expiry)",
-                    i,
-                    why,
-                    left,
-                )
+            else:
+                self._say_kept(i, other, verdict, left, lapsed=False)
         return None
+
+    def _taken(self, i: int, other: str, verdict: Verdict, left: float, *, lapsed: bool) -> None:
+        """The log line of a slot taken from a gone holder (``left``: seconds before its
+        expiry, or — lapsed — since it)."""
+        when = f"lapsed {left:.1f}s ago" if lapsed else f"{left:.1f}s before its expiry"
+        if verdict.same_workflow:
+            # The same turn, continued by this run: routine after a crash.
+            self.log.info(
+                "turn slot %d taken over from %s, which ran this workflow's turn (%s)",
+                i,
+                other,
+                when,
+            )
+        elif lapsed and not verdict.holder_over:
+            self.log.warning("turn slot %d taken from %s: its lease %s", i, other, when)
+        else:
+            self.log.warning(
+                "turn slot %d taken over from %s: its %s and its chats are at rest (%s)",
+                i,
+                other,
+                "lease lapsed" if lapsed else "run is over",
+                when,
+            )
+
+    def _say_kept(self, i: int, other: str, verdict: Verdict, left: float, *, lapsed: bool) -> None:
+        """Say once per gone holder and chat why its slot is kept (the waiter probes
+        again every second)."""
+        if not verdict.holder_over or (other, verdict.chat_id) in self._said:
+            return
+        self._said.add((other, verdict.chat_id))
+        why = (
+            f"chat {verdict.chat_id} is still {verdict.status} server-side"
+            if verdict.chat_id
+            else f"its chats' status is {verdict.status}"
+        )
+        if lapsed:
+            self.log.info(
+                "turn slot %d: its lease lapsed %.0fs ago (holder %s) but %s; taken once its "
+                "chats are at rest",
+                i,
+                left,
+                other,
+                why,
+            )
+        else:
+            self.log.info(
+                "turn slot %d: its holder's run is over but %s; taken over once its "
+                "chats are at rest (or in %.0fs, its expiry)",
+                i,
+                why,
+                left,
+            )
 
 
 async def _set_task_state(name: str) -> bool:
@@ -300,10 +375,13 @@ async def turn_slot(
     Yields the slot's index (None without a cap).
 
     Waits up to ``wait`` seconds, then raises :class:`TurnSlotUnavailableError`.
-    The slot is renewed every ``ttl/3`` and released on exit; a holder that dies
-    keeps it at most ``ttl`` seconds — less once Prefect shows its run over and
-    its workflow's chats are at rest, which this waiter asks the Coder server
-    about with ``credentials`` (without them, the ttl decides).
+    The slot is renewed every ``ttl/3`` and released on exit. A holder that dies
+    keeps it until its workflow's chats are at rest on the server (its turn goes
+    on there), which this waiter asks the Coder server about with ``credentials``
+    once Prefect shows the holder's run over or its lease lapsed (``ttl`` after
+    its last renewal); without credentials, the ttl decides. ``workflow_id``
+    names the workflow whose turn this is — the caller holds that workflow's
+    lease, so a slot its dead holder held for the same workflow is taken at once.
     """
     if cap is None:
         yield None
@@ -311,7 +389,9 @@ async def turn_slot(
     log = logger or logging.getLogger(__name__)
     # The holder names this flow run and the workflow: how a waiter judges it dead.
     holder = run_holder(workflow_id)
-    claimer = _Claimer(store, cap, holder, ttl, credentials, log)
+    claimer = _Claimer(
+        store, cap, holder, ttl, credentials, log, None if workflow_id == "-" else workflow_id
+    )
     started = time.monotonic()
     deadline = started + wait
     gate = _local_gate(store)
