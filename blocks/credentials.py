@@ -128,7 +128,12 @@ class CoderCredentials(Block):
     turn_slot_ttl: float = Field(
         default=60.0,
         gt=0,
-        description="Seconds a crashed turn keeps its slot at most (the slot lease's lifetime).",
+        description=(
+            "Seconds after its holder's last renewal that a turn slot lapses (the slot "
+            "lease's lifetime). A lapsed slot is taken by another turn once the dead "
+            "holder's turn is at rest on the Coder server (the cap counts server-side "
+            "turns), or at once when the server cannot be asked."
+        ),
     )
     ai_gateway_openai_provider: str = Field(
         default="openai",
