@@ -22,17 +22,27 @@ turn-slot cap of :mod:`prefect_coder.flows.parts.turn_slot`):
 Runs started by a fan-out carry idempotency keys derived from the workflow ids
 (``fanout-<workflow_id>``, ``fanout-shard-<digest of the shard's ids>``): a re-run
 of the fan-out (its own Crashed trigger, or by hand) re-attaches to the runs that
-exist instead of starting duplicates, and starts a crashed one again.
+exist instead of starting duplicates, and starts a crashed one again. Before it
+starts anything it looks those keys up (:func:`live_runs`) and attaches first to
+the runs that are still live, so they count against ``max_parallel`` from the
+start instead of when the walk reaches them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import acreate_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterIdempotencyKey,
+)
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments.flow_runs import arun_deployment
 from prefect.logging import get_run_logger
@@ -54,6 +64,8 @@ __all__ = [
     "agent_fanout",
     "cut_shards",
     "fanout_idempotency_key",
+    "live_first",
+    "live_runs",
     "run_in_process",
     "shard_idempotency_key",
 ]
@@ -69,6 +81,11 @@ DEFAULT_SHARD_SIZE = 20
 #: returns finished steps from storage; the lease serialises it with a
 #: recover-turn run the Crashed trigger started).
 CRASHED_RESTARTS = 2
+#: Idempotency keys per flow-run read of :func:`live_runs` (one run per key).
+_KEYS_PER_READ = 200
+
+#: A unit's key: ``after_run`` None for its first run, else the crashed run it restarts.
+UnitKey = Callable[[str | None], str]
 
 
 def fanout_idempotency_key(workflow_id: str, after_run: str | None = None) -> str:
@@ -99,10 +116,87 @@ def cut_shards(
     return shards, per_shard, max(1, max_parallel // per_shard)
 
 
+async def live_runs(deployment: str, keys: Sequence[UnitKey]) -> dict[int, FlowRun]:
+    """The units (by index into ``keys``) whose flow run on ``deployment`` exists and
+    is not final yet — Scheduled, Pending, Running, Paused — left by an earlier run of
+    this fan-out (or of one with the same workflows). A unit whose run ended Crashed
+    is followed to its restart (``key(<crashed run id>)``), as
+    :func:`_run_once_or_again` would, up to ``CRASHED_RESTARTS`` times.
+
+    One read per ``_KEYS_PER_READ`` keys and restart round; a fresh fan-out finds
+    nothing."""
+    async with get_client() as client:
+        dep = await client.read_deployment_by_name(deployment)
+        wanted = {i: key(None) for i, key in enumerate(keys)}
+        live: dict[int, FlowRun] = {}
+        for _ in range(1 + CRASHED_RESTARTS):
+            if not wanted:
+                break
+            found: dict[str, FlowRun] = {}
+            batch = list(wanted.values())
+            for at in range(0, len(batch), _KEYS_PER_READ):
+                chunk = batch[at : at + _KEYS_PER_READ]
+                for run in await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        idempotency_key=FlowRunFilterIdempotencyKey(any_=chunk),
+                        deployment_id=FlowRunFilterDeploymentId(any_=[dep.id]),
+                    ),
+                    limit=len(chunk),
+                ):
+                    if run.idempotency_key is not None:
+                        found[run.idempotency_key] = run
+            after: dict[int, str] = {}
+            for i, key in wanted.items():
+                hit = found.get(key)
+                if hit is None:
+                    continue  # never started: nothing to attach to
+                if hit.state is None or not hit.state.is_final():
+                    live[i] = hit
+                elif hit.state.is_crashed():
+                    after[i] = keys[i](str(hit.id))
+            wanted = after
+        return live
+
+
+def live_first(count: int, live: set[int]) -> list[int]:
+    """The order a re-run walks its ``count`` units in: the live ones first (in their
+    own order), then the rest. Each walk enters the ``max_parallel`` gate in this
+    order (asyncio's semaphore is FIFO), so a new run starts only once every live one
+    holds the gate or has ended: never more than ``max_parallel`` runs at once, even
+    when the live runs are not the first in the list (a re-run by hand that lists the
+    workflows in another order — their keys do not depend on it in per-workflow mode —
+    or a workflow whose first start failed while later ones started)."""
+    return sorted(range(count), key=lambda i: i not in live)
+
+
+async def _live_or_none(
+    deployment: str, keys: Sequence[UnitKey], logger: Any, what: str
+) -> set[int]:
+    """:func:`live_runs`, logged; a failed lookup is logged and walks in list order
+    (the bound may then be exceeded briefly, as before the lookup existed)."""
+    try:
+        live = await live_runs(deployment, keys)
+    except Exception as exc:
+        logger.warning(
+            "could not look up live %s runs of an earlier run of this fan-out (%s: %s); "
+            "attaching in list order",
+            what, type(exc).__name__, exc,
+        )  # fmt: skip
+        return set()
+    if live:
+        names = ", ".join(sorted(r.name for r in live.values())[:10])
+        logger.info(
+            "%d %s run(s) of an earlier run of this fan-out are still live (%s%s): attaching "
+            "to them first, they count against max_parallel",
+            len(live), what, names, " …" if len(live) > 10 else "",
+        )  # fmt: skip
+    return set(live)
+
+
 async def _run_once_or_again(
     deployment: str,
     parameters: dict[str, Any],
-    key: Any,
+    key: UnitKey,
     name: str,
     poll_interval_s: float,
 ) -> tuple[FlowRun, int]:
@@ -144,7 +238,7 @@ async def _run_as_deployment(
     run, runs = await _run_once_or_again(
         deployment,
         params,
-        lambda after: fanout_idempotency_key(item.workflow_id, after),
+        _workflow_key(item.workflow_id),
         item.workflow_id,
         poll_interval_s,
     )
@@ -189,7 +283,7 @@ async def _run_shard(
     run, runs = await _run_once_or_again(
         deployment,
         params,
-        lambda after: shard_idempotency_key(ids, after),
+        _shard_key(ids),
         f"shard-{name}",
         poll_interval_s,
     )
@@ -227,6 +321,14 @@ async def _run_shard(
         outcome.state = "COMPLETED" if outcome.ok else "FAILED"
         outcomes.append(outcome)
     return outcomes
+
+
+def _workflow_key(workflow_id: str) -> UnitKey:
+    return lambda after: fanout_idempotency_key(workflow_id, after)
+
+
+def _shard_key(workflow_ids: list[str]) -> UnitKey:
+    return lambda after: shard_idempotency_key(workflow_ids, after)
 
 
 def _validate(workflows: list[FanoutItem], max_parallel: int) -> None:
@@ -312,7 +414,15 @@ async def agent_fanout(
                         error=f"{type(exc).__name__}: {exc}",
                     )
 
-        outcomes = list(await asyncio.gather(*(one(w) for w in workflows)))
+        live = await _live_or_none(
+            per_workflow,
+            [_workflow_key(w.workflow_id) for w in workflows],
+            logger,
+            "workflow",
+        )
+        order = live_first(len(workflows), live)
+        done = await asyncio.gather(*(one(workflows[i]) for i in order))
+        outcomes = [o for _, o in sorted(zip(order, done, strict=True), key=lambda p: p[0])]
         mode = f"one {per_workflow} run per workflow"
     elif shards_on is not None:
         shards, per_shard, at_once = cut_shards(workflows, shard_size, max_parallel)
@@ -329,7 +439,13 @@ async def agent_fanout(
                         for w in shard
                     ]
 
-        outcomes = [o for part in await asyncio.gather(*map(shard_of, shards)) for o in part]
+        live = await _live_or_none(
+            shards_on, [_shard_key([w.workflow_id for w in s]) for s in shards], logger, "shard"
+        )
+        order = live_first(len(shards), live)
+        parts = await asyncio.gather(*(shard_of(shards[i]) for i in order))
+        in_order = [p for _, p in sorted(zip(order, parts, strict=True), key=lambda p: p[0])]
+        outcomes = [o for part in in_order for o in part]
         mode = f"{len(shards)} {shards_on} runs of ≤ {shard_size}"
     else:
         outcomes = await run_many_in_process(workflows, settings, max_parallel)

@@ -87,10 +87,11 @@ async def runs_of(
     )
 
 
-async def deploy(pool: str) -> list[UUID]:
+async def deploy(pool: str, untriggered: Sequence[str] = ()) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
-    deployments on it, with their Crashed triggers from ``prefect.yaml``; returns their
-    ids (for :func:`undeploy`)."""
+    deployments on it, with their Crashed triggers from ``prefect.yaml`` (except the
+    deployments named in ``untriggered``: a test that re-runs one by hand); returns
+    their ids (for :func:`undeploy`)."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
@@ -99,7 +100,7 @@ async def deploy(pool: str) -> list[UUID]:
             name=name,
             work_pool_name=pool,
             entrypoint_type=EntrypointType.MODULE_PATH,
-            triggers=_triggers(name),
+            triggers=[] if name in untriggered else _triggers(name),
             job_variables={"working_dir": str(ROOT)},
         )
         ids.append(await dep.aapply())
@@ -205,6 +206,17 @@ def child_env(api_url: str, results_dir: Path) -> dict[str, str]:
     return env
 
 
+def most_at_once(intervals: Sequence[tuple[Any, Any]]) -> int:
+    """The most intervals open at one instant (an end sorts before a start at a tie):
+    order facts only, whatever the clock's pace."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
 async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) -> Any:
     """Poll ``check`` until it returns something truthy (returned), or fail naming ``what``."""
     deadline = time.monotonic() + limit_s
@@ -217,17 +229,21 @@ async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) 
 
 
 async def fanout_settings(
-    emu: Emulator, store_url: str, cap: int | None, tenant: str | None = None
+    emu: Emulator,
+    store_url: str,
+    cap: int | None,
+    tenant: str | None = None,
+    slot_wait_s: float = 120.0,
 ) -> WorkflowSettings:
     """Blocks of their own (credentials with a turn cap of ``cap``, the test's store, in
-    ``tenant`` if given) and the fan-out's settings: short leases and slot ttl,
-    artifacts on."""
+    ``tenant`` if given) and the fan-out's settings: short leases and slot ttl, a turn
+    waits ``slot_wait_s`` for a slot, artifacts on."""
     credentials = emulator_credentials(
         emu,
         TOKEN,
         turn_timeout=60.0,
         max_concurrent_turns=cap,
-        turn_slot_wait=120.0,
+        turn_slot_wait=slot_wait_s,
         turn_slot_ttl=3.0,
     )
     return await save_settings(

@@ -22,6 +22,7 @@ from fanout_env import (
     deployment_id,
     fanout_items,
     fanout_settings,
+    most_at_once,
     runs_of,
     start_worker,
     stop_worker,
@@ -36,16 +37,6 @@ from prefect_coder.flows.deployments.agent_fanout import SHARD_DEPLOYMENT, agent
 WORKFLOWS = 6
 SHARD_SIZE = 2
 MAX_PARALLEL = 4
-
-
-def _most_at_once(intervals: list[tuple[Any, Any]]) -> int:
-    """The most intervals open at one instant (an end sorts before a start at a tie)."""
-    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 async def test_max_parallel_holds_across_shards(
@@ -84,4 +75,4 @@ async def test_max_parallel_holds_across_shards(
     # … because never more than max_parallel // per-shard shards ran at once.
     spans = [(r.start_time, r.end_time) for r in shard_runs]
     assert all(s is not None and e is not None for s, e in spans), spans
-    assert _most_at_once(spans) <= MAX_PARALLEL // SHARD_SIZE, spans
+    assert most_at_once(spans) <= MAX_PARALLEL // SHARD_SIZE, spans
