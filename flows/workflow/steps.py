@@ -123,7 +123,11 @@ async def run_steps(
                 for i, step in enumerate(steps):
                     step = edited.get(step.name, step)
                     # quote(): Prefect would otherwise walk (and rebuild) the blocks,
-                    # the store and the client as task inputs on every turn.
+                    # the store and the client as task inputs on every turn — and the
+                    # step, the settings and the tool set: pydantic models it visits
+                    # field by field twice per task run (inputs, then resolution; ≈ 2 %
+                    # of a fan-out worker's loop, docs/performance.md round 8). The
+                    # task gets them unquoted, its run name and cache key too.
                     if step.kind == "model":
                         results.append(
                             await model(
@@ -163,7 +167,11 @@ async def run_steps(
                         with earlier_steps(step_marker(workflow_id, s.name) for s in steps[:i]):
                             results.append(
                                 await turn(
-                                    workflow_id, step, settings, cast(Any, quote(shared)), toolset
+                                    workflow_id,
+                                    cast(Any, quote(step)),
+                                    cast(Any, quote(settings)),
+                                    cast(Any, quote(shared)),
+                                    cast(Any, quote(toolset)),
                                 )
                             )
                 if not settings.keep_chat and archive_as_task:
