@@ -51,7 +51,10 @@ pytest_plugins = ["coder_chat.emulator.pytest_plugin", "support.cpu_report"]
 # file while the other idles (longest-first scheduling). A file not listed counts
 # as light and keeps its place after these. Only the order changes, never what runs.
 _HEAVY_FILES = {
-    "tests/recovery/test_crash_matrix.py": 190,
+    # The crash matrix, one batch per recovery mode (was one file of 190 s: one worker
+    # ran it alone while the other had finished; split 2026-12-01, issue 12).
+    "tests/recovery/test_crash_matrix_recover_turn.py": 110,
+    "tests/recovery/test_crash_matrix.py": 95,
     "tests/recovery/test_crash_followups.py": 115,
     "tests/fanout/test_fanout_workers.py": 110,
     "tests/sweeps/test_crash_and_concurrency.py": 95,

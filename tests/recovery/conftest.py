@@ -141,6 +141,21 @@ def settings(coder_block: str, sqlite_block: str, payments: Payments) -> Workflo
 
 
 @pytest.fixture(scope="session")
+def matrix_settings(settings: WorkflowSettings) -> WorkflowSettings:
+    """The crash matrix's settings: the suite's, with a turn deadline no loaded
+    machine reaches here.
+
+    A second crash point inside recovery (``recovery.after_submit``) is reached only
+    while the crashed attempt is within its turn deadline: past it, recovery cuts the
+    attempt short instead of answering its pause, the child finishes, and the row
+    fails for a reason that is not the one it checks. With eight children starting
+    Prefect at once on a loaded 2-core machine the second child came later than the
+    credentials' 20 s (twice at load 13-20). No row waits out this deadline.
+    """
+    return settings.model_copy(update={"turn_timeout_s": 120.0})
+
+
+@pytest.fixture(scope="session")
 async def fork_server(
     prefect_env: PrefectEnv,
     payments: Payments,

@@ -15,6 +15,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,6 +328,160 @@ def effects_of(payments: Any, chat_ids: list[str]) -> dict[str, int]:
         return {k: v for k, v in payments.effects.items() if any(f"/{c}/" in k for c in chat_ids)}
 
 
+# ----------------------------------------------------------- the batched matrix rows
+
+#: Chat states of a workflow that is not at rest.
+LIVE = {"running", "pending", "requires_action", "interrupting", "paused"}
+#: How the matrix recovers a crashed workflow (one test file per mode: see
+#: :func:`crash_rows`).
+MODES = ["rerun", "recover-turn"]
+
+
+async def crash_case(
+    case: Case,
+    workflow_id: str,
+    settings: WorkflowSettings,
+    server: ForkServer,
+    emu: Emulator,
+) -> None:
+    """Leave ``workflow_id`` as ``case`` says: its fault's failed run, then one child
+    run SIGKILLed at each of its crash points in turn."""
+    spec = child_spec(workflow_id, settings)
+    if case.fault:
+        # the request commits but its response never arrives
+        arm_fault(emu, case.fault)
+        try:
+            rc = await server.run("", spec)
+        finally:
+            emu.faults.clear()
+        assert rc == 3, (rc, server.stderr_tail())
+    for i, point in enumerate(case.crashes):
+        if i:
+            # A second crash point inside recovery is reached only on the path the
+            # crashed attempt leaves once the model is done streaming (a pause, or
+            # rest); a child started while it still streams would follow it instead.
+            # With eight children on a loaded machine that can take a while: wait.
+            await _not_streaming(emu, workflow_id)
+        rc = await server.run(point, spec)
+        assert rc == -9, (point, rc, server.stderr_tail())
+
+
+async def _not_streaming(emu: Emulator, workflow_id: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(c["status"] not in {"running", "pending"} for c in chats_of(emu, workflow_id)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{workflow_id}: a chat still streams after {within:g}s")
+
+
+async def crash_rows(
+    modes: list[str],
+    settings: WorkflowSettings,
+    server: ForkServer,
+    emu: Emulator,
+    *,
+    concurrency: int = 8,
+) -> dict[tuple[str, str], str]:
+    """Crash every (case, mode) of ``modes`` once, children running concurrently (a
+    child costs ≈ 2-4 s of flow start and turns); the workflow id of each row. Fault
+    cases run alone first: an armed emulator fault is global.
+
+    The matrix is one batch per mode and one test file per mode, so that under
+    ``--dist loadfile`` the two batches run on two xdist workers side by side (a
+    single batch of every row kept one worker busy for minutes while the other had
+    finished its files)."""
+    ids = {
+        (c.name, m): f"r-mx-{i}-{MODES.index(m)}-{uuid.uuid4().hex[:6]}"
+        for i, c in enumerate(CASES)
+        for m in modes
+    }
+    for case in CASES:
+        if case.fault:
+            for m in modes:
+                await crash_case(case, ids[case.name, m], settings, server, emu)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: Case, mode: str) -> None:
+        async with gate:
+            await crash_case(case, ids[case.name, mode], settings, server, emu)
+
+    await asyncio.gather(*(one(c, m) for c in CASES if not c.fault for m in modes))
+    return ids
+
+
+async def recover(case: Case, mode: str, workflow_id: str, settings: WorkflowSettings) -> list[Any]:
+    """Recover a crashed workflow: a plain rerun, or ``recover-turn`` then the rerun
+    (which then returns every step from storage)."""
+    if mode == "recover-turn":
+        from prefect_coder.flows.deployments.recover_turn import recover_turn
+
+        report = await recover_turn(
+            workflow_id, steps=STEPS, settings=settings, finish_workflow=True
+        )
+        assert report.action in ("nothing", "recovered", "ran"), report
+        assert report.finished_workflow
+    return await run_workflow(workflow_id, STEPS, settings)
+
+
+async def recover_rows(
+    crashed: dict[tuple[str, str], str], settings: WorkflowSettings, *, concurrency: int = 6
+) -> dict[tuple[str, str], list[Any] | BaseException]:
+    """Every crashed row recovered, concurrently (each in its own flow runs; they wait
+    on nothing of each other's but the machine); a row's exception is its outcome,
+    raised by the row's own test."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(key: tuple[str, str]) -> list[Any] | BaseException:
+        case = next(c for c in CASES if c.name == key[0])
+        async with gate:
+            try:
+                return await recover(case, key[1], crashed[key], settings)
+            except Exception as exc:  # reported by the case's own test
+                return exc
+
+    keys = list(crashed)
+    outcomes = await asyncio.gather(*(one(k) for k in keys))
+    return dict(zip(keys, outcomes, strict=True))
+
+
+async def check(
+    case: Case,
+    workflow_id: str,
+    results: list[Any],
+    baseline: list[str],
+    payments: Any,
+    emu: Emulator,
+) -> None:
+    """The matrix's invariants after recovery: the fault-free run's results; each
+    payment effect once per key and one key per step; at most the case's extra user
+    turns, only on the steps its window allows; orphans carry only the first step's
+    prompt; nothing of the workflow left live."""
+    assert [r.text for r in results] == baseline
+    chats = chats_of(emu, workflow_id)
+    ids = [c["id"] for c in chats]
+    effects = effects_of(payments, ids)
+    # exactly once per key, and one key (one effect) per step
+    assert sorted(effects.values()) == [1, 1], effects
+    main = results[-1].chat_id
+    for s in STEPS:
+        marker = step_marker(workflow_id, s.name)
+        on_main = sum(marker in t for t in user_texts(emu, main))
+        allowed = 1 + case.extra_turns if s.name in case.may_resubmit else 1
+        assert 1 <= on_main <= allowed, (s.name, user_texts(emu, main))
+    for c in chats:
+        if c["id"] != main:
+            # an orphan of the empty-checkpoint window: only the first step's prompt
+            texts = user_texts(emu, c["id"])
+            assert len(texts) == 1 and step_marker(workflow_id, "plan") in texts[0]
+    for _ in range(100):
+        live = [c["id"] for c in chats_of(emu, workflow_id) if c["status"] in LIVE]
+        if not live:
+            break
+        await asyncio.sleep(0.05)
+    assert not live, [(c["id"], c["status"]) for c in chats_of(emu, workflow_id)]
+
+
 def env_for_children(base: dict[str, str], payments_url: str) -> dict[str, str]:
     env = dict(base)
     env["PAYMENTS_URL"] = payments_url
@@ -336,17 +492,24 @@ def env_for_children(base: dict[str, str], payments_url: str) -> dict[str, str]:
 
 __all__ = [
     "CASES",
+    "LIVE",
+    "MODES",
     "STEPS",
     "Case",
     "arm_fault",
     "chats_of",
+    "check",
     "child_spec",
     "crash",
+    "crash_case",
+    "crash_rows",
     "crash_settings",
     "crash_to_chat",
     "effects_of",
     "env_for_children",
     "os",
+    "recover",
+    "recover_rows",
     "run_workflow",
     "turn_record",
     "user_texts",

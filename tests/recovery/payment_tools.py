@@ -41,26 +41,33 @@ register_tool(charge_card)
 
 def _crash_once_from_env() -> None:
     """Test seam for the Crashed-trigger test: a process started by a Prefect runner
-    (no fork server to tell it) SIGKILLs itself at ``$CRASH_AT`` — once per
-    ``$CRASH_ONCE_FILE`` across processes, so the recovery run is not killed too."""
-    at = os.environ.get("CRASH_AT")
-    once = os.environ.get("CRASH_ONCE_FILE")
-    if not at or not once:
+    (no fork server to tell it) SIGKILLs itself at the crash point of
+    ``$CRASH_PLAN_FILE`` — JSON ``{"at": "<point>:<n>", "once": PATH}`` — once per
+    ``once`` file across processes, so the recovery run is not killed too. The file is
+    read at each crash point, not at import: one runner serves several tests, each
+    writing its own plan before it starts its run."""
+    plan_file = os.environ.get("CRASH_PLAN_FILE")
+    if not plan_file:
         return
+    import json
     import signal
 
     from coder_chat.crash_safe import add_crash_hook
 
-    name, _, nth = at.partition(":")
-    wanted = int(nth or 1)
     seen: dict[str, int] = {}
 
     def hook(point: str) -> None:
         seen[point] = seen.get(point, 0) + 1
-        if point != name or seen[point] != wanted:
+        try:
+            with open(plan_file) as f:
+                plan = json.load(f)
+        except (OSError, ValueError):
+            return  # no plan: no crash
+        name, _, nth = str(plan.get("at") or "").partition(":")
+        if point != name or seen[point] != int(nth or 1):
             return
         try:
-            fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(plan["once"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return  # already crashed once: this is the recovery
         os.close(fd)

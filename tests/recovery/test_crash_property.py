@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import uuid
 
-from crash_matrix import STEPS, Case, ForkServer, child_spec, run_workflow
+from crash_matrix import STEPS, Case, ForkServer, check, child_spec, run_workflow
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from payments import Payments
-from test_crash_matrix import check
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.deployments.recover_turn import recover_turn

@@ -5,28 +5,43 @@ as a fault-free run would.
 
 The server is the session's Prefect test server (its automation services — event
 triggers and actions — run in it); the deployments are served by a real Prefect
-runner process (``serve_child.py``, triggers read from ``prefect.yaml``), which
-starts each flow run in its own subprocess.
+runner process (``serve_child.py``, triggers read from ``prefect.yaml``; one for the
+module, forked from the session's warm process), which starts each flow run in its
+own (spawned) subprocess.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
+import json
+import os
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crash_matrix import STEPS, Case, chats_of, effects_of, env_for_children, run_workflow
+import pytest
+from crash_matrix import (
+    LIVE,
+    STEPS,
+    Case,
+    chats_of,
+    check,
+    effects_of,
+    env_for_children,
+    run_workflow,
+)
 from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
 from recovery_env import HERE, ROOT, PrefectEnv
-from test_crash_matrix import LIVE, check
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.deployments.agent_turn import agent_turn
@@ -46,53 +61,79 @@ async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: s
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@contextlib.asynccontextmanager
+#: The runner, forked from the session's warm process (``tests/warm_python.py``: no
+#: second import of Prefect and the flows, ~5 CPU-s): ``serve_child.py`` run as
+#: ``__main__`` with the runner polling every second (a Prefect setting read at
+#: import time, so set here rather than in the environment, which a fork must share
+#: with the warm process).
+_SERVE = """
+import runpy, sys
+from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+with temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: 1}):
+    runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+@dataclass
+class Served:
+    """The module's runner and its crash plan (``payment_tools``' test seam)."""
+
+    client: PrefectClient
+    plan: Path
+    log: Path
+
+    def crash_once_at(self, point: str, once: Path) -> None:
+        """The runner's next flow-run processes SIGKILL themselves at ``point`` —
+        once across processes (the first to get there creates ``once``)."""
+        self.plan.write_text(json.dumps({"at": point, "once": str(once)}))
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
 async def served(
-    prefect_env: PrefectEnv, payments: Payments, tmp_path: Path, crash_at: str
-) -> AsyncIterator[PrefectClient]:
-    """A runner serving the deployments; its flow-run processes SIGKILL themselves
-    at ``crash_at`` once (``payment_tools``' test seam)."""
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    warm_python: WarmPython,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Served]:
+    """One runner serving the deployments for the module's tests (its start and
+    deployment registration paid once); its flow-run processes SIGKILL themselves at
+    the crash plan's point, once."""
+    root = tmp_path_factory.mktemp("trigger")
+    plan, log = root / "crash-plan.json", root / "runner.log"
     env = env_for_children(prefect_env.child_env(), payments.url)
-    env.update(
-        PREFECT_RUNNER_POLL_FREQUENCY="1",
-        CRASH_AT=crash_at,
-        CRASH_ONCE_FILE=str(tmp_path / "crashed-once"),
-    )
-    log = (tmp_path / "runner.log").open("wb")
-    runner = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(HERE / "serve_child.py"),
-        env=env,
-        cwd=str(ROOT),
-        stdout=log,
-        stderr=asyncio.subprocess.STDOUT,
+    env["CRASH_PLAN_FILE"] = str(plan)
+    runner = await asyncio.to_thread(
+        warm_python.start, ["-c", _SERVE, str(HERE / "serve_child.py")], env=env, cwd=ROOT
     )
     try:
         async with get_client() as client:
 
             async def ready() -> bool:
+                if runner.poll() is not None:
+                    raise AssertionError(f"the runner exited: {runner.poll()}")
                 found = await client.read_deployments(
                     deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=DEPLOYMENTS))
                 )
                 return len(found) == len(DEPLOYMENTS)
 
             await _wait(ready, 60, "the served deployments")
-            yield client
+            yield Served(client, plan, log)
     finally:
-        runner.terminate()
-        try:
-            await asyncio.wait_for(runner.wait(), 15)
-        except TimeoutError:
-            runner.kill()
-            await runner.wait()
-        log.close()
+        # SIGTERM: the runner stops its loops and exits; SIGKILL if it does not.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(runner.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            done = await runner.communicate(15)
+            log.write_text(done.stdout + done.stderr)
 
 
-async def crash_then_recovery(
-    client: PrefectClient, deployment: str, parameters: dict[str, Any], tmp_path: Path
-) -> Any:
+async def crash_then_recovery(served: Served, deployment: str, parameters: dict[str, Any]) -> Any:
     """Start ``deployment``, wait for it to end Crashed, then for the recover-turn run
     the automation started for the same workflow to finish; return that run."""
+    client = served.client
     crashed_run: Any = await run_deployment(  # type: ignore[misc]
         deployment, parameters=parameters, timeout=0
     )
@@ -112,8 +153,7 @@ async def crash_then_recovery(
         return done[0] if done else None
 
     run = await _wait(recovered, 120, "the triggered recover-turn run to finish")
-    log = (tmp_path / "runner.log").read_text(errors="replace")[-4000:]
-    assert run.state.type.value == "COMPLETED", (run.state, log)
+    assert run.state.type.value == "COMPLETED", (run.state, served.log_tail())
     return run
 
 
@@ -123,22 +163,22 @@ async def test_crashed_agent_workflow_run_triggers_recover_turn(
     emu: Emulator,
     settings: WorkflowSettings,
     baseline: list[str],
+    served: Served,
     tmp_path: Path,
 ) -> None:
     workflow_id = f"r-trig-{uuid.uuid4().hex[:8]}"
-    async with served(prefect_env, payments, tmp_path, "tool.after_done:2") as client:
-        run = await crash_then_recovery(
-            client,
-            "agent-workflow/agent-workflow",
-            {
-                "workflow_id": workflow_id,
-                "steps": [s.model_dump(mode="json") for s in STEPS],
-                "settings": settings.model_dump(mode="json"),
-            },
-            tmp_path,
-        )
-        assert run.parameters["finish_workflow"] is True
-        assert run.parameters["steps"][1]["name"] == "pay"  # a list, not a string
+    served.crash_once_at("tool.after_done:2", tmp_path / "crashed-once")
+    run = await crash_then_recovery(
+        served,
+        "agent-workflow/agent-workflow",
+        {
+            "workflow_id": workflow_id,
+            "steps": [s.model_dump(mode="json") for s in STEPS],
+            "settings": settings.model_dump(mode="json"),
+        },
+    )
+    assert run.parameters["finish_workflow"] is True
+    assert run.parameters["steps"][1]["name"] == "pay"  # a list, not a string
     # A rerun returns every step from storage: the results the recovery produced.
     results = await run_workflow(workflow_id, STEPS, settings)
     await check(Case("trigger"), workflow_id, results, baseline, payments, emu)
@@ -150,26 +190,26 @@ async def test_crashed_agent_turn_run_triggers_recover_turn_for_its_step(
     emu: Emulator,
     settings: WorkflowSettings,
     baseline: list[str],
+    served: Served,
     tmp_path: Path,
 ) -> None:
     workflow_id = f"r-trig-turn-{uuid.uuid4().hex[:8]}"
     tools = Toolset.of_steps(STEPS)
     keep = settings.model_copy(update={"keep_chat": True})
     first = await agent_turn(workflow_id, STEPS[0], keep, tools)
-    async with served(prefect_env, payments, tmp_path, "tool.after_done:1") as client:
-        run = await crash_then_recovery(
-            client,
-            "agent-turn/agent-turn",
-            {
-                "workflow_id": workflow_id,
-                "step": STEPS[1].model_dump(mode="json"),
-                "settings": keep.model_dump(mode="json"),
-                "workflow_tools": tools.model_dump(mode="json"),
-            },
-            tmp_path,
-        )
-        assert run.parameters["step"] == "pay"
-        assert [s["name"] for s in run.parameters["steps"]] == ["pay"]
+    served.crash_once_at("tool.after_done:1", tmp_path / "crashed-once")
+    run = await crash_then_recovery(
+        served,
+        "agent-turn/agent-turn",
+        {
+            "workflow_id": workflow_id,
+            "step": STEPS[1].model_dump(mode="json"),
+            "settings": keep.model_dump(mode="json"),
+            "workflow_tools": tools.model_dump(mode="json"),
+        },
+    )
+    assert run.parameters["step"] == "pay"
+    assert [s["name"] for s in run.parameters["steps"]] == ["pay"]
     # The step's result is stored: running the step again returns it, sends nothing.
     second = await agent_turn(workflow_id, STEPS[1], keep, tools)
     assert [first.text, second.text] == baseline
