@@ -13,7 +13,9 @@ turn-slot cap of :mod:`prefect_coder.flows.parts.turn_slot`):
   of its shard's run, persisted the moment it ends.
 * **one run per workflow** (a deployment run with ``shard_size`` 1, or with
   ``workflow_deployment`` given): every workflow is its own ``agent-workflow``
-  flow run; a crashed one is recovered by the ``recover-turn`` Crashed trigger.
+  flow run; a crashed one is recovered by the ``recover-turn`` Crashed trigger and
+  restarted by the fan-out, the workflow lease serialising the two (one extra
+  process start per crash, kept on purpose: docs/fleet.md).
 * **in process** (``agent_fanout`` called directly, no deployment): every step is
   a task of this flow run itself, never a task nested in a task — Prefect writes
   a nested task's result only when the outer task commits, so a crash lost the
