@@ -1,0 +1,198 @@
+"""The dead holder's own workflow must take its slot at once — even when another
+workflow's waiter of the same process is at the head of the claim queue.
+
+A turn paused on a client tool (``requires_action``) is not at rest until someone
+answers it, and only its workflow's recovery answers it (from the tool ledger, or by
+running a pure tool again). ``slot_takeover`` lets that recovery take the dead
+holder's slot at once for this reason. But every claim of a process goes through one
+FIFO queue (``turn_slot._Gate``), and its head keeps the queue for its whole wait: a
+waiter of *another* workflow at the head waits for the paused chat to come to rest,
+while the recovery that would bring it to rest is queued behind it. Nothing moves
+until chatd ends the pause itself (5 minutes: the tool's answer is then lost to a
+synthetic timeout) or the head's ``turn_slot_wait`` runs out (it fails).
+
+Real parts: the holder is a separate process forked from the warm process; the
+emulator holds its tool-results ``POST`` (fault API), the process is SIGKILLed while
+the chat waits in ``requires_action``, and its flow run is marked Crashed through the
+API (the zombie automation's action); the store is the session's PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prefect.client.orchestration import get_client
+from prefect.states import Crashed
+from support.prefect_blocks import save_settings
+from warm_python import WarmPython
+
+from coder_chat.emulator import Emulator
+from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks.state.schema import leases as lease_table
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
+from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
+from prefect_coder.flows.parts.params import Step
+from prefect_coder.flows.parts.turn_slot import slot_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_HOLDER = """
+import asyncio, json, sys
+from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+from prefect_coder.flows.parts.params import WorkflowSettings
+
+args = json.loads(sys.argv[1])
+items = [FanoutItem.model_validate(i) for i in args["items"]]
+asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
+"""
+
+# The model calls the (pure) demo tool, then answers.
+_PAUSING = json.dumps(
+    {
+        "steps": [
+            {"tool_calls": [{"name": "lookup_build", "args": {"build_id": "nightly-7"}}]},
+            {"text": "done"},
+        ]
+    }
+)
+
+
+async def _until(what: str, limit_s: float, check: Any) -> Any:
+    for _ in range(int(limit_s / 0.05)):
+        value = await check() if asyncio.iscoroutinefunction(check) else check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _slot_holder(store: StateStore) -> str | None:
+    async with store.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(lease_table.c.holder).where(
+                    lease_table.c.tenant == store.tenant, lease_table.c.key == slot_key(0)
+                )
+            )
+        ).one_or_none()
+    return None if row is None else str(row.holder)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "the same-workflow slot take waits in the process's FIFO claim queue behind "
+        "another workflow's waiter, which waits for the paused chat only that take can "
+        "answer (see report / fix in flows/parts/turn_slot.py)"
+    ),
+)
+async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_waiter(
+    warm_python: WarmPython,
+    postgres_url: str,
+    emu: Emulator,
+    creds: CoderCredentials,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tenant = f"gate-{uuid.uuid4().hex[:8]}"
+    capped = creds.model_copy(
+        update={"max_concurrent_turns": 1, "turn_slot_wait": 120.0, "turn_slot_ttl": 60.0}
+    )
+    settings = await save_settings("gate", capped, postgres_url, tenant=tenant)
+    run = uuid.uuid4().hex[:6]
+    paused_wf, other_wf = f"paused-{run}", f"other-{run}"
+    step = Step(name="s", prompt=f"look it up #emu {_PAUSING}", tools=["lookup_build"])
+    # The holder's answer to the tool call never commits while the test runs: the chat
+    # stays in requires_action after the holder dies.
+    emu.faults.hold_commit(
+        until_path="/never", method="POST", path="/tool-results", max_seconds=600
+    )
+    payload = json.dumps(
+        {
+            "items": [FanoutItem(workflow_id=paused_wf, steps=[step]).model_dump(mode="json")],
+            "settings": settings.model_dump(mode="json"),
+        }
+    )
+    holder = await asyncio.to_thread(
+        warm_python.start, ["-c", _HOLDER, payload], env=dict(warm_python.env), cwd=ROOT
+    )
+    store = StateStore(postgres_url, tenant=tenant)
+    runs: list[asyncio.Task[Any]] = []
+    try:
+
+        def answer_sent() -> bool:
+            return any(e["details"].get("fault") == "hold_commit" for e in emu.event_log(["fault"]))
+
+        await _until("the holder's tool answer to be held", 180, answer_sent)
+        holder.kill()  # SIGKILL: no release, no renewals, no answer
+        assert (await holder.communicate(30)).returncode == -signal.SIGKILL
+        chat = next(c["id"] for c in emu.chats() if c["labels"].get(LABEL_WORKFLOW) == paused_wf)
+        assert emu.chat(chat)["status"] == "requires_action"
+        dead = await _slot_holder(store)
+        assert dead is not None and holder_workflow_id(dead) == paused_wf
+        run_id = holder_run_id(dead)
+        assert run_id is not None
+        async with get_client() as client:  # what the zombie automation does
+            await client.set_flow_run_state(run_id, Crashed(), force=True)
+
+        with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
+            quick = Step(name="v", prompt='other #emu {"text": "next"}')
+            runs.append(
+                asyncio.create_task(
+                    agent_fanout([FanoutItem(workflow_id=other_wf, steps=[quick])], settings)
+                )
+            )
+
+            def judged() -> bool:
+                said = " ".join(r.getMessage() for r in caplog.records)
+                return runs[0].done() or f"chat {chat} is still requires_action" in said
+
+            # The other workflow's turn heads this process's claim queue and keeps off
+            # the dead slot: its chat is paused.
+            await _until("the other workflow to judge the dead slot", 120, judged)
+            assert not runs[0].done()
+            # The paused workflow's recovery, in the same process: it holds the workflow
+            # lease (the dead run is Crashed) and should take its own slot at once.
+            runs.append(
+                asyncio.create_task(
+                    agent_fanout([FanoutItem(workflow_id=paused_wf, steps=[step])], settings)
+                )
+            )
+
+            async def recovery_holds_the_slot() -> bool:
+                holder_now = await _slot_holder(store)
+                return (
+                    holder_now is not None
+                    and holder_now != dead
+                    and holder_workflow_id(holder_now) == paused_wf
+                )
+
+            await _until("the recovery to take its own slot", 15, recovery_holds_the_slot)
+            other_out, paused_out = await asyncio.wait_for(asyncio.gather(*runs), 60)
+    finally:
+        for task in runs:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        if holder.returncode is None:
+            holder.kill()
+            await holder.communicate(30)
+        await store.aclose()
+
+    assert [o.ok for o in other_out] == [True], other_out
+    assert [(o.ok, [r.text for r in o.results]) for o in paused_out] == [(True, ["done"])]
+    users = [
+        e
+        for e in emu.event_log(["message"])
+        if e["chat_id"] == chat and e["details"]["role"] == "user"
+    ]
+    assert len(users) == 1, users
+    assert emu.max_concurrent_turns() == 1
