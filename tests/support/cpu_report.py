@@ -24,7 +24,9 @@ report says so in its header. Start-up and collection before the first test, and
 runs after the last, are rows of their own.
 
 Under pytest-xdist every worker writes ``PATH.<worker>.json`` and the controller
-merges them into one table at ``PATH`` when the session ends.
+merges them into one table at ``PATH`` when the session ends. Each row also says
+when the file ran (``from_s``/``to_s``) and the table ends with where each worker's
+last test ended: the run's timeline, to see which worker idled at the tail.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class _Sample:
     reaped_s: float
     live_s: float
     wall: float
+    epoch: float  # time.time(): when, on a clock every worker shares
 
     @staticmethod
     def take() -> _Sample:
@@ -120,6 +123,7 @@ class _Sample:
             kids.ru_utime + kids.ru_stime,
             live,
             time.monotonic(),
+            time.time(),
         )
 
 
@@ -130,8 +134,14 @@ class _Row:
     reaped_s: float = 0.0
     live_s: float = 0.0
     wall_s: float = 0.0
+    #: When the file's first test began and its last ended (epoch seconds): with the
+    #: worker, the run's timeline (which worker ran what when, where one idled).
+    began: float = 0.0
+    ended: float = 0.0
 
     def add(self, a: _Sample, b: _Sample, tests: int) -> None:
+        self.began = min(self.began or a.epoch, a.epoch)
+        self.ended = max(self.ended, b.epoch)
         self.tests += tests
         self.self_s += b.self_s - a.self_s
         self.reaped_s += b.reaped_s - a.reaped_s
@@ -210,6 +220,11 @@ def _table(rows: list[dict[str, Any]], workers: int, server_mods: str) -> str:
 
     rows = sorted(rows, key=total, reverse=True)
     all_cpu = sum(total(r) for r in rows)
+    zero = min((r["began"] for r in rows if r.get("began")), default=0.0)
+
+    def at(r: dict[str, Any], key: str) -> float:
+        return float(r.get(key) or zero) - zero
+
     lines = [
         f"# CPU per test file ({_ENV}); {workers or 'no'} xdist worker(s); "
         f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
@@ -221,14 +236,27 @@ def _table(rows: list[dict[str, Any]], workers: int, server_mods: str) -> str:
         "# session's LAST file: their start-up and shutdown land there.",
         f"# total {all_cpu:.1f} CPU-s; prefect.server modules imported by the test "
         f"process(es): {server_mods}",
+        "# from_s/to_s: when the file's first test began and its last ended, seconds",
+        "# after the first worker's session began; per worker at the end: where its",
+        "# last test ended (a worker done long before the others idled from there).",
         f"{'cpu_s':>8} {'self_s':>8} {'reaped_s':>8} {'live_s':>8} {'wall_s':>8} "
-        f"{'tests':>5} {'worker':>6}  file",
+        f"{'from_s':>7} {'to_s':>7} {'tests':>5} {'worker':>6}  file",
     ]
     for r in rows:
         lines.append(
             f"{total(r):8.1f} {r['self_s']:8.1f} {r['reaped_s']:8.1f} {r['live_s']:8.1f} "
-            f"{r['wall_s']:8.1f} {r['tests']:5d} {r['worker'] or '-':>6}  {r['file']}"
+            f"{r['wall_s']:8.1f} {at(r, 'began'):7.1f} {at(r, 'ended'):7.1f} "
+            f"{r['tests']:5d} {r['worker'] or '-':>6}  {r['file']}"
         )
+    for worker in sorted({r["worker"] for r in rows}):
+        mine = [r for r in rows if r["worker"] == worker and r["tests"]]
+        if mine:
+            busy = sum(r["wall_s"] for r in mine)
+            end = max(at(r, "ended") for r in mine)
+            lines.append(
+                f"# worker {worker or '-'}: last test ended at {end:.1f} s; "
+                f"{busy:.1f} s in tests; {len(mine)} files"
+            )
     return "\n".join(lines) + "\n"
 
 
