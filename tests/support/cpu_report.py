@@ -1,8 +1,10 @@
 """Opt-in per-file CPU report of a pytest session (issue 12: the suite is CPU-bound).
 
-``CODER_TEST_CPU_REPORT=PATH`` turns it on (``{era}`` in PATH becomes
+``CODER_TEST_CPU_REPORT=PATH`` turns it on (``CODER_TEST_TIMELINE=PATH``: the same
+table without measuring CPU — no /proc scan, so it costs nothing; ``.ci/run`` prints
+it for every pass). ``{era}`` in PATH becomes
 ``$CODER_CHAT_EMULATOR_ERA``, so ``scripts/test``'s side-by-side passes write files of
-their own). Around every test (its setup, call and teardown) it samples the CPU of
+their own. Around every test (its setup, call and teardown) it samples the CPU of
 the session's process tree and adds the difference to the test's file:
 
 * ``self``: this process (``getrusage(RUSAGE_SELF)``);
@@ -44,6 +46,10 @@ from typing import Any
 import pytest
 
 _ENV = "CODER_TEST_CPU_REPORT"
+#: The same report without the CPU columns (no /proc scan: ~8 ms of CPU per sample,
+#: two per test), for every CI run: which file ran where and when, and its wall time.
+_TIMELINE_ENV = "CODER_TEST_TIMELINE"
+_wall_only = False
 _TICK = os.sysconf("SC_CLK_TCK")
 _tracked: set[int] = set()
 # CPU last seen of each tracked process tree; a tree that ended (the cluster was
@@ -58,7 +64,11 @@ def track_pid(pid: int) -> None:
 
 
 def _report_path() -> Path | None:
+    global _wall_only
     raw = os.environ.get(_ENV)
+    if not raw:
+        raw = os.environ.get(_TIMELINE_ENV)
+        _wall_only = bool(raw)
     if not raw:
         return None
     return Path(raw.replace("{era}", os.environ.get("CODER_CHAT_EMULATOR_ERA") or "default"))
@@ -92,6 +102,8 @@ class _Sample:
 
     @staticmethod
     def take() -> _Sample:
+        if _wall_only:
+            return _Sample(0.0, 0.0, 0.0, time.monotonic(), time.time())
         own = resource.getrusage(resource.RUSAGE_SELF)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         table = _proc_table()
@@ -218,7 +230,7 @@ def _table(rows: list[dict[str, Any]], workers: int, server_mods: str) -> str:
     def total(r: dict[str, Any]) -> float:
         return float(r["self_s"] + r["reaped_s"] + r["live_s"])
 
-    rows = sorted(rows, key=total, reverse=True)
+    rows = sorted(rows, key=lambda r: r["wall_s"] if _wall_only else total(r), reverse=True)
     all_cpu = sum(total(r) for r in rows)
     zero = min((r["began"] for r in rows if r.get("began")), default=0.0)
 
@@ -227,7 +239,8 @@ def _table(rows: list[dict[str, Any]], workers: int, server_mods: str) -> str:
 
     lines = [
         f"# CPU per test file ({_ENV}); {workers or 'no'} xdist worker(s); "
-        f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        + (f"WALL ONLY ({_TIMELINE_ENV}: no CPU measured); " if _wall_only else "")
+        + f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "# cpu = self + reaped + live. self: the pytest process; reaped: children it",
         "# waited for (getrusage CHILDREN counts a child only once reaped); live:",
         "# processes still running below it + the PostgreSQL postmaster tree (/proc).",
