@@ -2,7 +2,8 @@
 
 ``python crash_child.py`` with ``CRASH_AT`` = ``<point>:<occurrence>`` (empty =
 never; ``<point>:<n>+<seconds>`` kills that long after the point) and
-``CRASH_SPEC`` = JSON ``{"workflow_id", "steps", "settings"}``. The tests start it
+``CRASH_SPEC`` = JSON ``{"workflow_id", "steps", "settings"}`` (and optionally
+``CRASH_RESULTS_DIR``: where the run stores its Prefect results). The tests start it
 through ``crash_matrix.ForkServer``: forked from a warm Python process
 (``tests/warm_python.py``), so it does not import Prefect again; it is still a
 process of its own, and the kill is a real ``SIGKILL``.
@@ -17,6 +18,7 @@ recovery tests' fast constants. The kill uses the documented test seam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -52,8 +54,19 @@ def run_once(crash_at: str, spec: dict[str, Any]) -> int:
         add_crash_hook(hook)
     steps = [Step.model_validate(s) for s in spec["steps"]]
     settings = WorkflowSettings.model_validate(spec["settings"])
+    results: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if os.environ.get("CRASH_RESULTS_DIR"):
+        # Results stored elsewhere (another worker's local storage). A setting of this
+        # run, not of the process's environment: Prefect reads that at import, and
+        # this process was forked after it (ForkServer's results_dir).
+        from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+
+        results = temporary_settings(
+            updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: os.environ["CRASH_RESULTS_DIR"]}
+        )
     try:
-        asyncio.run(agent_workflow(spec["workflow_id"], steps, settings))
+        with results:
+            asyncio.run(agent_workflow(spec["workflow_id"], steps, settings))
     except Exception as exc:
         print(f"RAISED {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3

@@ -147,12 +147,25 @@ class ForkServer:
     ``PREFECT_*`` environment must be ``env``'s, else each run starts a fresh
     interpreter (correct, but it pays the import). Without one, :meth:`start` starts
     a warm process of its own on ``env`` and :meth:`stop` ends it. Every run's
-    stderr is appended to ``stderr_path`` (:meth:`stderr_tail`)."""
+    stderr is appended to ``stderr_path`` (:meth:`stderr_tail`).
+
+    ``results_dir``: the runs store their Prefect results there (another worker's
+    local storage), not in the session's result directory — set in each child
+    (``crash_child.py``), so the runs still fork from the session's warm process
+    (a different ``PREFECT_RESULTS_LOCAL_STORAGE_PATH`` in the environment would
+    need a warm process of its own: one more Prefect import)."""
 
     def __init__(
-        self, env: dict[str, str], stderr_path: Path, warm: WarmPython | None = None
+        self,
+        env: dict[str, str],
+        stderr_path: Path,
+        warm: WarmPython | None = None,
+        *,
+        results_dir: Path | None = None,
     ) -> None:
-        self.env = env
+        self.env = dict(env)
+        if results_dir is not None:
+            self.env["CRASH_RESULTS_DIR"] = str(results_dir)
         self.stderr_path = stderr_path
         self._warm = warm
         self._own = warm is None

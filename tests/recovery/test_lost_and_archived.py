@@ -33,6 +33,7 @@ from crash_matrix import (
 )
 from payments import Payments
 from recovery_env import PrefectEnv
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
@@ -51,16 +52,22 @@ def _effects(payments: Payments, chat_id: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 async def elsewhere(
-    prefect_env: PrefectEnv, payments: Payments, tmp_path_factory: pytest.TempPathFactory
+    prefect_env: PrefectEnv,
+    payments: Payments,
+    warm_python: WarmPython,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[ForkServer]:
     """A fork server whose runs store their Prefect results in a directory of their
-    own — another worker's local storage — so a rerun here does not find them."""
-    results = tmp_path_factory.mktemp("elsewhere-results")
+    own — another worker's local storage — so a rerun here does not find them (forked
+    from the session's warm process: ``ForkServer``'s ``results_dir``)."""
+    env = env_for_children(prefect_env.child_env(), payments.url)
+    # (PREFECT_* changed since the warm process started: a warm process of its own)
+    warm = warm_python if warm_python.would_fork(env) else None
     server = ForkServer(
-        env_for_children(
-            prefect_env.child_env(PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results)), payments.url
-        ),
+        env,
         tmp_path_factory.mktemp("elsewhere") / "children-stderr.log",
+        warm,
+        results_dir=tmp_path_factory.mktemp("elsewhere-results"),
     )
     await server.start()
     yield server
