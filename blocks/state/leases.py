@@ -116,11 +116,11 @@ def _build(name: str, backend: Backend, now: sa.ColumnElement[float]) -> Any:
             .values(expires_at=now + ttl)
             .returning(*t.c)
         )
-    if name == "release":
+    if name in ("release", "abandon"):
         return (
             sa.update(t)
             .where(ours, t.c.holder == _P("p_holder"), t.c.expires_at > now)
-            .values(expires_at=RELEASED)
+            .values(expires_at=RELEASED if name == "release" else now)
             .returning(t.c.key)
         )
     raise ValueError(name)  # pragma: no cover
@@ -170,6 +170,11 @@ _TEXT = {
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
         "RETURNING key"
     ),
+    "abandon": (
+        "UPDATE " + t.name + " SET expires_at = {now} "
+        "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
+        "RETURNING key"
+    ),
 }
 _SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _PG_NOW = "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
@@ -196,7 +201,7 @@ async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
     run_transaction = getattr(ops, "run_transaction", None)
     if run_transaction is not None:  # the store itself: one trip
         values: tuple[Any, ...] = (params["p_tenant"], params["p_key"], params["p_holder"])
-        if name != "release":
+        if name not in ("release", "abandon"):
             values += (params["p_ttl"],)
         if ops.backend == "sqlite":
             return await run_transaction(functools.partial(_driver_one, _SQLITE_TEXT[name], values))
@@ -312,6 +317,19 @@ class Leases:
         """
         row = await _run(
             self._ops, "release", {"p_tenant": self._ops.tenant, "p_key": key, "p_holder": holder}
+        )
+        return row is not None
+
+    async def abandon(self, key: str, holder: str) -> bool:
+        """Stop holding the lease now *without* releasing it: it lapses at once (only its
+        holder can); True if ``holder`` held it.
+
+        For a holder whose work may go on without it — a turn that failed while its
+        run may still be running server-side: a waiter judges a lapsed lease (is that
+        work over?) where it takes a released one as free.
+        """
+        row = await _run(
+            self._ops, "abandon", {"p_tenant": self._ops.tenant, "p_key": key, "p_holder": holder}
         )
         return row is not None
 

@@ -169,11 +169,13 @@ class _Claimer:
         credentials: CoderCredentials | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
         workflow_id: str | None = None,
+        gate: _Gate | None = None,
     ) -> None:
         self.store = store
         self.cap = cap
         #: The waiter's workflow (it holds that workflow's lease).
         self.workflow_id = workflow_id
+        self.gate = gate
         self.holder = holder
         self.ttl = ttl
         self.credentials = credentials
@@ -224,6 +226,7 @@ class _Claimer:
                     return i
             else:
                 self._say_kept(i, other, verdict, -held[i][1], lapsed=True)
+                self._call_own_workflow(i, other)
         if self.credentials is None:
             return None  # nothing to ask the server with: the ttl decides
         # All busy. A slot whose holder's run is over stands for a turn that may still
@@ -246,7 +249,47 @@ class _Claimer:
                     return i
             else:
                 self._say_kept(i, other, verdict, left, lapsed=False)
+                self._call_own_workflow(i, other)
         return None
+
+    def _call_own_workflow(self, i: int, other: str) -> None:
+        """A gone holder's slot this head keeps (its chats are not at rest): if a claim
+        of that holder's workflow is queued behind this one in the process, call it
+        out of the queue — it may take the slot at once (slot_takeover), and it may be
+        the very recovery that brings those chats to rest (a paused turn: only its
+        answer does). Left queued, it waited behind a head waiting on it."""
+        if self.gate is None or not self.gate.calls:
+            return
+        workflow_id = holder_workflow_id(other)
+        fut = self.gate.calls.get(workflow_id) if workflow_id is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(i)
+
+    async def claim_own(self, i: int) -> int | None:
+        """Slot ``i``, called out of the queue for this claim's workflow: taken if a
+        gone holder still holds it for this workflow (or it is free now), else None."""
+        store = self.store
+        row = (await _held_rows(store, self.cap)).get(i)
+        if row is None:
+            got = await store.leases.acquire(slot_key(i), self.holder, self.ttl, released_only=True)
+            return i if got is not None else None
+        other, left = row
+        if holder_workflow_id(other) != self.workflow_id:
+            return None
+        lapsed = left <= 0
+        verdict = await judge_dead_slot(
+            store, other, self.credentials, lapsed=lapsed, waiter_workflow=self.workflow_id
+        )
+        if not verdict.take:
+            return None
+        if lapsed:
+            got = await store.leases.acquire(slot_key(i), self.holder, self.ttl)
+        else:
+            got = await store.leases.take_over(slot_key(i), other, self.holder, self.ttl)
+        if got is None:
+            return None
+        self._taken(i, other, verdict, -left if lapsed else left, lapsed=lapsed)
+        return i
 
     def _taken(self, i: int, other: str, verdict: Verdict, left: float, *, lapsed: bool) -> None:
         """The log line of a slot taken from a gone holder (``left``: seconds before its
@@ -389,12 +432,19 @@ async def turn_slot(
     log = logger or logging.getLogger(__name__)
     # The holder names this flow run and the workflow: how a waiter judges it dead.
     holder = run_holder(workflow_id)
+    gate = _local_gate(store)
     claimer = _Claimer(
-        store, cap, holder, ttl, credentials, log, None if workflow_id == "-" else workflow_id
+        store,
+        cap,
+        holder,
+        ttl,
+        credentials,
+        log,
+        None if workflow_id == "-" else workflow_id,
+        gate,
     )
     started = time.monotonic()
     deadline = started + wait
-    gate = _local_gate(store)
     # Only the head of this process's queue polls the store: 50 waiting turns in one
     # worker would otherwise hammer it (SQLite answers "database is locked").
     # Every claim of this process goes through its queue, even when slots are free: a
@@ -405,6 +455,7 @@ async def turn_slot(
     announced = False
     renewer: asyncio.Task[None] | None = None
     index = -1
+    direct: int | None = None
     try:
         try:
             if queued:
@@ -422,49 +473,70 @@ async def turn_slot(
                 # a loaded fan-out worker's loop), and each restart sent the claim to
                 # the back of the queue.
                 acquiring = asyncio.ensure_future(gate.lock.acquire())
+                # The head may call this claim out of the queue (_call_own_workflow).
+                call = gate.call(claimer.workflow_id)
                 try:
-                    done, _ = await asyncio.wait(
-                        {acquiring}, timeout=min(wait, SHOW_WAITING_AFTER_S)
-                    )
-                    while not done:
+                    timeout = min(wait, SHOW_WAITING_AFTER_S)
+                    while True:
+                        waiting: set[asyncio.Future[Any]] = {acquiring}
+                        if call is not None:
+                            waiting.add(call)
+                        done, _ = await asyncio.wait(
+                            waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if acquiring in done:
+                            break
+                        if call is not None and call in done:
+                            direct = await claimer.claim_own(call.result())
+                            if direct is not None:
+                                _drop_acquire(acquiring, gate.lock)
+                                break
+                            call = gate.call(claimer.workflow_id)
                         left = deadline - time.monotonic()
                         if left <= 0:
                             raise TurnSlotUnavailableError(cap, time.monotonic() - started)
                         if not announced and gate.cap_full:
                             _announce(cap, wait, workflow_id, step, log, ui)
                             announced = True
-                        done, _ = await asyncio.wait(
-                            {acquiring},
-                            timeout=left if announced else min(left, SHOW_WAITING_AFTER_S),
-                        )
+                        timeout = left if announced else min(left, SHOW_WAITING_AFTER_S)
                 except BaseException:
                     _drop_acquire(acquiring, gate.lock)
                     raise
+                finally:
+                    gate.hang_up(claimer.workflow_id, call)
             else:
                 await gate.lock.acquire()  # not locked: taken at once
-            try:
-                index, waited = await _wait_for_slot(
-                    claimer,
-                    cap,
-                    started,
-                    deadline,
-                    workflow_id,
-                    step,
-                    log,
-                    poll_interval,
-                    ui=ui if not announced else None,
-                    gate=gate,
-                )
-                # Renew from the moment the claim committed, before anything else is
-                # awaited: the waiting state's API calls below (ui.stop) took longer
-                # than the ttl on a loaded Prefect server, the unrenewed slot lapsed
-                # and the next waiter took it while this turn ran (7 turns at cap 5).
+            if direct is not None:
+                # Called out of the queue and took its own workflow's slot.
+                index, waited = direct, True
                 renewer = asyncio.create_task(
                     _renew(store, slot_key(index), holder, ttl, log),
                     name=f"renew:{slot_key(index)}",
                 )
-            finally:
-                gate.lock.release()
+            else:
+                try:
+                    index, waited = await _wait_for_slot(
+                        claimer,
+                        cap,
+                        started,
+                        deadline,
+                        workflow_id,
+                        step,
+                        log,
+                        poll_interval,
+                        ui=ui if not announced else None,
+                        gate=gate,
+                    )
+                    # Renew from the moment the claim committed, before anything else is
+                    # awaited: the waiting state's API calls below (ui.stop) took longer
+                    # than the ttl on a loaded Prefect server, the unrenewed slot lapsed
+                    # and the next waiter took it while this turn ran (7 turns at cap 5).
+                    renewer = asyncio.create_task(
+                        _renew(store, slot_key(index), holder, ttl, log),
+                        name=f"renew:{slot_key(index)}",
+                    )
+                finally:
+                    gate.lock.release()
         finally:
             await ui.stop()
     except BaseException:
@@ -480,8 +552,19 @@ async def turn_slot(
         SLOT_TRACE.append(("acquire_latency", now - started))
     try:
         yield index
-    finally:
+    except (Exception, asyncio.CancelledError):
+        # The turn failed or was cancelled: its run may go on server-side (a lost
+        # response to a landed send, a timeout, a cancelled follow). Released, the
+        # slot went to the next waiter at once, next to that run (2 turns at cap 1,
+        # tests/hostloss/test_hostile_slot_release.py). Abandoned, it lapses now, and a
+        # waiter takes a lapsed slot once this workflow's chats are at rest — this
+        # workflow's own retry or recovery at once (slot_takeover).
+        await _let_go(renewer, store, index, holder, ttl, log, gate, abandon=True)
+        raise
+    except BaseException:  # the generator closed, the interpreter exiting: give it up
         await _let_go(renewer, store, index, holder, ttl, log, gate)
+        raise
+    await _let_go(renewer, store, index, holder, ttl, log, gate)
 
 
 async def _let_go(
@@ -492,15 +575,21 @@ async def _let_go(
     ttl: float,
     log: logging.Logger | logging.LoggerAdapter[Any],
     gate: _Gate | None = None,
+    *,
+    abandon: bool = False,
 ) -> None:
     """Stop renewing slot ``index`` and release it (it lapses after ``ttl`` if that fails);
-    a released slot becomes ``gate``'s newest claim hint."""
+    a released slot becomes ``gate``'s newest claim hint. ``abandon``: let it lapse now
+    instead (what it stood for may still run)."""
     renewer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await renewer
     if SLOT_TRACE is not None:
         SLOT_TRACE.append(("release", time.monotonic()))
     try:
+        if abandon:
+            await store.leases.abandon(slot_key(index), holder)
+            return
         released = await store.leases.release(slot_key(index), holder)
     except Exception:  # it lapses after ttl on its own
         log.warning("could not release turn slot %d; it lapses after %.0fs", index, ttl)
@@ -539,13 +628,28 @@ class _Gate:
     """The FIFO queue of this process's claims on one store (per event loop), and
     whether its head is waiting on the cap (found every slot busy)."""
 
-    __slots__ = ("cap_full", "lock", "released")
+    __slots__ = ("calls", "cap_full", "lock", "released")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.cap_full = False
         #: Slots this process released, newest last (at most ``_HINTS``): claim hints.
         self.released: list[int] = []
+        #: Queued claims by workflow: the head resolves one with the index of a slot a
+        #: gone holder held for that workflow (see ``_Claimer._call_own_workflow``).
+        self.calls: dict[str, asyncio.Future[int]] = {}
+
+    def call(self, workflow_id: str | None) -> asyncio.Future[int] | None:
+        """Register a queued claim of ``workflow_id`` to be called out of the queue."""
+        if workflow_id is None:
+            return None
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.calls[workflow_id] = fut
+        return fut
+
+    def hang_up(self, workflow_id: str | None, fut: asyncio.Future[int] | None) -> None:
+        if workflow_id is not None and fut is not None and self.calls.get(workflow_id) is fut:
+            del self.calls[workflow_id]
 
 
 _gates: dict[tuple[int, str, str], _Gate] = {}

@@ -1,4 +1,4 @@
-"""The dead holder's own workflow must take its slot at once — even when another
+"""The dead holder's own workflow takes its slot at once — even when another
 workflow's waiter of the same process is at the head of the claim queue.
 
 A turn paused on a client tool (``requires_action``) is not at rest until someone
@@ -6,10 +6,11 @@ answers it, and only its workflow's recovery answers it (from the tool ledger, o
 running a pure tool again). ``slot_takeover`` lets that recovery take the dead
 holder's slot at once for this reason. But every claim of a process goes through one
 FIFO queue (``turn_slot._Gate``), and its head keeps the queue for its whole wait: a
-waiter of *another* workflow at the head waits for the paused chat to come to rest,
-while the recovery that would bring it to rest is queued behind it. Nothing moves
-until chatd ends the pause itself (5 minutes: the tool's answer is then lost to a
-synthetic timeout) or the head's ``turn_slot_wait`` runs out (it fails).
+waiter of *another* workflow at the head waited for the paused chat to come to rest
+while the recovery that would bring it to rest was queued behind it, until chatd
+ended the pause itself (5 minutes: the tool's answer then lost to a synthetic
+timeout) or the head's ``turn_slot_wait`` ran out. Now the head, keeping a gone
+holder's slot, calls a queued claim of that holder's workflow out of the queue.
 
 Real parts: the holder is a separate process forked from the warm process; the
 emulator holds its tool-results ``POST`` (fault API), the process is SIGKILLed while
@@ -87,14 +88,6 @@ async def _slot_holder(store: StateStore) -> str | None:
     return None if row is None else str(row.holder)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the same-workflow slot take waits in the process's FIFO claim queue behind "
-        "another workflow's waiter, which waits for the paused chat only that take can "
-        "answer (see report / fix in flows/parts/turn_slot.py)"
-    ),
-)
 async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_waiter(
     warm_python: WarmPython,
     postgres_url: str,
@@ -175,7 +168,7 @@ async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_w
                     and holder_workflow_id(holder_now) == paused_wf
                 )
 
-            await _until("the recovery to take its own slot", 15, recovery_holds_the_slot)
+            await _until("the recovery to take its own slot", 60, recovery_holds_the_slot)
             other_out, paused_out = await asyncio.wait_for(asyncio.gather(*runs), 60)
     finally:
         for task in runs:

@@ -1,13 +1,13 @@
-"""A turn that fails after its send landed gives its slot back while that turn still
-runs server-side: the next waiter starts a turn next to it (cap + 1, no crash at all).
+"""A turn that fails after its send landed keeps its slot's place while that turn
+still runs server-side: the next waiter does not start a turn next to it.
 
 ``CoderAgent(leave_landed_runs=True)`` — what every durable turn uses — does not
 interrupt a run whose submission landed when only the answer was lost (a transport
 error, a 5xx): the run is left live for the retry's recovery to follow. The turn then
-fails, and ``turn_slot``'s exit *releases* the slot (``expires_at = RELEASED``), which
-the next waiter takes at once with ``acquire(released_only=True)`` — without asking
-whether the released holder's workflow still has a turn running. The left run goes on
-in chatd (for minutes with a real model) with no slot standing for it.
+fails. ``turn_slot``'s exit used to *release* the slot, and the next waiter took it at
+once, next to the run going on in chatd (2 running turns at cap 1). Now a failed
+turn *abandons* its slot (it lapses at once, unreleased), and a lapsed slot is taken
+only once its workflow's chats are at rest (``slot_takeover``).
 
 Real parts: the emulator's fault API loses the response of the step's
 ``POST …/messages`` (the message lands, the connection closes with no answer); two
@@ -22,7 +22,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 from support.prefect_blocks import save_settings
 
 from coder_chat.emulator import Emulator
@@ -44,15 +43,6 @@ async def _until(what: str, limit_s: float, check: Any) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "turn_slot releases (RELEASED mark) the slot of a turn whose agent left its landed "
-        "run live (leave_landed_runs, a lost POST response): the run goes on server-side "
-        "and the next waiter takes the released slot at once (see report / fix in "
-        "flows/parts/turn_slot.py + flows/turn/durable_turn.py)"
-    ),
-)
 async def test_a_turn_left_running_after_a_lost_response_keeps_its_slot(
     prefect_server: Path,
     emu: Emulator,

@@ -48,3 +48,14 @@ async def test_release_marks_the_row(store: StateStore) -> None:
             )
         ).scalar_one()
     assert expiry == RELEASED
+
+
+async def test_abandon_lets_the_lease_lapse_now_without_releasing_it(store: StateStore) -> None:
+    assert await store.leases.acquire("slot:2", "A", ttl=30) is not None
+    assert await store.leases.abandon("slot:2", "B") is False  # only the holder
+    assert await store.leases.abandon("slot:2", "A") is True
+    # Lapsed at once: no longer live, but not released either.
+    assert await store.leases.get("slot:2") is None
+    assert await store.leases.acquire("slot:2", "C", ttl=5, released_only=True) is None
+    taken = await store.leases.acquire("slot:2", "C", ttl=5)
+    assert taken is not None and taken.fence == 2
