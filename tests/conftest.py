@@ -66,8 +66,6 @@ _HEAVY_FILES = {
     "tests/recovery/test_crashed_trigger.py": 73,
     "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 68,
     "tests/fanout/test_fanout_lean.py": 50,
-    # (added 2026-12-01 20:00: call 74-90 s at load 5-15, docs/fleet.md; unlisted, it
-    # would have run among the light files at the end of a worker's queue)
     "tests/fleet/test_fleet.py": 45,
     "tests/hostloss/test_slot_lapse.py": 40,
     "tests/recovery/test_crash_property.py": 43,
