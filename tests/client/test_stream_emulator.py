@@ -155,11 +155,15 @@ async def test_drop_mid_tool_call_args(chatd_emulator: Any, events: Any) -> None
     assert_each_delta_once(got)
     parts = [e.message_part.part for e in deltas(got)]  # type: ignore[union-attr]
     streamed = "".join(p.args_delta for p in parts if p.args_delta is not None)
-    assert json.loads(streamed) == args
+    # Each args delta once and in order. A loaded machine's redial can come after the
+    # server committed the message: the episode is closed then, the deltas streamed
+    # during the outage are not replayed, and the committed message (asserted below)
+    # carries the whole call — the deltas are a prefix of the args (seen at load 15, B2).
+    whole = json.dumps(args)
+    assert whole.startswith(streamed) and streamed, streamed
     # The whole call: at most once as the preview's last part, and once in the committed
-    # assistant message. A loaded machine's redial can come after the server committed
-    # the message (all args deltas were out before the drop); the redial then sends the
-    # committed message instead of the preview's last part (seen at load 15).
+    # assistant message (the redial after the commit sends it instead of the preview's
+    # last part).
     full = [p for p in parts if p.type == "tool-call" and "args" in p.model_fields_set]
     assert len(full) <= 1 and all(p.args == args for p in full)
     committed = [p for m in assistant_messages(got) for p in m.content if p.type == "tool-call"]
