@@ -101,6 +101,8 @@ class LiveProgress:
         self.notes: list[str] = [note] if note else []
         self.text = ""
         self.text_chars = 0
+        #: Text streamed since the last committed assistant message.
+        self._message_text = ""
         self.tools: dict[str, ToolState] = {}
         self.retries = 0
         self.redials = 0
@@ -168,6 +170,8 @@ class LiveProgress:
                     tool.state = "error" if field(part, "is_error") else "done"
                 return True
             return False
+        if etype == "message":
+            return self._fold_committed(field(event, "message"))
         if etype == "status":
             status = field(field(event, "status"), "status")
             if isinstance(status, str) and status != self.chat_status:
@@ -204,7 +208,40 @@ class LiveProgress:
             return True
         return False
 
+    def _fold_committed(self, message: Any) -> bool:
+        """A committed assistant message: the text it has beyond what streamed of it.
+
+        A stream dialed (or redialed) after the server committed a message gets the
+        message, not its deltas: on a loaded machine the whole first answer of a turn
+        arrived so, and the live view showed none of its text."""
+        if field(message, "role") != "assistant":
+            return False
+        text = ""
+        changed = False
+        for part in field(message, "content", []) or []:
+            ptype = field(part, "type")
+            if ptype == "text":
+                text += str(field(part, "text", "") or "")
+            elif ptype == "tool-call":
+                call_id = field(part, "tool_call_id")
+                if isinstance(call_id, str) and call_id not in self.tools:
+                    server = bool(field(part, "provider_executed"))
+                    self.tools[call_id] = ToolState(
+                        str(field(part, "tool_name")),
+                        "server" if server else "client",
+                        "running" if server else "called",
+                        _short(field(part, "args", "")),
+                    )
+                    changed = True
+        streamed, self._message_text = self._message_text, ""
+        if text.startswith(streamed) and len(text) > len(streamed):
+            self._append(text[len(streamed) :])
+            self._message_text = ""
+            changed = True
+        return changed
+
     def _append(self, delta: str) -> None:
+        self._message_text += delta
         self.text_chars += len(delta)
         self.text += delta
         if len(self.text) > 2 * self.text_tail:
