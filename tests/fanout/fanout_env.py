@@ -24,6 +24,8 @@ from prefect.client.schemas.filters import (
     FlowRunFilterDeploymentId,
     FlowRunFilterState,
     FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments.runner import EntrypointType
@@ -70,10 +72,17 @@ def deployment_id(ids: list[UUID], name: str) -> UUID:
 
 
 async def runs_of(
-    client: PrefectClient, deployment: UUID, states: Sequence[StateType] | None = None
+    client: PrefectClient,
+    deployment: UUID,
+    states: Sequence[StateType] | None = None,
+    *,
+    pool: str,
 ) -> list[FlowRun]:
-    """The flow runs of one deployment (by id: the session's server is shared, and
-    other tests deploy flows of the same names), optionally only in ``states``."""
+    """The flow runs of one deployment on this test's work ``pool``, optionally only in
+    ``states``. The pool, not the deployment id alone: the session's server is shared,
+    and other tests deploy flows under the same deployment names — the same deployment
+    id, pointed at their own pool (a recovery test's Crashed ``agent-workflow`` run
+    showed up among a fan-out test's runs)."""
     return await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(
             deployment_id=FlowRunFilterDeploymentId(any_=[deployment]),
@@ -83,6 +92,7 @@ async def runs_of(
                 else None
             ),
         ),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
         limit=200,
     )
 

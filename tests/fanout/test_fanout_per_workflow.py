@@ -113,7 +113,7 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
             async def victim_process() -> tuple[Any, int] | None:
                 if await store.checkpoints.get(victim) is None:
                     return None
-                for run in await runs_of(client, workflow_dep, [StateType.RUNNING]):
+                for run in await runs_of(client, workflow_dep, [StateType.RUNNING], pool=pool):
                     pid = str(run.infrastructure_pid or "").split(":")[-1]
                     if run.name == victim and pid and parent_of(int(pid)) == worker.proc.pid:
                         # Looked at last (a local read), so the kill follows at once.
@@ -134,12 +134,14 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
 
             # The trigger's recover-turn run has ended too (it may finish after the fan-out).
             async def recoveries() -> list[Any] | None:
-                runs = await runs_of(client, recover_dep)
+                runs = await runs_of(client, recover_dep, pool=pool)
                 return runs if runs and all(r.state and r.state.is_final() for r in runs) else None
 
             recover_runs = await until("the recover-turn run", 180, recoveries)
-            workflow_runs = await runs_of(client, workflow_dep)
-            shard_runs = await runs_of(client, deployment_id(deployed, "agent-fanout-shard"))
+            workflow_runs = await runs_of(client, workflow_dep, pool=pool)
+            shard_runs = await runs_of(
+                client, deployment_id(deployed, "agent-fanout-shard"), pool=pool
+            )
             artifacts = await client.read_artifacts(
                 artifact_filter=ArtifactFilter(
                     key=ArtifactFilterKey(any_=["agent-fanout"]),

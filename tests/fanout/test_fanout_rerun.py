@@ -124,7 +124,7 @@ async def test_rerun_after_the_fanouts_crash_attaches_to_live_runs_within_max_pa
             # Mid-way: w0's run waits for the slot, and the fan-out's process (a child
             # of the worker) is known.
             async def fanout_process() -> int | None:
-                runs = await runs_of(client, workflow_dep, [StateType.RUNNING])
+                runs = await runs_of(client, workflow_dep, [StateType.RUNNING], pool=pool)
                 run = next((r for r in runs if r.name == w0), None)
                 if run is None or not any(
                     t.state_name == WAITING_STATE_NAME for t in await _task_runs(client, run.id)
@@ -163,7 +163,7 @@ async def test_rerun_after_the_fanouts_crash_attaches_to_live_runs_within_max_pa
 
             final = await until("the re-run to end", 240, rerun_final)
             outcomes = await final.state.aresult() if final.state.is_completed() else None
-            workflow_runs = await runs_of(client, workflow_dep)
+            workflow_runs = await runs_of(client, workflow_dep, pool=pool)
             spans = {r.name: await _span(client, r) for r in workflow_runs}
             fanout_spans = [await _span(client, r) for r in (first, final)]
     finally:

@@ -198,7 +198,10 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
             async def fanout_done() -> Any:
                 await hosts.sample(client)
                 runs = await runs_of(
-                    client, deployment_id(deployed, "agent-fanout"), [StateType.COMPLETED]
+                    client,
+                    deployment_id(deployed, "agent-fanout"),
+                    [StateType.COMPLETED],
+                    pool=pool,
                 )
                 return runs[0] if runs else None
 
@@ -218,11 +221,13 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
 
             # Every recover-turn run started by the triggers has ended too.
             async def recoveries_done() -> bool:
-                runs = await runs_of(client, deployment_id(deployed, "recover-turn"))
+                runs = await runs_of(client, deployment_id(deployed, "recover-turn"), pool=pool)
                 return all(r.state and r.state.is_final() for r in runs)
 
             await until("the recover-turn runs", 120 * SCALE, recoveries_done)
-            shard_runs = await runs_of(client, deployment_id(deployed, "agent-fanout-shard"))
+            shard_runs = await runs_of(
+                client, deployment_id(deployed, "agent-fanout-shard"), pool=pool
+            )
     finally:
         for w in workers:
             await stop_worker(w)

@@ -61,7 +61,9 @@ async def test_max_parallel_holds_across_shards(
             poll_interval_s=0.5,
         )
         async with get_client() as client:
-            shard_runs = await runs_of(client, deployment_id(deployed, "agent-fanout-shard"))
+            shard_runs = await runs_of(
+                client, deployment_id(deployed, "agent-fanout-shard"), pool=pool
+            )
     finally:
         await stop_worker(worker)
         await undeploy(deployed)
