@@ -37,7 +37,9 @@ answers) waited for a slot that only its own answer could free.
 
 Not known (a holder id without the workflow — an older worker —, no Coder
 credentials to ask with, or an error while asking): a live lease of a run that
-is over is not taken (the ttl decides, as before), a lapsed one is (its ttl did).
+is over is not taken (the ttl decides, as before), a lapsed one once it has lapsed
+a whole ttl (a slot its holder *abandoned* — a failed turn whose run may go on —
+lapses at once, and a probe fails most likely for the reason the turn failed).
 A chat that never comes to rest by itself still does in bounded time: chatd
 ends a ``requires_action`` pause after 5 minutes and the stuck-turn sweep
 interrupts a turn that runs too long.
@@ -102,6 +104,7 @@ async def judge_dead_slot(
     *,
     lapsed: bool = False,
     waiter_workflow: str | None = None,
+    unknown_after: float = 0.0,
 ) -> Verdict:
     """Whether the slot ``holder`` holds may be taken now (see module doc).
 
@@ -109,9 +112,14 @@ async def judge_dead_slot(
     holder whose run Prefect shows over is considered). ``waiter_workflow``: the
     workflow of the waiter, which holds that workflow's lease.
     """
+    # A lapsed slot nobody can judge passes on once it has lapsed a whole ttl more
+    # (``unknown_after`` seconds from now): a slot its holder *abandoned* lapsed at once,
+    # with its run possibly going on, and a probe fails most likely for the reason the
+    # turn failed (the Coder server unreachable).
+    take_unknown = lapsed and unknown_after <= 0
     workflow_id = holder_workflow_id(holder)
     if workflow_id is None or credentials is None:
-        return _TAKE_UNKNOWN if lapsed else _KEEP
+        return _TAKE_UNKNOWN if take_unknown else _KEEP
     if not lapsed and not await holder_over(holder):
         return _KEEP
     if waiter_workflow is not None and workflow_id == waiter_workflow:
@@ -127,7 +135,7 @@ async def judge_dead_slot(
             found = await _chat_not_at_rest(client, store, workflow_id)
     except Exception as exc:  # don't know: the ttl decides (a lapsed slot's has)
         _logger.debug("could not probe the chats of workflow %s", workflow_id, exc_info=True)
-        if lapsed:
+        if take_unknown:
             return _TAKE_UNKNOWN
         verdict = Verdict(take=False, holder_over=True, status=f"unknown ({type(exc).__name__})")
     else:

@@ -217,7 +217,12 @@ class _Claimer:
         for i in lapsed:
             other = held[i][0]
             verdict = await judge_dead_slot(
-                store, other, self.credentials, lapsed=True, waiter_workflow=self.workflow_id
+                store,
+                other,
+                self.credentials,
+                lapsed=True,
+                waiter_workflow=self.workflow_id,
+                unknown_after=self.ttl - -held[i][1],
             )
             if verdict.take:
                 # Atomic: the acquire only takes a row that is still lapsed.

@@ -1,14 +1,15 @@
-"""An abandoned turn slot is taken at once when the probe of its workflow's chats fails:
-the "could not tell" rule of a lapsed slot ("its ttl did decide") does not hold for a
-slot that lapsed because its holder *abandoned* it a moment ago.
+"""An abandoned turn slot is not taken at once when the probe of its workflow's chats
+fails: the "could not tell" rule passes a lapsed slot on only once it has lapsed a
+whole ttl.
 
 A turn that fails while its run may go on server-side (a lost response to a landed
 send) abandons its slot: it lapses at once, unreleased, and a waiter judges it — taken
-once the workflow's chats are at rest. But when the waiter cannot tell (its
-``GET /chats`` probe fails or times out), ``slot_takeover`` takes a lapsed slot
-anyway, reasoning that a whole ttl went by without a renewal. An abandoned slot had
-no ttl go by, and the probe fails most likely for the same reason the turn did (the
-Coder server slow or unreachable): the waiter's turn starts next to the left run.
+once the workflow's chats are at rest. When the waiter cannot tell (its ``GET /chats``
+probe fails or times out), ``slot_takeover`` used to take a lapsed slot anyway,
+reasoning that a whole ttl had gone by without a renewal. An abandoned slot had no ttl
+go by, and the probe fails most likely for the same reason the turn did (the Coder
+server slow or unreachable): the waiter's turn started next to the left run (2 at cap
+1). Now such a slot passes on a ttl after it lapsed.
 
 Real parts: the emulator's fault API loses the response of the step's
 ``POST …/messages`` and holds every ``GET`` under ``/api/v2/chats`` longer than the
@@ -24,7 +25,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 from support.prefect_blocks import save_settings
 
 from coder_chat.emulator import Emulator
@@ -51,14 +51,6 @@ async def _until(what: str, limit_s: float, check: Any) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "slot_takeover.judge_dead_slot takes a lapsed slot when its probe fails "
-        "(_TAKE_UNKNOWN: 'its ttl did'), but an abandoned slot lapsed a moment ago, "
-        "no ttl went by: fix in flows/parts/slot_takeover.py (see report)"
-    ),
-)
 async def test_an_abandoned_slot_is_not_taken_when_its_chats_cannot_be_probed(
     prefect_server: Path,
     emu: Emulator,
