@@ -68,6 +68,7 @@ _HEAVY_FILES = {
     "tests/fanout/test_fanout_lean.py": 50,
     "tests/fleet/test_fleet.py": 45,
     "tests/hostloss/test_slot_lapse.py": 40,
+    "tests/hostloss/test_hostile_slot_abandon_probe.py": 40,
     "tests/recovery/test_crash_property.py": 43,
     "tests/recovery/test_lost_and_archived.py": 41,
     "tests/fleet/test_capacity.py": 38,
