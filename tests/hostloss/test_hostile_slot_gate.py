@@ -25,36 +25,20 @@ import json
 import logging
 import signal
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
+from slot_env import chat_of, slot_row, start_fanout_child, until
 from support.prefect_blocks import save_settings
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step
-from prefect_coder.flows.parts.turn_slot import slot_key
-
-ROOT = Path(__file__).resolve().parents[2]
-
-_HOLDER = """
-import asyncio, json, sys
-from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.params import WorkflowSettings
-
-args = json.loads(sys.argv[1])
-items = [FanoutItem.model_validate(i) for i in args["items"]]
-asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
-"""
 
 # The model calls the (pure) demo tool, then answers.
 _PAUSING = json.dumps(
@@ -65,27 +49,6 @@ _PAUSING = json.dumps(
         ]
     }
 )
-
-
-async def _until(what: str, limit_s: float, check: Any) -> Any:
-    for _ in range(int(limit_s / 0.05)):
-        value = await check() if asyncio.iscoroutinefunction(check) else check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-async def _slot_holder(store: StateStore) -> str | None:
-    async with store.read() as conn:
-        row = (
-            await conn.execute(
-                sa.select(lease_table.c.holder).where(
-                    lease_table.c.tenant == store.tenant, lease_table.c.key == slot_key(0)
-                )
-            )
-        ).one_or_none()
-    return None if row is None else str(row.holder)
 
 
 async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_waiter(
@@ -108,14 +71,8 @@ async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_w
     emu.faults.hold_commit(
         until_path="/never", method="POST", path="/tool-results", max_seconds=600
     )
-    payload = json.dumps(
-        {
-            "items": [FanoutItem(workflow_id=paused_wf, steps=[step]).model_dump(mode="json")],
-            "settings": settings.model_dump(mode="json"),
-        }
-    )
     holder = await asyncio.to_thread(
-        warm_python.start, ["-c", _HOLDER, payload], env=dict(warm_python.env), cwd=ROOT
+        start_fanout_child, warm_python, [FanoutItem(workflow_id=paused_wf, steps=[step])], settings
     )
     store = StateStore(postgres_url, tenant=tenant)
     runs: list[asyncio.Task[Any]] = []
@@ -124,12 +81,13 @@ async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_w
         def answer_sent() -> bool:
             return any(e["details"].get("fault") == "hold_commit" for e in emu.event_log(["fault"]))
 
-        await _until("the holder's tool answer to be held", 180, answer_sent)
+        await until("the holder's tool answer to be held", 180, answer_sent)
         holder.kill()  # SIGKILL: no release, no renewals, no answer
         assert (await holder.communicate(30)).returncode == -signal.SIGKILL
-        chat = next(c["id"] for c in emu.chats() if c["labels"].get(LABEL_WORKFLOW) == paused_wf)
+        chat = chat_of(emu, paused_wf)
         assert emu.chat(chat)["status"] == "requires_action"
-        dead = await _slot_holder(store)
+        dead_row = await slot_row(store)
+        dead = None if dead_row is None else str(dead_row.holder)
         assert dead is not None and holder_workflow_id(dead) == paused_wf
         run_id = holder_run_id(dead)
         assert run_id is not None
@@ -150,7 +108,7 @@ async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_w
 
             # The other workflow's turn heads this process's claim queue and keeps off
             # the dead slot: its chat is paused.
-            await _until("the other workflow to judge the dead slot", 120, judged)
+            await until("the other workflow to judge the dead slot", 120, judged)
             assert not runs[0].done()
             # The paused workflow's recovery, in the same process: it holds the workflow
             # lease (the dead run is Crashed) and should take its own slot at once.
@@ -161,14 +119,15 @@ async def test_the_recovery_of_a_paused_dead_turn_is_not_queued_behind_another_w
             )
 
             async def recovery_holds_the_slot() -> bool:
-                holder_now = await _slot_holder(store)
+                row = await slot_row(store)
+                holder_now = None if row is None else str(row.holder)
                 return (
                     holder_now is not None
                     and holder_now != dead
                     and holder_workflow_id(holder_now) == paused_wf
                 )
 
-            await _until("the recovery to take its own slot", 60, recovery_holds_the_slot)
+            await until("the recovery to take its own slot", 60, recovery_holds_the_slot)
             other_out, paused_out = await asyncio.wait_for(asyncio.gather(*runs), 60)
     finally:
         for task in runs:

@@ -17,30 +17,14 @@ count of running turns is the emulator's event log.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
 
+from slot_env import left_and_other_after_a_lost_response
 from support.prefect_blocks import save_settings
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step
-from prefect_coder.flows.parts.turn_slot import slot_key
-
-TEST_HOLDER = "test-holds-the-only-slot"
-
-
-async def _until(what: str, limit_s: float, check: Any) -> Any:
-    for _ in range(int(limit_s / 0.05)):
-        value = await check() if asyncio.iscoroutinefunction(check) else check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from prefect_coder.blocks import CoderCredentials
 
 
 async def test_a_turn_left_running_after_a_lost_response_keeps_its_slot(
@@ -54,59 +38,12 @@ async def test_a_turn_left_running_after_a_lost_response_keeps_its_slot(
     capped = creds.model_copy(
         update={"max_concurrent_turns": 1, "turn_slot_wait": 60.0, "turn_slot_ttl": 2.0}
     )
-    # keep_chat: the second run of `left` sends its step on the first run's chat
-    # (POST …/messages, the request whose response the emulator loses).
+    # keep_chat: b is sent on the chat of `left`'s first step (POST …/messages, the
+    # request whose response the emulator loses).
     settings = await save_settings("release", capped, store_url, tenant=tenant, keep_chat=True)
-    run = uuid.uuid4().hex[:6]
-    left, other = f"left-{run}", f"other-{run}"
-    first = Step(name="a", prompt='first #emu {"text": "one"}')
-    # The step whose answer is lost: it runs server-side for 6 s.
-    long = Step(name="b", prompt='second #emu {"sleep": 6, "text": "two"}')
-    quick = Step(name="v", prompt='other #emu {"text": "three"}')
-
-    # `left`'s first step, finished and stored: its chat is checkpointed and kept.
-    done = await agent_fanout([FanoutItem(workflow_id=left, steps=[first])], settings)
-    assert [o.ok for o in done] == [True]
-    chat = next(c["id"] for c in emu.chats() if c["labels"].get(LABEL_WORKFLOW) == left)
-
-    store = StateStore(store_url, tenant=tenant)
-    held = await store.leases.acquire(slot_key(0), TEST_HOLDER, ttl=120)
-    assert held is not None
-    runs: list[asyncio.Task[Any]] = []
-    try:
-        # `left`'s step b and then `other` queue for the one slot (this process's claim
-        # queue is FIFO): b gets it first, `other` waits on the cap behind it.
-        runs.append(
-            asyncio.create_task(
-                agent_fanout(
-                    [FanoutItem(workflow_id=left, steps=[first, long])],
-                    settings,
-                    fail_on_error=False,
-                )
-            )
-        )
-        await asyncio.sleep(1.0)  # b's claim is queued first
-        runs.append(
-            asyncio.create_task(
-                agent_fanout([FanoutItem(workflow_id=other, steps=[quick])], settings)
-            )
-        )
-        await asyncio.sleep(1.0)
-        # b's message lands; its response is lost.
-        emu.faults.drop_response(1, method="POST", path="/messages")
-        assert await store.leases.release(slot_key(0), TEST_HOLDER)
-
-        await _until(
-            "b's message to land",
-            60,
-            lambda: any(e["chat_id"] == chat for e in emu.event_log(["turn_start"])[1:]),
-        )
-        left_out, other_out = await asyncio.wait_for(asyncio.gather(*runs), 120)
-    finally:
-        for task in runs:
-            if not task.done():
-                task.cancel()
-        await store.aclose()
+    left_out, other_out, _ = await left_and_other_after_a_lost_response(
+        emu, settings, store_url, tenant, b_runs_s=6.0
+    )
 
     # The case under test happened: b's answer was lost and its turn failed
     # transiently (retries 0), leaving its run live for recovery to follow.

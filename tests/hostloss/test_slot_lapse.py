@@ -18,41 +18,24 @@ the slot rows are read from the store (database clock).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
+from slot_env import chat_of, slot_row, start_fanout_child, until
 from support.prefect_blocks import save_settings
-from warm_python import Child, WarmPython
+from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import slot_key
-
-ROOT = Path(__file__).resolve().parents[2]
-
-_HOLDER = """
-import asyncio, json, sys
-from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.params import WorkflowSettings
-
-args = json.loads(sys.argv[1])
-items = [FanoutItem.model_validate(i) for i in args["items"]]
-asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
-"""
 
 
 async def _settings(
@@ -64,48 +47,6 @@ async def _settings(
     # The workflow lease lapses as fast as the slot: the waiter of the second test
     # must not wait for it either (it is taken over once the run is Crashed anyway).
     return await save_settings("lapse", capped, store_url, tenant=tenant, lease_ttl_s=ttl)
-
-
-async def _until(what: str, limit_s: float, check: Any) -> Any:
-    for _ in range(int(limit_s / 0.05)):
-        value = await check() if asyncio.iscoroutinefunction(check) else check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-async def _slot(store: StateStore) -> Any:
-    """The one slot row (cap 1), with the database clock's seconds left."""
-    now = sa.literal_column(
-        "((julianday('now') - 2440587.5) * 86400.0)"
-        if store.backend == "sqlite"
-        else "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
-    )
-    async with store.read() as conn:
-        return (
-            await conn.execute(
-                sa.select(lease_table, (lease_table.c.expires_at - now).label("left")).where(
-                    lease_table.c.tenant == store.tenant, lease_table.c.key == slot_key(0)
-                )
-            )
-        ).one_or_none()
-
-
-def _start_holder(
-    warm_python: WarmPython, items: list[FanoutItem], settings: WorkflowSettings
-) -> Child:
-    payload = json.dumps(
-        {
-            "items": [i.model_dump(mode="json") for i in items],
-            "settings": settings.model_dump(mode="json"),
-        }
-    )
-    return warm_python.start(["-c", _HOLDER, payload], env=dict(warm_python.env), cwd=ROOT)
-
-
-def _chat_of(emu: Emulator, workflow_id: str) -> str:
-    return next(c["id"] for c in emu.chats() if c["labels"].get(LABEL_WORKFLOW) == workflow_id)
 
 
 async def test_a_stalled_holders_lapsed_slot_waits_for_its_turn_to_end_server_side(
@@ -121,7 +62,7 @@ async def test_a_stalled_holders_lapsed_slot_waits_for_its_turn_to_end_server_si
     stalled_wf = f"stalled-{run}"
     long_turn = Step(name="s", prompt='work #emu {"sleep": 600, "text": "late"}')
     holder = await asyncio.to_thread(
-        _start_holder,
+        start_fanout_child,
         warm_python,
         [FanoutItem(workflow_id=stalled_wf, steps=[long_turn])],
         settings,
@@ -129,21 +70,21 @@ async def test_a_stalled_holders_lapsed_slot_waits_for_its_turn_to_end_server_si
     store = StateStore(postgres_url, tenant=tenant)
     waiter: asyncio.Task[Any] | None = None
     try:
-        await _until(
+        await until(
             "the holder's turn to run server-side",
             180,
             lambda: len(emu.event_log(["turn_start"])) == 1,
         )
         os.kill(holder.pid, signal.SIGSTOP)  # stalled: alive, but renews nothing
-        stalled_chat = _chat_of(emu, stalled_wf)
-        held = await _slot(store)
+        stalled_chat = chat_of(emu, stalled_wf)
+        held = await slot_row(store)
         assert held is not None and holder_workflow_id(held.holder) == stalled_wf
 
         async def lapsed() -> bool:
-            row = await _slot(store)
+            row = await slot_row(store)
             return row is not None and row.left < 0 and row.holder == held.holder
 
-        await _until("the stalled holder's slot to lapse", 60, lapsed)
+        await until("the stalled holder's slot to lapse", 60, lapsed)
         assert emu.chat(stalled_chat)["status"] == "running"
 
         with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
@@ -156,11 +97,11 @@ async def test_a_stalled_holders_lapsed_slot_waits_for_its_turn_to_end_server_si
                 said = " ".join(r.getMessage() for r in caplog.records)
                 return waiter.done() or f"chat {stalled_chat} is still running" in said
 
-            await _until("the waiter to judge the lapsed slot", 120, kept)
+            await until("the waiter to judge the lapsed slot", 120, kept)
             # Lapsed, and still not taken: the stalled holder's turn runs.
             assert not waiter.done()
             assert len(emu.event_log(["turn_start"])) == 1
-            row = await _slot(store)
+            row = await slot_row(store)
             assert row is not None and row.holder == held.holder
 
             # The stalled turn ends server-side (a sweep would interrupt it too): now
@@ -176,7 +117,7 @@ async def test_a_stalled_holders_lapsed_slot_waits_for_its_turn_to_end_server_si
         # The stalled holder wakes up: its renewal finds the slot taken (it does not
         # take it back), and it is stopped for good.
         os.kill(holder.pid, signal.SIGCONT)
-        taken = await _slot(store)
+        taken = await slot_row(store)
         assert taken is not None and taken.fence > held.fence
     finally:
         if waiter is not None and not waiter.done():
@@ -208,7 +149,10 @@ async def test_the_dead_holders_own_workflow_takes_its_slot_while_the_turn_runs(
     # Long enough that the recovery below is holding the slot before it ends.
     step = Step(name="s", prompt='work #emu {"sleep": 15, "text": "late"}')
     holder = await asyncio.to_thread(
-        _start_holder, warm_python, [FanoutItem(workflow_id=workflow_id, steps=[step])], settings
+        start_fanout_child,
+        warm_python,
+        [FanoutItem(workflow_id=workflow_id, steps=[step])],
+        settings,
     )
     store = StateStore(postgres_url, tenant=tenant)
     recovery: asyncio.Task[Any] | None = None
@@ -219,11 +163,11 @@ async def test_the_dead_holders_own_workflow_takes_its_slot_while_the_turn_runs(
                 await store.checkpoints.get(workflow_id) is not None
             )
 
-        await _until("the holder's turn to run, checkpointed", 180, running_and_checkpointed)
+        await until("the holder's turn to run, checkpointed", 180, running_and_checkpointed)
         holder.kill()  # SIGKILL: no release, no renewals
         assert (await holder.communicate(30)).returncode == -signal.SIGKILL
-        chat = _chat_of(emu, workflow_id)
-        dead = await _slot(store)
+        chat = chat_of(emu, workflow_id)
+        dead = await slot_row(store)
         assert dead is not None and dead.left > 0  # live for up to a minute more
         run_id = holder_run_id(dead.holder)
         assert run_id is not None
@@ -237,7 +181,7 @@ async def test_the_dead_holders_own_workflow_takes_its_slot_while_the_turn_runs(
             )
 
             async def slot_taken_while_running() -> bool:
-                row = await _slot(store)
+                row = await slot_row(store)
                 return (
                     row is not None
                     and row.holder != dead.holder
@@ -246,7 +190,7 @@ async def test_the_dead_holders_own_workflow_takes_its_slot_while_the_turn_runs(
 
             # Taken while the dead holder's turn still runs on the server: without the
             # same-workflow rule the recovery waited for that turn's end.
-            await _until("the recovery to take the slot", 60, slot_taken_while_running)
+            await until("the recovery to take the slot", 60, slot_taken_while_running)
             assert len(emu.event_log(["turn_start"])) == 1
             outcomes = await asyncio.wait_for(recovery, 120)
         assert [(o.ok, [r.text for r in o.results]) for o in outcomes] == [(True, ["late"])]

@@ -16,43 +16,28 @@ dead turn keeps its slot. Order facts from the emulator's event log and the slot
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
+from slot_env import slot_rows, start_fanout_child, until
 from support.prefect_blocks import save_settings
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import SLOT_PREFIX, slot_key
+from prefect_coder.flows.parts.turn_slot import SLOT_PREFIX
 
-ROOT = Path(__file__).resolve().parents[2]
 CAP = 2
 TTL = 60.0  # the dead slots' ttl: the test is over long before it could lapse
-
-_WORKER = """
-import asyncio, json, sys
-from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import WorkflowSettings
-
-args = json.loads(sys.argv[1])
-items = [FanoutItem.model_validate(i) for i in args["items"]]
-asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
-"""
 
 
 async def _settings(creds: CoderCredentials, store_url: str, tenant: str) -> WorkflowSettings:
@@ -60,27 +45,6 @@ async def _settings(creds: CoderCredentials, store_url: str, tenant: str) -> Wor
         update={"max_concurrent_turns": CAP, "turn_slot_wait": 120.0, "turn_slot_ttl": TTL}
     )
     return await save_settings("hl", capped, store_url, tenant=tenant)
-
-
-async def _until(what: str, limit_s: float, check: Any) -> Any:
-    for _ in range(int(limit_s / 0.05)):
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-async def _slot_rows(store: StateStore) -> dict[str, Any]:
-    """Every slot row by key, lapsed or not."""
-    async with store.read() as conn:
-        rows = await conn.execute(
-            sa.select(lease_table).where(
-                lease_table.c.tenant == store.tenant,
-                lease_table.c.key.in_([slot_key(i) for i in range(CAP)]),
-            )
-        )
-        return {str(r.key): r for r in rows}
 
 
 async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
@@ -96,23 +60,15 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
     # The dead worker's turns would run for 10 minutes server-side.
     long_turn = Step(name="s", prompt='work #emu {"sleep": 600, "text": "late"}')
     dead_items = [FanoutItem(workflow_id=f"dead-{run}-{i}", steps=[long_turn]) for i in range(2)]
-    payload = json.dumps(
-        {
-            "items": [i.model_dump(mode="json") for i in dead_items],
-            "settings": settings.model_dump(mode="json"),
-        }
-    )
     # The worker: a separate process forked from the session's warm process (its
     # environment: the session's Prefect server and result storage), so it does not
     # import Prefect again; it runs its flows in-process, so one SIGKILL kills it all.
-    worker = await asyncio.to_thread(
-        warm_python.start, ["-c", _WORKER, payload], env=dict(warm_python.env), cwd=ROOT
-    )
+    worker = await asyncio.to_thread(start_fanout_child, warm_python, dead_items, settings)
     store = StateStore(postgres_url, tenant=tenant)
     waiter: asyncio.Task[Any] | None = None
     quick = Step(name="s", prompt='work #emu {"text": "next"}')
     try:
-        started = await _until(
+        started = await until(
             "both of the worker's turns to run server-side",
             180,
             lambda: len(emu.event_log(["turn_start"])) == CAP,
@@ -122,7 +78,7 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
         assert (await worker.communicate(30)).returncode == -signal.SIGKILL
         workflow_of = {c["id"]: c["labels"][LABEL_WORKFLOW] for c in emu.chats()}
         chat_of = {wf: chat for chat, wf in workflow_of.items()}
-        dead = {str(k): r for k, r in (await _slot_rows(store)).items()}
+        dead = {str(k): r for k, r in (await slot_rows(store, CAP)).items()}
         assert len(dead) == CAP
         slot_of = {holder_workflow_id(r.holder): key for key, r in dead.items()}
         assert set(slot_of) == {i.workflow_id for i in dead_items}
@@ -151,10 +107,10 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
 
             # The waiters know the holder's run is over, and still keep off both slots:
             # the dead worker's turns run server-side.
-            await _until("the waiters to judge the dead slots", 180, kept_for_running_chats)
+            await until("the waiters to judge the dead slots", 180, kept_for_running_chats)
             assert not waiter.done()
             assert len(emu.event_log(["turn_start"])) == CAP
-            assert {r.holder for r in (await _slot_rows(store)).values()} == {
+            assert {r.holder for r in (await slot_rows(store, CAP)).values()} == {
                 r.holder for r in dead.values()
             }
 
@@ -169,7 +125,7 @@ async def test_dead_workers_slots_are_taken_over_as_their_turns_end_server_side(
         index = slot_of[ended].removeprefix(SLOT_PREFIX)
         said = f"turn slot {index} taken over from {dead[slot_of[ended]].holder}"
         assert any(said in r.getMessage() for r in caplog.records)
-        rows = await _slot_rows(store)
+        rows = await slot_rows(store, CAP)
     finally:
         if waiter is not None and not waiter.done():
             waiter.cancel()
