@@ -43,53 +43,53 @@ from warm_python import WarmPython
 pytest_plugins = ["coder_chat.emulator.pytest_plugin", "support.cpu_report"]
 
 
-# Wall seconds each heavy file keeps one process busy (measured one directory at a
-# time on the 2-core machine at load 3-8, 2026-12-01, session start-up left out).
-# Under pytest-xdist (scripts/test's main pass, ``--dist loadfile
-# --no-loadscope-reorder``) files are handed to the workers in collection order;
-# the heaviest go first, so the run does not end with one worker alone on a long
-# file while the other idles (longest-first scheduling). A file not listed counts
-# as light and keeps its place after these. Only the order changes, never what runs.
+# Wall seconds each heavy file keeps one xdist worker busy, from the timeline of a full
+# ``scripts/test`` run (CODER_TEST_TIMELINE, 2026-12-01 21:11, load 2-6; a worker's
+# first file also carries its session start-up: PostgreSQL, the Prefect test server,
+# the warm process). Under pytest-xdist (scripts/test's main pass, ``--dist loadfile
+# --no-loadscope-reorder``) files are handed to the workers in collection order; the
+# heaviest go first, so the run does not end with one worker alone on a long file
+# while the other idles (longest-first scheduling; in that run the two workers' last
+# tests ended 0.1 s apart). A file not listed (< 8 s there) counts as light and keeps
+# its place after these. Only the order changes, never what runs. ``.ci/run`` prints
+# the timeline of every CI run: refresh these from it when files grow or move.
 _HEAVY_FILES = {
-    # The crash matrix, one batch per recovery mode (was one file of 190 s: one worker
-    # ran it alone while the other had finished; split 2026-12-01, issue 12).
-    "tests/recovery/test_crash_matrix_recover_turn.py": 110,
-    "tests/recovery/test_crash_matrix.py": 95,
-    "tests/recovery/test_crash_followups.py": 115,
-    "tests/fanout/test_fanout_workers.py": 110,
-    "tests/sweeps/test_crash_and_concurrency.py": 95,
-    "tests/fanout/test_fanout_per_workflow.py": 110,
-    "tests/fanout/test_shard_parallel.py": 90,
-    "tests/fanout/test_fanout_rerun.py": 90,
-    "tests/approvals/test_approvals.py": 80,
-    "tests/chaos/test_chaos.py": 75,
-    "tests/recovery/test_crashed_trigger.py": 73,
-    "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 68,
-    "tests/fanout/test_fanout_lean.py": 50,
-    "tests/fleet/test_fleet.py": 45,
-    "tests/hostloss/test_slot_lapse.py": 40,
-    "tests/hostloss/test_hostile_slot_abandon_probe.py": 40,
-    "tests/recovery/test_crash_property.py": 43,
-    "tests/recovery/test_lost_and_archived.py": 41,
-    "tests/fleet/test_capacity.py": 38,
-    "tests/recovery/test_lost_response_live.py": 38,
-    "tests/recovery/test_structured_recovery.py": 36,
-    "tests/model_steps/test_model_step_flow.py": 33,
-    "tests/sweeps/test_orphan_sweep.py": 31,
-    "tests/recovery/test_turn_recovery.py": 30,
-    "tests/recovery/test_core_decisions.py": 29,
-    "tests/recovery/test_recover_turn_flow.py": 26,
-    "tests/hostloss/test_zombie.py": 22,
-    "tests/sweeps/test_stuck_sweep.py": 18,
+    "tests/fanout/test_fanout_per_workflow.py": 134,
+    "tests/recovery/test_crash_matrix_recover_turn.py": 126,
+    "tests/fanout/test_fanout_workers.py": 126,
+    "tests/recovery/test_crash_followups.py": 108,
+    "tests/fanout/test_fanout_rerun.py": 64,
+    "tests/recovery/test_crash_matrix.py": 54,
+    "tests/recovery/test_crashed_trigger.py": 51,
+    "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 49,
+    "tests/chaos/test_chaos.py": 49,
+    "tests/approvals/test_approvals.py": 46,
+    "tests/fleet/test_fleet.py": 40,
+    "tests/fanout/test_shard_parallel.py": 38,
+    "tests/hostloss/test_slot_lapse.py": 27,
+    "tests/hostloss/test_zombie.py": 24,
+    "tests/recovery/test_lost_and_archived.py": 23,
+    "tests/sweeps/test_stuck_sweep.py": 22,
+    "tests/sweeps/test_orphan_sweep.py": 20,
+    "tests/recovery/test_lost_response_live.py": 20,
+    "tests/sweeps/test_crash_and_concurrency.py": 18,
+    "tests/recovery/test_turn_recovery.py": 17,
+    "tests/recovery/test_crash_property.py": 16,
     "tests/flows/test_transient_failures.py": 15,
-    "tests/sweeps/test_deployments.py": 14,
-    "tests/recovery/test_recovered_result_fields.py": 14,
-    "tests/flows/test_turn_exits.py": 12,
-    "tests/flows/test_single_flight.py": 10,
-    # Forked holders since issue 12 (fresh interpreters before: 37 and 11 s). Estimates
-    # scaled down: measured at load 9-19 only (17 and 14 s there, 158 and 69 s before).
-    "tests/hostloss/test_takeover.py": 8,
-    "tests/hostloss/test_recover_turn_lease.py": 7,
+    "tests/flows/test_workflow.py": 14,
+    "tests/hostloss/test_takeover.py": 14,
+    "tests/recovery/test_window_past_deadline.py": 14,
+    "tests/recovery/test_structured_recovery.py": 13,
+    "tests/hostloss/test_hostile_slot_abandon_probe.py": 11,
+    "tests/flows/test_turn_exits.py": 11,
+    "tests/model_steps/test_model_step_flow.py": 11,
+    "tests/fanout/test_hostile_concurrent_reruns.py": 11,
+    "tests/hostloss/test_hostile_slot_release.py": 10,
+    "tests/recovery/test_recover_turn_flow.py": 9,
+    "tests/emulator/test_cli.py": 9,
+    "tests/fleet/test_fanout_in_process.py": 9,
+    "tests/client/test_agent_faults.py": 9,
+    "tests/recovery/test_inflight_send.py": 8,
 }
 
 
