@@ -269,7 +269,13 @@ class Leases:
         return None if row is None else _row(row)
 
     async def take_over(
-        self, key: str, expected_holder: str, new_holder: str, ttl: float
+        self,
+        key: str,
+        expected_holder: str,
+        new_holder: str,
+        ttl: float,
+        *,
+        lapsed_only: bool = False,
     ) -> Lease | None:
         """Take the lease from ``expected_holder`` now, live or not; None if it moved on.
 
@@ -278,15 +284,20 @@ class Leases:
         both win (the loser sees None), and a holder that re-entered meanwhile under
         another id is not robbed. The fence grows, like any takeover. Call it only
         when the holder is known to be gone (e.g. its Prefect run is Crashed): a live
-        holder loses the lease at its next renewal.
+        holder loses the lease at its next renewal. ``lapsed_only``: only while the
+        lease is lapsed (not released, not renewed since): a holder judged by its lapse
+        that renewed in between keeps it.
         """
         _check_ttl(ttl)
         if not key or not expected_holder or not new_holder:
             raise ValueError("key, expected_holder and new_holder: all required and non-empty")
         now = self._ops.now()
+        where = [t.c.tenant == self._ops.tenant, t.c.key == key, t.c.holder == expected_holder]
+        if lapsed_only:
+            where += [t.c.expires_at <= now, t.c.expires_at != RELEASED]
         stmt = (
             sa.update(t)
-            .where(t.c.tenant == self._ops.tenant, t.c.key == key, t.c.holder == expected_holder)
+            .where(*where)
             .values(holder=new_holder, fence=t.c.fence + 1, acquired_at=now, expires_at=now + ttl)
             .returning(*t.c)
         )

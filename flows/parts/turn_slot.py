@@ -225,8 +225,12 @@ class _Claimer:
                 unknown_after=self.ttl - -held[i][1],
             )
             if verdict.take:
-                # Atomic: the acquire only takes a row that is still lapsed.
-                if await store.leases.acquire(slot_key(i), self.holder, self.ttl) is not None:
+                # Compare-and-set: only the lapsed row of the holder just judged (a waiter
+                # stalled after judging must not take another holder's row).
+                got = await store.leases.take_over(
+                    slot_key(i), other, self.holder, self.ttl, lapsed_only=True
+                )
+                if got is not None:
                     self._taken(i, other, verdict, -held[i][1], lapsed=True)
                     return i
             else:
@@ -287,10 +291,9 @@ class _Claimer:
         )
         if not verdict.take:
             return None
-        if lapsed:
-            got = await store.leases.acquire(slot_key(i), self.holder, self.ttl)
-        else:
-            got = await store.leases.take_over(slot_key(i), other, self.holder, self.ttl)
+        got = await store.leases.take_over(
+            slot_key(i), other, self.holder, self.ttl, lapsed_only=lapsed
+        )
         if got is None:
             return None
         self._taken(i, other, verdict, -left if lapsed else left, lapsed=lapsed)

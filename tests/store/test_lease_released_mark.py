@@ -59,3 +59,20 @@ async def test_abandon_lets_the_lease_lapse_now_without_releasing_it(store: Stat
     assert await store.leases.acquire("slot:2", "C", ttl=5, released_only=True) is None
     taken = await store.leases.acquire("slot:2", "C", ttl=5)
     assert taken is not None and taken.fence == 2
+
+
+async def test_take_over_lapsed_only_needs_the_judged_holders_lapsed_row(
+    store: StateStore,
+) -> None:
+    assert await store.leases.acquire("slot:3", "A", ttl=30) is not None
+    # Live: not taken with lapsed_only (A renewed, or never lapsed).
+    assert await store.leases.take_over("slot:3", "A", "W", ttl=5, lapsed_only=True) is None
+    assert await store.leases.abandon("slot:3", "A") is True
+    # Another holder's row is not taken by a CAS on A …
+    assert await store.leases.take_over("slot:3", "B", "W", ttl=5, lapsed_only=True) is None
+    # … A's lapsed row is.
+    got = await store.leases.take_over("slot:3", "A", "W", ttl=5, lapsed_only=True)
+    assert got is not None and (got.holder, got.fence) == ("W", 2)
+    # Released rows are free, not lapsed: a plain acquire takes them, this does not.
+    assert await store.leases.release("slot:3", "W") is True
+    assert await store.leases.take_over("slot:3", "W", "X", ttl=5, lapsed_only=True) is None
