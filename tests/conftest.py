@@ -239,8 +239,9 @@ class PrefectHarness:
     database_url: str
 
 
-def _create_database(admin_url: str, name: str) -> str:
-    """Create database ``name`` in the cluster of ``admin_url``; its URL (same dialect)."""
+def _create_database(admin_url: str, name: str, replace: bool = False) -> str:
+    """Create database ``name`` in the cluster of ``admin_url`` (dropping it first if
+    ``replace``); its URL (same dialect)."""
     import asyncio
 
     import asyncpg  # type: ignore[import-untyped]
@@ -253,12 +254,74 @@ def _create_database(admin_url: str, name: str) -> str:
             host=url.host, port=url.port, user=url.username, database=url.database
         )
         try:
+            if replace:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
             await conn.execute(f'CREATE DATABASE "{name}"')
         finally:
             await conn.close()
 
     asyncio.run(create())
     return url.set(database=name).render_as_string(hide_password=False)
+
+
+def _server_db_cache() -> Path:
+    """Where a started Prefect server's database is kept between sessions (issue 12).
+
+    A Prefect server's first start on an empty database runs ~200 migrations and
+    registers its block types: ~6 of its ~16 CPU-s of start-up, paid by every pytest
+    session (each xdist worker has its own cluster). A plain SQL dump of that database
+    right after the first healthy start, restored into the next session's fresh
+    database, lets the server find its schema at head. Keyed by the Prefect version and
+    the PostgreSQL major version, in the virtualenv (thrown away with it); a dump that
+    does not restore is ignored and the server migrates as before.
+    """
+    import prefect
+
+    major = _pg_bindir().parent.name
+    return (
+        Path(sys.prefix)
+        / ".prefect-coder-test-cache"
+        / f"server-{prefect.__version__}-pg{major}.sql"
+    )
+
+
+def _restore_server_db(database_url: str) -> bool | None:
+    """Load the cached dump into the (fresh) database of ``database_url``: True if done,
+    None without a dump, False if the restore failed part-way."""
+    from sqlalchemy.engine import make_url
+
+    dump = _server_db_cache()
+    if not dump.is_file():
+        return None
+    url = make_url(database_url)
+    done = subprocess.run(
+        [str(_pg_bindir() / "psql"), "-q", "-X", "-v", "ON_ERROR_STOP=1", "-h", str(url.host),
+         "-p", str(url.port), "-U", str(url.username), "-d", str(url.database), "-f", str(dump)],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    return done.returncode == 0
+
+
+def _save_server_db(database_url: str) -> None:
+    """Dump the started server's database for the next session (atomically: xdist workers
+    and side-by-side passes may write it at once)."""
+    from sqlalchemy.engine import make_url
+
+    dump = _server_db_cache()
+    url = make_url(database_url)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        dump.parent.mkdir(parents=True, exist_ok=True)
+        part = dump.with_name(f"{dump.name}.{os.getpid()}.part")
+        done = subprocess.run(
+            [str(_pg_bindir() / "pg_dump"), "--no-owner", "--no-privileges", "-h",
+             str(url.host), "-p", str(url.port), "-U", str(url.username), "-f", str(part),
+             str(url.database)],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        if done.returncode == 0:
+            part.replace(dump)
+        else:
+            part.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -379,6 +442,11 @@ def prefect_harness(
 
     results = tmp_path_factory.mktemp("prefect-results")
     database = _create_database(postgres_url, "prefect_server")
+    restored = _restore_server_db(database)
+    if restored is False:
+        # A partial restore leaves tables the migrations would trip over: start empty.
+        database = _create_database(postgres_url, "prefect_server", replace=True)
+    save_after_start = not restored
     with temporary_settings(
         updates={
             PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
@@ -396,6 +464,8 @@ def prefect_harness(
     ):
         # Generous: the server migrates a fresh schema at start, slow on a loaded machine.
         with _prefect_test_server(database, startup_timeout=300) as api_url:
+            if save_after_start:
+                _save_server_db(database)
             yield PrefectHarness(api_url, results, database)
             EventsWorker.drain_all(timeout=10)
             APILogWorker.drain_all(timeout=10)
