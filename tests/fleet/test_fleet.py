@@ -7,10 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +19,7 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 from support.prefect_blocks import emulator_credentials, save_settings
+from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, StateStore
@@ -165,34 +163,42 @@ from prefect_coder.flows.parts.turn_slot import turn_slot
 async def main():
     store = StateStore(sys.argv[1])
     async with turn_slot(store, 1, wait=5, ttl=float(sys.argv[2])):
-        print("HELD", flush=True)
+        with open(sys.argv[3], "w") as mark:
+            mark.write("HELD")
         await asyncio.sleep(3600)
 
 asyncio.run(main())
 """
 
 
-def _start_holder(store_url: str, ttl: float) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_LOGGING_LEVEL="WARNING")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, store_url, str(ttl)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "HELD"
-    return proc
+async def _start_holder(warm: WarmPython, store_url: str, ttl: float, mark: Path) -> Child:
+    """The holder: a separate process (own pid, killed for real) forked from the
+    session's warm process, so it does not import Prefect and the flows again (~4 CPU-s
+    a fresh interpreter). Returns once it holds the slot."""
+    argv = ["-c", _HOLDER, store_url, str(ttl), str(mark)]
+    child = await asyncio.to_thread(warm.start, argv, env=dict(warm.env), cwd=ROOT)
+
+    def held() -> bool:
+        return mark.exists()
+
+    for _ in range(2400):  # bounded: 2 min on a loaded machine
+        if held() or child.poll() is not None:
+            break
+        await asyncio.sleep(0.05)
+    if not held():
+        child.kill()
+        done = await child.communicate(30)
+        raise AssertionError(f"the holder took no slot (rc {done.returncode}): {done.stderr}")
+    return child
 
 
 async def test_crashed_holder_blocks_the_cap_at_most_its_lease(
-    store_url: str, caplog: pytest.LogCaptureFixture
+    warm_python: WarmPython, store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     ttl = 2.0
-    proc = await asyncio.to_thread(_start_holder, store_url, ttl)
-    os.kill(proc.pid, signal.SIGKILL)  # a real crash: no release, no more renewals
-    proc.wait()
+    proc = await _start_holder(warm_python, store_url, ttl, tmp_path / "held")
+    proc.kill()  # a real crash (SIGKILL): no release, no more renewals
+    assert (await proc.communicate(30)).returncode == -signal.SIGKILL
     store = StateStore(store_url)
     try:
         assert await busy_slots(store, 1) == {0}
@@ -254,10 +260,16 @@ async def test_a_workflow_past_its_slot_wait_fails_clearly(
 
 
 _FANOUT_CHILD = """
-import asyncio, json, sys
+import asyncio, json, logging, sys
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.parts.params import WorkflowSettings
 
+# The turns' INFO lines ("waiting for a turn slot") into a file the test reads while
+# this runs. The level is set here, at run time: a PREFECT_LOGGING_LEVEL of its own
+# would make the warm process start a fresh interpreter (a second Prefect import).
+runs = logging.getLogger("prefect.task_runs")
+runs.setLevel(logging.INFO)
+runs.addHandler(logging.FileHandler(sys.argv[2]))
 args = json.loads(sys.argv[1])
 items = [FanoutItem.model_validate(i) for i in args["items"]]
 outcomes = asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
@@ -266,7 +278,7 @@ print("OK", sum(o.ok for o in outcomes), flush=True)
 
 
 async def test_cap_holds_across_worker_processes(
-    prefect_harness: Any, emu: Emulator, store_url: str, tmp_path: Path
+    warm_python: WarmPython, emu: Emulator, store_url: str, tmp_path: Path
 ) -> None:
     # Two processes (this one and a child, like two workers) share the store and the
     # cap of 3. This process first holds all three slots; the child's turns queue behind
@@ -279,52 +291,46 @@ async def test_cap_holds_across_worker_processes(
         FanoutItem(workflow_id=f"p1-{run}-{i}", steps=[_step("s", 0.1)]).model_dump(mode="json")
         for i in range(9)
     ]
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        PREFECT_API_URL=str(prefect_harness.api_url),
-        PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(prefect_harness.results_dir),
-        PREFECT_LOGGING_LEVEL="INFO",  # the "waiting for a turn slot" line
-    )
     payload = json.dumps({"items": theirs, "settings": settings.model_dump(mode="json")})
-    out_path, err_path = tmp_path / "child.out", tmp_path / "child.err"
+    said = tmp_path / "child-turns.log"  # the child's turns' INFO lines
 
     def child_waits() -> bool:
-        return any(
-            "waiting for a turn slot" in p.read_text(errors="replace")
-            for p in (out_path, err_path)
-            if p.exists()
-        )
+        return said.exists() and "waiting for a turn slot" in said.read_text(errors="replace")
 
     store = StateStore(store_url)
-    child: asyncio.subprocess.Process | None = None
+    child: Child | None = None
     try:
         async with contextlib.AsyncExitStack() as held:
             for _ in range(3):
                 await held.enter_async_context(turn_slot(store, 3, wait=10, ttl=30))
-            with out_path.open("wb") as out, err_path.open("wb") as err:
-                child = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _FANOUT_CHILD, payload, cwd=ROOT, env=env,
-                    stdout=out, stderr=err,
-                )  # fmt: skip
+            # A separate process forked from the session's warm process (no second
+            # import of Prefect and the flows).
+            child = await asyncio.to_thread(
+                warm_python.start,
+                ["-c", _FANOUT_CHILD, payload, str(said)],
+                env=dict(warm_python.env),
+                cwd=ROOT,
+            )
             ours = asyncio.create_task(agent_fanout(mine, settings))
             for _ in range(1800):  # bounded: 3 min for the child to start and wait
-                if child_waits() or child.returncode is not None:
+                if child_waits() or child.poll() is not None:
                     break
                 await asyncio.sleep(0.1)
-            assert child_waits(), err_path.read_text(errors="replace")[-2000:]
+            if not child_waits():
+                child.kill()
+                raise AssertionError((await child.communicate(30)).stderr[-2000:])
             # The slots this process holds kept the other process's turns out.
             assert emu.event_log(["turn_start"]) == []
             released = time.monotonic()
         outcomes = await asyncio.wait_for(ours, 120)
-        await asyncio.wait_for(child.wait(), 120)
+        done = await child.communicate(120)
     finally:
-        if child is not None and child.returncode is None:
+        if child is not None and child.poll() is None:
             child.kill()
-            await child.wait()
+            await child.communicate(30)
         await store.aclose()
-    assert child.returncode == 0, err_path.read_text(errors="replace")[-2000:]
-    assert "OK 9" in out_path.read_text().splitlines()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "OK 9" in done.stdout.splitlines()
     assert all(o.ok for o in outcomes)
     starts = emu.event_log(["turn_start"])
     assert len(starts) == 15
