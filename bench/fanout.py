@@ -240,6 +240,49 @@ class _GcClock:
             self.n[gen] += 1
 
 
+def _thread_cpu() -> dict[int, tuple[str, float, float]]:
+    """CPU seconds (user, system) of each live thread of this process, by native id,
+    with its Python thread name (digits dropped: a pool's threads share one group)."""
+    import re
+    import threading
+
+    names = {t.native_id: re.sub(r"[-_]?\d+", "", t.name) for t in threading.enumerate()}
+    main = threading.main_thread().native_id
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float, float]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        name = "main (event loop)" if tid == main else names.get(tid, "other")
+        out[tid] = (name, int(fields[11]) / tick, int(fields[12]) / tick)
+    return out
+
+
+def _thread_cpu_delta(
+    before: dict[int, tuple[str, float, float]],
+    after: dict[int, tuple[str, float, float]],
+    turns: int,
+) -> str:
+    """ms of CPU per turn by thread group (and of it system time) between two
+    :func:`_thread_cpu` readings (threads that ended in between are missing: their
+    CPU is in the process total)."""
+    groups: dict[str, list[float]] = {}
+    for tid, (name, user, system) in after.items():
+        _, user0, system0 = before.get(tid, (name, 0.0, 0.0))
+        g = groups.setdefault(name, [0.0, 0.0])
+        g[0] += user - user0 + system - system0
+        g[1] += system - system0
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    return ", ".join(
+        f"{k} {v[0] / turns * 1000:.1f} (sys {v[1] / turns * 1000:.1f})"
+        for k, v in ranked
+        if v[0] > 0
+    )
+
+
 def _rss_kib() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -298,8 +341,14 @@ async def _in_process(
     store: str,
     *,
     trace: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
-    """One fan-out of ``n`` workflows in this process; the numbers of this process."""
+    """One fan-out of ``n`` workflows in this process; the numbers of this process.
+
+    ``profile``: cProfile the event loop's thread during the fan-out, timed by that
+    thread's CPU clock (py-spy's on-CPU shares count a runnable thread waiting for a
+    core of a loaded machine as busy, which overweights system calls); the stats go
+    to that path. Its overhead roughly doubles the loop's CPU: read shares."""
     name = uuid.uuid4().hex[:8]
     settings = await _settings(fleet, _store_url(fleet, store, name), cap)
     items = _items(f"b-{name}", n, steps, turn_s)
@@ -320,19 +369,31 @@ async def _in_process(
     emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
     gc_clock = _GcClock()
     gc.callbacks.append(gc_clock)
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile(time.thread_time)
+    threads0 = _thread_cpu()
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     try:
+        if profiler is not None:
+            profiler.enable()
         outcomes = await agent_fanout(
             items, settings, max_parallel=max(64, 2 * cap), fail_on_error=False
         )
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
         gc.callbacks.remove(gc_clock)
         sampler.cancel()
         if trace is not None:
             await snap
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    threads1 = _thread_cpu()
     emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
     srv_cpu = process_cpu_s(fleet.server_pid) - srv0
     # The server goes on recording the fan-out's events after it returned: its CPU
@@ -361,6 +422,7 @@ async def _in_process(
         "cpu_ms_per_turn": cpu / turns * 1000,
         "gc_ms_per_turn": sum(gc_clock.s) / turns * 1000,
         "gc": ", ".join(f"gen{g} {gc_clock.n[g]}x {gc_clock.s[g] * 1000:.0f} ms" for g in range(3)),
+        "threads": _thread_cpu_delta(threads0, threads1, turns),
         "emu_ms_per_turn": emu_cpu / turns * 1000,
         "server_ms_per_turn": srv_cpu / turns * 1000,
         "server_settled_ms_per_turn": srv_cpu_settled / turns * 1000,
@@ -382,6 +444,7 @@ def _print_in_process(r: dict[str, Any], steps: int) -> None:
         f"server peak {r['server_peak']} running turns; load {r['load']}",
         flush=True,
     )
+    print(f"cap {r['cap']:>3}: worker CPU ms/turn by thread: {r['threads']}", flush=True)
     print(
         f"cap {r['cap']:>3}: Prefect server CPU until its tables settled "
         f"{r['server_settled_ms_per_turn']:.0f} ms/turn; what it stored per turn: "
@@ -395,8 +458,12 @@ async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
     # warm-up: imports, the store's schema, the first flow run, the server's caches
     await _in_process(fleet, 5, 5, 1, args.turn_s, args.store)
     results = []
-    for cap in [int(c) for c in args.caps.split(",") if c]:
-        r = await _in_process(fleet, cap, args.workflows, args.steps, args.turn_s, args.store)
+    caps = [int(c) for c in args.caps.split(",") if c]
+    for i, cap in enumerate(caps):
+        profile = args.cprofile if i == len(caps) - 1 else None
+        r = await _in_process(
+            fleet, cap, args.workflows, args.steps, args.turn_s, args.store, profile=profile
+        )
         results.append(r)
         _print_in_process(r, args.steps)
     if results:
@@ -986,6 +1053,12 @@ def main() -> None:
         "--tracemalloc",
         action="store_true",
         help="after the memory phase: the Python heap per open turn by source file",
+    )
+    p.add_argument(
+        "--cprofile",
+        metavar="PATH",
+        help="cProfile the event loop's thread (its CPU clock) during the last cap's "
+        "fan-out; pstats written to PATH",
     )
     p.add_argument("--gcl-rounds", type=int, default=10)
     p.add_argument("--workers-mode", action="store_true", help="1 vs 2 process workers")

@@ -51,6 +51,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 from pydantic import SecretStr
+from websockets.proxy import get_proxy
+from websockets.uri import parse_uri
 
 from coder_chat.errors import (
     IDEMPOTENT_METHODS,
@@ -147,6 +149,7 @@ class ChatClient:
             headers={"User-Agent": _USER_AGENT},
         )
         self._closed = False
+        self._ws_proxies: dict[tuple[str, str], str | None] = {}
 
     # ------------------------------------------------------------------ basics
 
@@ -218,6 +221,19 @@ class ChatClient:
         raise TypeError(
             "ChatClient holds a live connection pool and a secret; it cannot be pickled"
         )
+
+    def ws_proxy(self, url: str) -> str | None:
+        """The proxy for a WebSocket dial to ``url``, or None: websockets' own choice
+        from the environment (``wss_proxy`` / ``https_proxy`` / ``socks_proxy`` …,
+        ``no_proxy``), looked up once per scheme and host for this client — as its REST
+        pool read the environment once, when it was built. Looked up on every dial, it
+        walked the whole environment twice per turn (≈ 1.7 % of a fan-out worker's
+        loop; docs/performance.md, round 9)."""
+        parts = urlsplit(url)
+        key = (parts.scheme, parts.netloc)
+        if key not in self._ws_proxies:
+            self._ws_proxies[key] = get_proxy(parse_uri(url))
+        return self._ws_proxies[key]
 
     def auth_headers(self) -> dict[str, str]:
         """Headers for the WebSocket upgrade. Hand straight to the socket; never log."""

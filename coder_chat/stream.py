@@ -622,6 +622,8 @@ async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConn
         ssl=client.ssl_context if url.startswith("wss://") else None,
         logger=_WS_LOGGER,
         compression=None,
+        # The environment's proxy for this host, read once per client (not per dial).
+        proxy=client.ws_proxy(url),
     )
 
 

@@ -69,20 +69,31 @@ def _install_sqlite_hooks(engine: sa.Engine, busy_timeout_ms: int) -> None:
         # BEGIN IMMEDIATE takes the write lock at the start: a read-then-write
         # transaction can then never fail on lock upgrade (SQLITE_BUSY without
         # waiting), and concurrent writers queue on busy_timeout instead.
-        if conn.get_execution_options().get(_WRITE_OPTION):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            conn.exec_driver_sql("BEGIN")
+        statement = "BEGIN IMMEDIATE" if conn.info.get(_WRITE_OPTION) else "BEGIN"
+        # On the driver's connection itself: through exec_driver_sql every transaction
+        # also built (and threw away) a cursor result, and reading the flag from the
+        # execution options copied them — together about a quarter of a worker
+        # thread's CPU per store call (docs/performance.md, round 9). Errors come out
+        # as SQLAlchemy's, as they did.
+        try:
+            conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+        except sqlite3.Error as exc:
+            raise sa.exc.DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
+
+
+def _begin_write(conn: sa.Connection) -> None:
+    conn.info[_WRITE_OPTION] = True
+    conn.begin()
+
+
+def _begin_read(conn: sa.Connection) -> None:
+    conn.info[_WRITE_OPTION] = False
+    conn.begin()
 
 
 def sqlite_begin(write: bool) -> Callable[[sa.Connection], None]:
     """Start a (write: ``BEGIN IMMEDIATE``) transaction on a worker's connection."""
-
-    def begin(conn: sa.Connection) -> None:
-        conn.execution_options(**{_WRITE_OPTION: write})
-        conn.begin()
-
-    return begin
+    return _begin_write if write else _begin_read
 
 
 def _open_anchor(path: str, timeout: float) -> None:

@@ -14,7 +14,9 @@ groups several writes into one. The schema is created on first use.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
@@ -39,6 +41,11 @@ T = TypeVar("T")
 
 # (pid, engine cache key) pairs whose schema this process has already ensured.
 _schema_ready: set[tuple[int, str]] = set()
+# One schema check at a time per loop and store: the callers that arrive meanwhile wait
+# for it and then find the schema ready (asyncio locks belong to one loop).
+_schema_locks: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[int, str], asyncio.Lock]
+] = weakref.WeakKeyDictionary()
 
 
 class _TxOps:
@@ -205,9 +212,20 @@ class StateStore:
         marker = (os.getpid(), self._cache_key)
         if marker in _schema_ready:
             return
-        async with self._transaction(write=True) as conn:
-            await ensure_schema(conn, self.now())
-        _schema_ready.add(marker)
+        # Single-flight: a fan-out's workflows all make their first store call at once,
+        # and each ran its own check (a write transaction: CREATE TABLE IF NOT EXISTS
+        # for six tables, the version row) before the first marked the schema ready —
+        # one serialised write transaction per workflow in a fresh worker process, e.g.
+        # every agent-fanout-shard run (docs/performance.md, round 9).
+        lock = _schema_locks.setdefault(asyncio.get_running_loop(), {}).setdefault(
+            marker, asyncio.Lock()
+        )
+        async with lock:
+            if marker in _schema_ready:
+                return
+            async with self._transaction(write=True) as conn:
+                await ensure_schema(conn, self.now())
+            _schema_ready.add(marker)
 
     @asynccontextmanager
     async def _tx(self, write: bool) -> AsyncIterator[StoreConnection]:

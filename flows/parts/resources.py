@@ -34,6 +34,7 @@ from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParamete
 from prefect_coder.flows.parts.holders import holder_run_over, run_holder
 from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
+from prefect_coder.flows.parts.turn_finish_log import quiet_routine_turn_finish
 
 __all__ = [
     "FREEZE_ENV",
@@ -166,8 +167,11 @@ def freeze_startup_heap() -> bool:
 
 async def load_resources(settings: WorkflowSettings) -> TurnResources:
     """Credentials and store for a workflow run (the first load of a process freezes
-    its start-up heap: :func:`freeze_startup_heap`)."""
+    its start-up heap: :func:`freeze_startup_heap`, and drops Prefect's routine
+    "Finished in state Completed()" line of its turns:
+    :func:`~prefect_coder.flows.parts.turn_finish_log.quiet_routine_turn_finish`)."""
     freeze_startup_heap()
+    quiet_routine_turn_finish()
     return TurnResources(await load_credentials(settings), await load_store(settings))
 
 
