@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos_invariants import LIVE, Evidence, Violation, check
 from chaos_schedule import TEMPLATES, Phase, Schedule, SweepRun, Timed
@@ -33,6 +33,9 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.sweep_options import SweepOptions
+
+if TYPE_CHECKING:
+    from warm_python import WarmPython
 
 __all__ = ["Outcome", "Rig", "open_rig", "process_env", "run_schedule"]
 
@@ -120,9 +123,19 @@ def process_env(payments: Payments) -> Iterator[None]:
                 os.environ[k] = v
 
 
-async def _start_fork_server(env: dict[str, str], workdir: Path) -> ForkServer:
-    """The warm fork server; on a heavily loaded machine its import can outlast the
-    60 s ready bound, so a slow start is retried (the slow one is stopped first)."""
+async def _start_fork_server(
+    env: dict[str, str], workdir: Path, warm: WarmPython | None
+) -> ForkServer:
+    """The fork server: on ``warm`` (the test session's warm process) when its
+    ``PREFECT_*`` environment is ``env``'s — the children fork from it and no second
+    interpreter imports Prefect (~4.5 CPU-s and, on a loaded machine, tens of seconds
+    of wall) — else on a warm process of its own. On a heavily loaded machine an own
+    process's import can outlast the 60 s ready bound, so a slow start is retried (the
+    slow one is stopped first)."""
+    if warm is not None and warm.would_fork(env):
+        fork = ForkServer(env, workdir / "chaos-children.log", warm)
+        await fork.start(ready_s=300)
+        return fork
     for attempt in range(1, 4):
         fork = ForkServer(env, workdir / f"chaos-children-{attempt}.log")
         try:
@@ -137,15 +150,15 @@ async def _start_fork_server(env: dict[str, str], workdir: Path) -> ForkServer:
 
 @contextlib.asynccontextmanager
 async def open_rig(
-    child_env: dict[str, str], workdir: Path, payments: Payments
+    child_env: dict[str, str], workdir: Path, payments: Payments, warm: WarmPython | None = None
 ) -> AsyncIterator[Rig]:
-    """Start an emulator and a fork server of their own; learn the fault-free text
-    of every catalog step. Call inside :func:`process_env` of ``payments``;
-    ``workdir`` must exist."""
+    """Start an emulator and a fork server of their own (its children forked from
+    ``warm`` when given and compatible); learn the fault-free text of every catalog
+    step. Call inside :func:`process_env` of ``payments``; ``workdir`` must exist."""
     token = f"tok-chaos-{uuid.uuid4().hex}"
     with Emulator.running_in_thread(tokens=[token], delta_delay=0.0, log_requests=False) as emu:
         fork = await _start_fork_server(
-            env_for_children({**child_env, **FAST_ENV}, payments.url), workdir
+            env_for_children({**child_env, **FAST_ENV}, payments.url), workdir, warm
         )
         try:
             block = f"chaos-coder-{uuid.uuid4().hex[:8]}"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from warm_python import WarmPython
 
 HERE = Path(__file__).resolve().parent
 RECOVERY = HERE.parent / "recovery"
@@ -26,8 +27,13 @@ from recovery_env import PrefectEnv  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-async def rig(prefect_harness: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
+async def rig(
+    prefect_harness: Any, warm_python: WarmPython, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Rig]:
     env = PrefectEnv(prefect_harness.api_url, prefect_harness.results_dir)
+    workdir = tmp_path_factory.mktemp("chaos")
     with running_payments() as payments, process_env(payments):
-        async with open_rig(env.child_env(), tmp_path_factory.mktemp("chaos"), payments) as r:
+        # The crash children fork from the session's warm process (no Prefect import
+        # of a warm process of the rig's own).
+        async with open_rig(env.child_env(), workdir, payments, warm_python) as r:
             yield r
