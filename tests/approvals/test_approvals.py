@@ -143,9 +143,10 @@ async def _suspend(
     tmp_path: Path,
     prefect_server: Path,
     steps: list[dict],
+    log_level: str = "WARNING",
 ) -> tuple[UUID, str]:
     run_id, wf = await _start(deployment_id, emu, tmp_path, steps)
-    stderr = await asyncio.to_thread(_execute, warm, run_id, prefect_server)
+    stderr = await asyncio.to_thread(_execute, warm, run_id, prefect_server, log_level)
     # Waiting for a person is not an error: Prefect's "Finished in state Suspended"
     # line (ERROR in its engine) is lowered to INFO.
     exit_lines = [line for line in stderr.splitlines() if "Finished in state Suspended" in line]
@@ -231,15 +232,19 @@ async def test_prompt_changed_under_approve_is_an_edit(
     assert review["next_prompt"] == "Apply the draft, carefully"
 
 
-async def test_suspending_says_where_to_decide_and_logs_no_error(
+async def test_suspending_says_where_to_decide_and_a_reject_archives_the_chat_and_stops(
     prefect_server: Path,
     deployment_id: UUID,
     emu: Emulator,
     tmp_path: Path,
     warm_python: WarmPython,
 ) -> None:
-    run_id, _ = await _start(deployment_id, emu, tmp_path, STEPS)
-    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server, "INFO")
+    """One suspended run for both (each needs a run suspended by a real engine
+    process; the logs are read before the decision): suspending logs where to decide
+    and no error, and a reject then archives the chat and stops."""
+    run_id, _ = await _suspend(
+        warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS, log_level="INFO"
+    )
     async with get_client() as client:
         logs = await client.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
@@ -252,15 +257,6 @@ async def test_suspending_says_where_to_decide_and_logs_no_error(
     assert suspended and all(entry.level == logging.INFO for entry in suspended)
     assert not [entry for entry in logs if entry.level >= logging.ERROR]
 
-
-async def test_reject_archives_the_chat_and_stops(
-    prefect_server: Path,
-    deployment_id: UUID,
-    emu: Emulator,
-    tmp_path: Path,
-    warm_python: WarmPython,
-) -> None:
-    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
     await aresume_flow_run(run_id, run_input={"decision": "reject", "comment": "no"})
     await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
     run = await _run(run_id)
