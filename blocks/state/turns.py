@@ -12,7 +12,9 @@ transactions (on SQLite two of them fsync'd and ≈ 7 thread hops, on PostgreSQL
   autocommit, one round trip), or — with a journal entry — both in one transaction.
 
 The SQL is fixed text run through the driver (no statement building per call:
-that was most of the store's CPU per turn). Every write is acknowledged only
+that was most of the store's CPU per turn); on SQLite straight on the worker's
+``sqlite3`` connection, inside the transaction SQLAlchemy began on it (no cursor
+result per statement: docs/performance.md, round 9). Every write is acknowledged only
 after it committed. Each hop or round trip on a loaded machine waits for the
 scheduler (the worker thread, the PostgreSQL backend), so their count is what a
 turn's wall time pays.
@@ -20,6 +22,7 @@ turn's wall time pays.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -144,6 +147,23 @@ SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM s)
 """
 
 
+def _rows(conn: sa.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Every row of one statement run on the worker's ``sqlite3`` connection, inside the
+    transaction ``conn`` began (a RETURNING statement completes once read to its end).
+    Errors come out as SQLAlchemy's, as through ``exec_driver_sql``."""
+    try:
+        return conn.connection.driver_connection.execute(sql, params).fetchall()  # type: ignore[union-attr]
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
+
+
+def _scalar_one(conn: sa.Connection, sql: str, params: tuple[Any, ...]) -> Any:
+    rows = _rows(conn, sql, params)
+    if len(rows) != 1:
+        raise sa.exc.NoResultFound(f"expected one row, got {len(rows)}")
+    return rows[0][0]
+
+
 def _checkpoint(row: Any) -> Checkpoint:
     return Checkpoint(
         workflow_id=row[0],
@@ -200,13 +220,15 @@ class Turns:
         if self._store.backend == "sqlite":
 
             def body(conn: sa.Connection) -> tuple[Any, float | None]:
-                row = conn.exec_driver_sql(_SQLITE_RESUME, (tenant, workflow_id)).first()
+                rows = _rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
+                row = rows[0] if rows else None
                 if row is None or (row[4] is not None and row[5] == marker):
                     return row, None
-                written = conn.exec_driver_sql(
+                written = _scalar_one(
+                    conn,
                     _SQLITE_JOURNAL,
                     (tenant, row[1], entry.state, marker, entry.attempt, entry.at, entry.deadline),
-                ).scalar_one()
+                )
                 return row, written
 
             row, written_at = await self._store.run_transaction(body)
@@ -248,9 +270,10 @@ class Turns:
         if self._store.backend == "sqlite":
 
             def body(conn: sa.Connection) -> float:
-                updated = conn.exec_driver_sql(_SQLITE_CHECKPOINT, params).scalar_one()
+                updated = _scalar_one(conn, _SQLITE_CHECKPOINT, params)
                 if journal is not None:
-                    conn.exec_driver_sql(
+                    _scalar_one(
+                        conn,
                         _SQLITE_JOURNAL,
                         (
                             tenant,
@@ -261,7 +284,7 @@ class Turns:
                             journal.at,
                             journal.deadline,
                         ),
-                    ).scalar_one()
+                    )
                 return float(updated)
 
             updated_at = await self._store.run_transaction(body)
@@ -292,9 +315,7 @@ class Turns:
         if self._store.backend == "sqlite":
 
             def body(conn: sa.Connection) -> list[Any]:
-                return list(
-                    conn.exec_driver_sql(_SQLITE_ARCHIVE_TARGETS, (tenant, workflow_id)).all()
-                )
+                return _rows(conn, _SQLITE_ARCHIVE_TARGETS, (tenant, workflow_id))
 
             async with self._store.read() as sconn:
                 rows = await sconn.run_sync(body)
@@ -326,7 +347,7 @@ class Turns:
 
             def body(conn: sa.Connection) -> None:
                 for sql in _SQLITE_FORGET_TOOLS:
-                    conn.exec_driver_sql(sql, (tenant, chat_id))
+                    _rows(conn, sql, (tenant, chat_id))
 
             await self._store.run_transaction(body)
         else:
