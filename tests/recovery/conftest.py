@@ -33,7 +33,7 @@ from crash_matrix import (  # noqa: E402
     run_workflow,
 )
 from payments import Payments, running_payments  # noqa: E402
-from recovery_env import FAST_ENV, TOKEN, PrefectEnv  # noqa: E402
+from recovery_env import FAST_ENV, TOKEN, PrefectEnv, api_ca_bundle  # noqa: E402
 
 from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
@@ -49,6 +49,18 @@ def _fast_recovery_env() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in FAST_ENV.items():
             mp.setenv(k, v)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _light_api_tls() -> Iterator[None]:
+    """This module's Prefect API clients load a one-certificate CA bundle
+    (``recovery_env.api_ca_bundle``: every flow run makes two or three clients, each
+    ≈ 40 ms of CPU with certifi's), restored after it (the next file's are Prefect's
+    default). The crash children do the same (``crash_child.py``)."""
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(api_ca_bundle())}):
         yield
 
 

@@ -6,10 +6,16 @@ they never pick up another directory's ``conftest`` module by accident.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import certifi
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -17,6 +23,32 @@ ROOT = HERE.parents[1]
 TOKEN = f"tok-recovery-{uuid.uuid4().hex}-SECRET"
 #: Short recovery constants for tests (production: 1 s poll, horizon = request timeout).
 FAST_ENV = {"PREFECT_CODER_SETTLE_POLL_S": "0.05", "PREFECT_CODER_COMMIT_HORIZON_S": "1.0"}
+#: A child's ``PREFECT_API_SSL_CERT_FILE``, applied by the child at run time
+#: (``crash_child.py``, the trigger test's runner): in the environment it would be
+#: an import-time Prefect setting, and a fork must share those with its warm process.
+CA_FILE_ENV = "RECOVERY_API_CA_FILE"
+
+
+@functools.cache
+def api_ca_bundle() -> Path:
+    """A CA bundle of one certificate, for ``PREFECT_API_SSL_CERT_FILE``.
+
+    Every Prefect API client builds a TLS context from its CA bundle when it is
+    made, even for an ``http://`` API: certifi's ~150 certificates, ≈ 40 ms of CPU,
+    and a flow run makes two or three clients (its own, the sync one that looks up
+    the default result storage, the events worker's) — the largest single cost of
+    an in-process recovery here (about half its CPU, py-spy) and a third of a crash
+    child's. The test server is plain HTTP on loopback, so no certificate is ever
+    checked: one (certifi's first) makes the context as valid and ~40x cheaper.
+    Were the API ever HTTPS here, its connections would fail, not go unverified."""
+    pem = Path(certifi.where()).read_text()
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    first = pem[pem.index(begin) : pem.index(end) + len(end)]
+    directory = Path(tempfile.mkdtemp(prefix="recovery-ca-"))
+    atexit.register(shutil.rmtree, directory, True)
+    path = directory / "api-ca.pem"
+    path.write_text(first + "\n")
+    return path
 
 
 @dataclass(frozen=True)
@@ -35,5 +67,6 @@ class PrefectEnv:
             ),
             **FAST_ENV,
         )
+        env[CA_FILE_ENV] = str(api_ca_bundle())
         env.update(extra)
         return env

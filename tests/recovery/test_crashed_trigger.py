@@ -65,10 +65,16 @@ async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: s
 #: second import of Prefect and the flows, ~5 CPU-s): ``serve_child.py`` run as
 #: ``__main__`` with the runner polling every second (a Prefect setting read at
 #: import time, so set here rather than in the environment, which a fork must share
-#: with the warm process).
+#: with the warm process), and the API clients' one-certificate CA bundle
+#: (``recovery_env.api_ca_bundle``) set for the whole process — and so in the
+#: environment of the flow-run processes it spawns.
 _SERVE = """
-import runpy, sys
+import os, runpy, sys
+from prefect.context import refresh_global_settings_context
 from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+if os.environ.get("RECOVERY_API_CA_FILE"):
+    os.environ["PREFECT_API_SSL_CERT_FILE"] = os.environ["RECOVERY_API_CA_FILE"]
+    refresh_global_settings_context()
 with temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: 1}):
     runpy.run_path(sys.argv[1], run_name="__main__")
 """
