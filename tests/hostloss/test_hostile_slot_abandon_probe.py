@@ -30,10 +30,17 @@ from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials
 from prefect_coder.flows.parts.slot_takeover import PROBE_TIMEOUT_S
 
-#: The slot ttl: a slot nobody can judge passes on once it has lapsed this long.
-TTL = 20.0
-#: How long the left run goes on server-side: past the probe's bound, within the ttl.
-B_RUNS_S = PROBE_TIMEOUT_S + 10.0
+#: How long the left run goes on server-side: past the probe's bound. The old rule took
+#: the slot once the first probe failed, PROBE_TIMEOUT_S after the abandon (the abandon
+#: follows b's landed send by milliseconds): `other` then started next to b's run with
+#: 5 s of margin for that take and its send on a loaded machine.
+B_RUNS_S = PROBE_TIMEOUT_S + 5.0
+#: The slot ttl: a slot nobody can judge passes on once it has lapsed this long. b's run
+#: ends less than B_RUNS_S after the abandon (its send landed first), so a take after
+#: TTL comes after it; and the waiter takes only when a probe begun past the TTL has
+#: failed (every probe is held past its bound here), at least TTL + PROBE_TIMEOUT_S
+#: after the abandon: 6 s after b's run ended. A loaded machine only makes it later.
+TTL = B_RUNS_S + 1.0
 
 
 async def test_an_abandoned_slot_is_not_taken_when_its_chats_cannot_be_probed(
