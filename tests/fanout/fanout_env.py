@@ -97,11 +97,21 @@ async def runs_of(
     )
 
 
+#: The process pool's ``command`` job variable: each flow run is one ``python -m
+#: prefect.engine`` process, a child of the worker, as before. Without it Prefect 3.9's
+#: process worker starts a workspace supervisor that imports Prefect (≈ 3.5 CPU-s)
+#: only to exec that same engine command, and after a flow-run process dies it starts
+#: a third Python to look for ``on_crashed`` hooks (≈ 5.5 CPU-s; these flows have
+#: none): about a third of these tests' CPU, none of it part of what they prove
+#: (issue 12). The kill, the Crashed report and the triggers are the same.
+ENGINE_COMMAND = f"{sys.executable} -m prefect.engine"
+
+
 async def deploy(pool: str, untriggered: Sequence[str] = ()) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
     deployments on it, with their Crashed triggers from ``prefect.yaml`` (except the
     deployments named in ``untriggered``: a test that re-runs one by hand); returns
-    their ids (for :func:`undeploy`)."""
+    their ids (for :func:`undeploy`). Flow runs start as :data:`ENGINE_COMMAND`."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
@@ -111,7 +121,7 @@ async def deploy(pool: str, untriggered: Sequence[str] = ()) -> list[UUID]:
             work_pool_name=pool,
             entrypoint_type=EntrypointType.MODULE_PATH,
             triggers=[] if name in untriggered else _triggers(name),
-            job_variables={"working_dir": str(ROOT)},
+            job_variables={"working_dir": str(ROOT), "command": ENGINE_COMMAND},
         )
         ids.append(await dep.aapply())
     return ids
@@ -227,14 +237,23 @@ def most_at_once(intervals: Sequence[tuple[Any, Any]]) -> int:
     return most
 
 
-async def until(what: str, limit_s: float, check: Callable[[], Awaitable[Any]]) -> Any:
-    """Poll ``check`` until it returns something truthy (returned), or fail naming ``what``."""
+#: How often :func:`until` looks again. Each look is one or more reads of the Prefect
+#: server (CPU there and here, issue 12); every wait here is for a process start or a
+#: turn of seconds, so half a second of lag costs little wall.
+UNTIL_EVERY_S = 0.5
+
+
+async def until(
+    what: str, limit_s: float, check: Callable[[], Awaitable[Any]], every_s: float = UNTIL_EVERY_S
+) -> Any:
+    """Poll ``check`` every ``every_s`` until it returns something truthy (returned), or
+    fail naming ``what``."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         value = await check()
         if value:
             return value
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 

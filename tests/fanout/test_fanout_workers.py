@@ -1,6 +1,6 @@
 """``agent-fanout`` through the real path: a Prefect server, two ``prefect worker start``
 process workers on one pool, ``run_deployment``. The fan-out runs its workflows in
-shards (``shard_size`` 2: four ``agent-fanout-shard`` flow runs), so both workers run
+shards (``shard_size`` 2: three ``agent-fanout-shard`` flow runs), so both workers run
 turns; then the worker that runs the fan-out is SIGKILLed together with its flow-run
 processes mid-way (the fan-out and the shards it hosts die together).
 
@@ -20,11 +20,22 @@ cluster (the store in a tenant of this test's own), as issue 15 asks.
 Measured from the emulator: every workflow finished, one user message per step (no
 duplicate turn), no chat left unarchived, the turn cap never exceeded.
 
-Size: ``PREFECT_CODER_FANOUT_KILL_WORKFLOWS`` workflows (default 8, the CI variant:
-four shards of 2). Issue 15's full run is 50 (``PREFECT_CODER_FANOUT_KILL_WORKFLOWS=50
-nice -n 10 .venv/bin/python -m pytest tests/fanout/test_fanout_workers.py``: 25 shards
-of 2, minutes on 2 cores; result in docs/fleet.md). The kill waits for
-``max(2, workflows / 4)`` finished turns, and the waits scale with the size.
+Until the shards are seen on both workers the test holds every turn slot in the store
+(as a crashed holder would), so no turn ends before then: the kill follows the first
+``KILL_AFTER_TURNS`` finished turns, fewer than one shard's turns, so the shard beside
+the fan-out is unfinished when it dies — an order fact, not a race against process
+starts. (Without the hold a fast shard on the fan-out's worker had finished before the
+other worker's shards were up, and the kill took no shard with it.)
+
+Size: ``PREFECT_CODER_FANOUT_KILL_WORKFLOWS`` workflows (default 6, the CI variant:
+three shards of 2, ``--limit 2`` per worker: the fan-out and its shards fill both
+workers' four slots, so the fan-out's worker runs one shard and the other two — the
+fewest runs that show the spread and the kill; the fourth shard of the CI size before
+issue 12 only added a flow-run process or two). Issue 15's full run is 50
+(``PREFECT_CODER_FANOUT_KILL_WORKFLOWS=50 nice -n 10 .venv/bin/python -m pytest
+tests/fanout/test_fanout_workers.py``: 25 shards of 2, ``--limit 3``, minutes on 2
+cores; result in docs/fleet.md). The kill waits for ``max(2, workflows / 4)`` finished
+turns, and the waits scale with the size.
 """
 
 from __future__ import annotations
@@ -62,21 +73,30 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterState,
     FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
 )
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Crashed
 
 from coder_chat.emulator import Emulator
+from prefect_coder.blocks import StateStore
 from prefect_coder.flows.parts.params import step_marker
+from prefect_coder.flows.parts.turn_slot import slot_key
 
 CAP = 3
-#: Issue 15 asks for 50; CI runs 8 (the waits below scale with it).
-WORKFLOWS = int(os.environ.get("PREFECT_CODER_FANOUT_KILL_WORKFLOWS") or 8)
+#: Issue 15 asks for 50; CI runs 6 (the waits below scale with it).
+WORKFLOWS = int(os.environ.get("PREFECT_CODER_FANOUT_KILL_WORKFLOWS") or 6)
 SHARD_SIZE = 2
 SHARDS = math.ceil(WORKFLOWS / SHARD_SIZE)
+#: Each worker's ``--limit``: fewer than the fan-out and its shards (SHARDS + 1 runs),
+#: so the worker that runs the fan-out runs a shard too; 2 at the CI size.
+WORKER_LIMIT = min(3, (SHARDS + 1) // 2)
+HOLDER = "test-holds-every-slot-until-the-spread"
 STEPS = ("plan", "do")
-#: Finished turns before the kill: mid-way, with turns of the victim's shards running.
+#: Finished turns before the kill: mid-way; at the CI size fewer than one shard's turns
+#: (2 of SHARD_SIZE * len(STEPS)), so the shard beside the fan-out has not finished.
 KILL_AFTER_TURNS = max(2, WORKFLOWS * len(STEPS) // 8)
 #: How much longer than the CI variant the waits may take. The waits are bounds, not
 #: sleeps: at load 17-20 on 2 cores the fan-out's and its shards' process starts
@@ -88,8 +108,9 @@ class Hosts:
     """Which worker started which flow run: a run's ``infrastructure_pid`` is its
     process, whose parent is the worker (sampled while the process lives)."""
 
-    def __init__(self, workers: list[Worker], shard_deployment: UUID) -> None:
+    def __init__(self, workers: list[Worker], shard_deployment: UUID, pool: str) -> None:
         self.by_pid = {w.proc.pid: w.name for w in workers}
+        self.pool = pool
         self.shard_deployment = shard_deployment
         self.of_run: dict[str, str] = {}
         self.shards: set[str] = set()
@@ -103,6 +124,7 @@ class Hosts:
             flow_run_filter=FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
             ),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self.pool])),
             limit=200,
         )
         for r in runs:
@@ -118,18 +140,22 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
 ) -> None:
     store_url, tenant = pg_store
-    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
+    # The slots are held through the shards' process starts: a generous slot wait.
+    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant, slot_wait_s=300.0)
+    store = StateStore(store_url, tenant=tenant)
+    for i in range(CAP):
+        assert await store.leases.acquire(slot_key(i), HOLDER, ttl=600) is not None
+    held = True
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
-    # --limit 3: the fan-out and its (at least 4) shards are 5 runs or more, so the
-    # worker that runs the fan-out always runs a shard too (the other takes at most
-    # 3) — the kill below takes shards with it.
+    # --limit WORKER_LIMIT: more runs than one worker takes, so the worker that runs
+    # the fan-out runs a shard too — the kill below takes a shard with it.
     workers = [
-        await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=3)
+        await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=WORKER_LIMIT)
         for i in (1, 2)
     ]
-    hosts = Hosts(workers, deployment_id(deployed, "agent-fanout-shard"))
+    hosts = Hosts(workers, deployment_id(deployed, "agent-fanout-shard"), pool)
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, STEPS, 1.5)
     parameters = {
         "workflows": [i.model_dump(mode="json") for i in items],
@@ -145,25 +171,34 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 "agent-fanout/agent-fanout", parameters=parameters, timeout=0
             )
 
-            # Mid-way: some steps done, and the pool spread the shards — the fan-out's
-            # worker runs shards of its own and so does the other worker. (After the
-            # kill the survivor runs everything; only before it does a shard on each
-            # worker show the spread.)
-            async def midway() -> str | None:
+            # The spread: the fan-out's worker runs shards of its own and so does the
+            # other worker, every shard waiting for a turn slot. (After the kill the
+            # survivor runs everything; only before it does a shard on each worker
+            # show the spread.)
+            async def spread() -> str | None:
                 await hosts.sample(client)
                 host = hosts.of_run.get(str(first.id))
-                done = len(emu.event_log(["turn_end"]))
-                spread = host is not None and hosts.shard_hosts() == {w.name for w in workers}
-                return host if spread and done >= KILL_AFTER_TURNS else None
+                both = host is not None and hosts.shard_hosts() == {w.name for w in workers}
+                return host if both else None
 
             try:
-                victim_name = await until("a fan-out mid-way", 300 * SCALE, midway)
+                victim_name = await until("the shards on both workers", 300 * SCALE, spread)
             except AssertionError:
                 runs = await client.read_flow_runs(limit=200)
                 table = [(r.name, r.state_name, r.state and r.state.message) for r in runs]
-                raise AssertionError(
-                    (table, hosts.of_run, len(emu.event_log(["turn_end"])))
-                ) from None
+                raise AssertionError((table, hosts.of_run)) from None
+            assert not emu.event_log(["turn_end"])
+            for i in range(CAP):
+                assert await store.leases.release(slot_key(i), HOLDER)
+            held = False
+
+            # Mid-way: some steps done, none of the victim's shards finished (each
+            # has more turns than the kill waits for). The emulator's log is local:
+            # a short look interval, so the kill follows the first turns closely.
+            async def midway() -> bool:
+                return len(emu.event_log(["turn_end"])) >= KILL_AFTER_TURNS
+
+            await until("turns mid-way", 300 * SCALE, midway, every_s=0.1)
             victim = next(w for w in workers if w.name == victim_name)
             spread_before_kill = hosts.shard_hosts()
             victim.kill_with_children()
@@ -181,6 +216,8 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                             type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
                         )
                     ),
+                    # This test's pool only: the session's server is shared.
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
                     limit=200,
                 )
                 for run in runs:
@@ -195,8 +232,8 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
             await asyncio.sleep(3)
             await mark_lost()
 
+            # (No more host sampling: the spread is a fact from before the kill.)
             async def fanout_done() -> Any:
-                await hosts.sample(client)
                 runs = await runs_of(
                     client,
                     deployment_id(deployed, "agent-fanout"),
@@ -229,6 +266,10 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 client, deployment_id(deployed, "agent-fanout-shard"), pool=pool
             )
     finally:
+        if held:
+            for i in range(CAP):
+                await store.leases.release(slot_key(i), HOLDER)
+        await store.aclose()
         for w in workers:
             await stop_worker(w)
         await undeploy(deployed)
@@ -250,7 +291,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     # The workflows ran in shards; the victim's shards crashed with it and ran again.
     states = [r.state_type for r in shard_runs]
     assert states.count(StateType.COMPLETED) == SHARDS, states
-    assert StateType.CRASHED in states, states
+    assert StateType.CRASHED in states, (states, hosts.of_run, killed_after_turns, killed_at_s)
     # Both workers ran shard runs, before the kill (the pool spread the fan-out, not
     # only the survivor taking over after it).
     assert spread_before_kill == {w.name for w in workers}, hosts.of_run
@@ -265,7 +306,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         f"{len(shard_runs)} shard runs ({states.count(StateType.CRASHED)} crashed); "
         f"{sum(counts.values())} user messages for {WORKFLOWS * len(STEPS)} steps; "
         f"{len(emu.chats())} chats, all archived; peak {emu.max_concurrent_turns()} of cap "
-        f"{CAP}; shard hosts {sorted(hosts.shard_hosts())}; killed after "
+        f"{CAP}; shard hosts before the kill {sorted(spread_before_kill)}; killed after "
         f"{killed_after_turns} finished turns, {killed_at_s:.0f}s in; "
         f"{time.monotonic() - started:.0f}s in all"
     )

@@ -128,7 +128,9 @@ async def test_two_reruns_at_once_share_runs_and_max_parallel(prefect_server: Pa
                         await client.set_flow_run_state(run.id, Failed(message=DONE), force=True)
                 return all(t.done() for t in reruns)
 
-            await until("both re-runs to end", 120, play_the_worker)
+            # Every 0.3 s, not until()'s default: this loop is the worker, its pace is
+            # each run's RUN_S.
+            await until("both re-runs to end", 120, play_the_worker, every_s=0.3)
             outcomes = [t.result() for t in reruns]
             runs = await _runs(client, dep_id)
             spans = [await _span(client, r) for r in runs]

@@ -58,7 +58,9 @@ async def test_max_parallel_holds_across_shards(
             max_parallel=MAX_PARALLEL,
             shard_size=SHARD_SIZE,
             shard_deployment=SHARD_DEPLOYMENT,
-            poll_interval_s=0.5,
+            # Each look at a shard run's state is a read of the server; 1 s of lag
+            # before the next shard starts changes no order fact below.
+            poll_interval_s=1.0,
         )
         async with get_client() as client:
             shard_runs = await runs_of(
