@@ -99,7 +99,10 @@ async def test_deferred_settled_events_arrive_with_their_own_task_run_and_time(
     assert time.monotonic() - t0 < 30
     async with get_client() as client:
         settled: list[dict[str, Any]] = []
-        for _ in range(100):  # events reach the server asynchronously
+        # Events reach the server asynchronously (the events worker, then the server's
+        # event persister): a look every 0.25 s (each read costs the shared test server
+        # CPU), bounded at 10 s.
+        for _ in range(40):
             resp = await client._client.post(
                 "/events/filter",
                 json={
@@ -114,7 +117,7 @@ async def test_deferred_settled_events_arrive_with_their_own_task_run_and_time(
             settled = resp.json()["events"]
             if len(settled) >= 2:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.25)
         assert sorted(e["payload"]["step"] for e in settled) == ["a", "b"]
         runs = {
             r.name: r

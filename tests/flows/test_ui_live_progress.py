@@ -77,13 +77,15 @@ async def test_a_running_turn_shows_live_progress_at_a_bounded_rate(
     run = asyncio.create_task(agent_workflow(workflow_id, steps, settings))
     try:
         seen_running = None
-        for _ in range(1000):
+        # The gate holds the turn until the live artifact is seen: a look every 0.1 s
+        # (each reads 100 artifacts from the shared test server), bounded at 20 s.
+        for _ in range(200):
             live = await _live_artifacts(workflow_id)
             if live and "client | awaiting result" in str(live[0].data):
                 seen_running = live[0]
                 break
             assert not run.done(), run
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
         assert seen_running is not None, "no live artifact while the turn ran"
     finally:
         _gate.set()  # the turn goes on only now: everything above saw it running
