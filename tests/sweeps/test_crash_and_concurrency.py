@@ -183,6 +183,10 @@ async def test_sweeps_beside_live_workflows_lose_nothing_and_break_no_turn(
         Step(name="s2", prompt="step 2" + directive({"text": "answer 2", "deltas": 4})),
     ]
     ids = [f"{workflow_id}-{n}" for n in range(2)]
+    # The gated turn stays paused while the sweep pairs run; at load ~22 they took
+    # long enough that the credentials' 30 s turn timeout ended it (TimedOut). This
+    # test is about what the sweeps do to live turns, not about the turn timeout.
+    settings = settings.model_copy(update={"turn_timeout_s": 120.0})
     keep = settings.model_copy(update={"keep_chat": True})
     _gate.clear()
     workflows = asyncio.gather(
