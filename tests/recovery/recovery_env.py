@@ -40,7 +40,9 @@ def api_ca_bundle() -> Path:
     an in-process recovery here (about half its CPU, py-spy) and a third of a crash
     child's. The test server is plain HTTP on loopback, so no certificate is ever
     checked: one (certifi's first) makes the context as valid and ~40x cheaper.
-    Were the API ever HTTPS here, its connections would fail, not go unverified."""
+    Were the API ever HTTPS here, its connections would fail, not go unverified.
+    Children also get it as ``SSL_CERT_FILE`` (``PrefectEnv.child_env``): httpx's
+    default context, which the Coder client builds once per process."""
     pem = Path(certifi.where()).read_text()
     begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
     first = pem[pem.index(begin) : pem.index(end) + len(end)]
@@ -68,5 +70,8 @@ class PrefectEnv:
             **FAST_ENV,
         )
         env[CA_FILE_ENV] = str(api_ca_bundle())
+        # httpx's default TLS context (the Coder client's, read at call time): the
+        # same one-certificate bundle — every service here is plain HTTP on loopback.
+        env["SSL_CERT_FILE"] = str(api_ca_bundle())
         env.update(extra)
         return env

@@ -38,7 +38,14 @@ from crash_matrix import (
 )
 from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from recovery_env import HERE, ROOT, PrefectEnv
 from warm_python import WarmPython
@@ -49,6 +56,13 @@ from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.toolset import Toolset
 
 DEPLOYMENTS = ["agent-workflow", "agent-turn", "recover-turn"]
+FINAL = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]
+
+
+#: Seconds between two reads of the API while waiting: the runner itself polls every
+#: second (``_SERVE``), so nothing it starts is seen sooner by reading more often —
+#: every read costs the test server's CPU too.
+POLL_S = 1.0
 
 
 async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: str) -> Any:
@@ -57,7 +71,7 @@ async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: s
         value = await predicate()
         if value:
             return value
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(POLL_S)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -151,8 +165,12 @@ async def crash_then_recovery(served: Served, deployment: str, parameters: dict[
     await _wait(crashed, 90, f"the {deployment} run to end Crashed")
 
     async def recovered() -> Any:
+        # Only runs in a final state (the server filters): until the end, none.
         runs = await client.read_flow_runs(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["recover-turn"]))
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=FINAL))
+            ),
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["recover-turn"])),
         )
         mine = [r for r in runs if r.parameters.get("workflow_id") == parameters["workflow_id"]]
         done = [r for r in mine if r.state and r.state.is_final()]
