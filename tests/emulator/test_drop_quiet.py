@@ -51,11 +51,19 @@ async def test_random_stream_drops_log_no_errors(
         url = f"{emu.ws_url}{P}/{chat['id']}/stream"
         dropped = 0
         for _ in range(12):
+            connected = len(emu.event_log(["ws_connect"]))
             readers = [
                 asyncio.create_task(_reader(url, emu.token, rng.choice([None, 1, 2, 5])))
                 for _ in range(4)
             ]
             await asyncio.sleep(0.01)
+            # On a loaded machine no reader may be connected yet: then every drop below
+            # armed nothing (a run at load 20 dropped no stream in all 12 rounds). Wait,
+            # bounded, for the first reader of this round to be in.
+            for _ in range(300):
+                if len(emu.event_log(["ws_connect"])) > connected:
+                    break
+                await asyncio.sleep(0.01)
             code = rng.choice([None, 1000, 1001, 1011])
             dropped += emu.faults.drop_stream(
                 chat["id"], after_frames=rng.choice([0, 1, 3]), code=code
