@@ -107,11 +107,16 @@ async def runs_of(
 ENGINE_COMMAND = f"{sys.executable} -m prefect.engine"
 
 
-async def deploy(pool: str, untriggered: Sequence[str] = ()) -> list[UUID]:
+async def deploy(
+    pool: str, untriggered: Sequence[str] = (), *, default_launch: bool = False
+) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
     deployments on it, with their Crashed triggers from ``prefect.yaml`` (except the
     deployments named in ``untriggered``: a test that re-runs one by hand); returns
-    their ids (for :func:`undeploy`). Flow runs start as :data:`ENGINE_COMMAND`."""
+    their ids (for :func:`undeploy`). Flow runs start as :data:`ENGINE_COMMAND`, or
+    with ``default_launch`` exactly as ``prefect.yaml`` deploys them (no ``command``:
+    the worker's workspace supervisor and its crashed-hook process), which one test
+    keeps so the user's own launch path is proven under a kill too."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
@@ -121,7 +126,9 @@ async def deploy(pool: str, untriggered: Sequence[str] = ()) -> list[UUID]:
             work_pool_name=pool,
             entrypoint_type=EntrypointType.MODULE_PATH,
             triggers=[] if name in untriggered else _triggers(name),
-            job_variables={"working_dir": str(ROOT), "command": ENGINE_COMMAND},
+            job_variables={"working_dir": str(ROOT)}
+            if default_launch
+            else {"working_dir": str(ROOT), "command": ENGINE_COMMAND},
         )
         ids.append(await dep.aapply())
     return ids

@@ -68,7 +68,9 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
     store_url, tenant = pg_store
     settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
     pool = f"fanout1-{uuid.uuid4().hex[:6]}"
-    deployed = await deploy(pool)
+    # The launch path prefect.yaml gives users (no `command` job variable): the one
+    # fan-out test that kills a flow-run process started Prefect's default way.
+    deployed = await deploy(pool, default_launch=True)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
     # --limit 6: the fan-out, its three workflow runs, the killed one's restart and the
     # recover-turn run the trigger starts.
