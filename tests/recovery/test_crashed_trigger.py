@@ -139,7 +139,7 @@ async def served(
                 )
                 return len(found) == len(DEPLOYMENTS)
 
-            await _wait(ready, 60, "the served deployments")
+            await _wait(ready, 180, "the served deployments")
             yield Served(client, plan, log)
     finally:
         # SIGTERM: the runner stops its loops and exits; SIGKILL if it does not.
@@ -162,7 +162,9 @@ async def crash_then_recovery(served: Served, deployment: str, parameters: dict[
         state = (await client.read_flow_run(crashed_run.id)).state
         return state is not None and state.type.value == "CRASHED"
 
-    await _wait(crashed, 90, f"the {deployment} run to end Crashed")
+    # Bounds, not sleeps: the runner spawns each flow run as a fresh interpreter (a full
+    # Prefect import), and at load 20+ on 2 cores a run took over 90 s to crash.
+    await _wait(crashed, 240, f"the {deployment} run to end Crashed")
 
     async def recovered() -> Any:
         # Only runs in a final state (the server filters): until the end, none.
@@ -176,7 +178,7 @@ async def crash_then_recovery(served: Served, deployment: str, parameters: dict[
         done = [r for r in mine if r.state and r.state.is_final()]
         return done[0] if done else None
 
-    run = await _wait(recovered, 120, "the triggered recover-turn run to finish")
+    run = await _wait(recovered, 240, "the triggered recover-turn run to finish")
     assert run.state.type.value == "COMPLETED", (run.state, served.log_tail())
     return run
 
