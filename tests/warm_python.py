@@ -344,8 +344,12 @@ _WARM_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep
 
 def _serve() -> int:
     # Everything heavy imported BEFORE any fork; no thread or event loop started.
+    import anyio._backends._asyncio  # noqa: F401
+    import fastapi.encoders  # noqa: F401  (Flow.serialize_parameters, per flow run)
     import prefect.flow_engine
-    import prefect.flows  # noqa: F401
+    import prefect.flows
+    import prefect.task_engine
+    import prefect.utilities.visualization  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
     import prefect_coder.flows.deployments.agent_turn
