@@ -35,7 +35,42 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from warm_python import WarmPython
+
+
+def _one_certificate_trust_store() -> None:
+    """Every process of the session trusts a CA bundle of one certificate (issue 12).
+
+    Every Prefect API client builds a TLS context from its CA bundle when it is made,
+    even for an ``http://`` API: certifi's ~150 certificates, ~40 ms of CPU, and each
+    flow run makes two to four clients (its own, the sync one that looks up the default
+    result storage, the events and log workers'); httpx's default context (the Coder
+    client's, once per process) reads them too. Every server here is plain HTTP on
+    loopback, and the TLS tests bring their own CA, so no certificate of the bundle is
+    ever checked: one (certifi's first) makes the same valid context ~40x cheaper.
+    Were a test to reach an HTTPS server with default trust, it would fail loudly, not
+    go unverified. Set before anything imports Prefect (its settings are read then), in
+    the environment, so the warm process, servers, workers, flow-run processes and
+    children inherit it. It replaces a machine-wide ``SSL_CERT_FILE`` (this machine
+    points it at the system bundle, as large): no test reaches anything but loopback.
+    ``PREFECT_CODER_TEST_SYSTEM_TRUST=1`` keeps the machine's trust store."""
+    if os.environ.get("PREFECT_CODER_TEST_SYSTEM_TRUST") == "1":
+        return
+    import certifi
+
+    pem = Path(certifi.where()).read_text()
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    first = pem[pem.index(begin) : pem.index(end) + len(end)]
+    directory = Path(tempfile.mkdtemp(prefix="prefect-coder-ca-"))
+    atexit.register(shutil.rmtree, directory, True)
+    bundle = directory / "one-ca.pem"
+    bundle.write_text(first + "\n")
+    os.environ["PREFECT_API_SSL_CERT_FILE"] = str(bundle)
+    os.environ["SSL_CERT_FILE"] = str(bundle)
+
+
+_one_certificate_trust_store()
+
+from warm_python import WarmPython  # noqa: E402
 
 # The emulator's pytest plugin is opt-in (it is not auto-loaded into every pytest
 # session of an environment that has prefect-coder installed); this is the one line a
