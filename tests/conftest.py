@@ -394,6 +394,9 @@ def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[st
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
+            # Events reach /events/filter (and so the tests that wait for one) within a
+            # second, not the default five (issue 12: several waits per file paid it).
+            "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
             **get_current_settings().to_environment_variables(exclude_unset=True),
         }
         app_dir = str(prefect.__module_path__.parent)
