@@ -79,54 +79,50 @@ pytest_plugins = ["coder_chat.emulator.pytest_plugin", "support.cpu_report"]
 
 
 # Wall seconds each heavy file keeps one xdist worker busy, from the timeline of a full
-# ``scripts/test`` run (CODER_TEST_TIMELINE, 2026-12-01 21:11, load 2-6; a worker's
-# first file also carries its session start-up: PostgreSQL, the Prefect test server,
-# the warm process). Under pytest-xdist (scripts/test's main pass, ``--dist loadfile
+# ``scripts/test`` run (CODER_TEST_TIMELINE, .ci/run at 8c197c1, 2026-12-02 00:40, quiet,
+# two workers; a worker's first file also carries its session start-up: PostgreSQL,
+# the Prefect test server, the warm process). Under pytest-xdist (scripts/test's main pass, ``--dist loadfile
 # --no-loadscope-reorder``) files are handed to the workers in collection order; the
 # heaviest go first, so the run does not end with one worker alone on a long file
 # while the other idles (longest-first scheduling; in that run the two workers' last
-# tests ended 0.1 s apart). A file not listed (< 8 s there) counts as light and keeps
+# tests ended 1.1 s apart). A file not listed (< 6 s there) counts as light and keeps
 # its place after these. Only the order changes, never what runs. ``.ci/run`` prints
 # the timeline of every CI run: refresh these from it when files grow or move.
 _HEAVY_FILES = {
-    "tests/fanout/test_fanout_per_workflow.py": 134,
-    "tests/recovery/test_crash_matrix_recover_turn.py": 126,
-    "tests/fanout/test_fanout_workers.py": 126,
-    "tests/recovery/test_crash_followups.py": 108,
-    "tests/fanout/test_fanout_rerun.py": 64,
-    "tests/recovery/test_crash_matrix.py": 54,
-    "tests/recovery/test_crashed_trigger.py": 51,
-    "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 49,
-    "tests/chaos/test_chaos.py": 49,
-    "tests/approvals/test_approvals.py": 46,
-    "tests/fleet/test_fleet.py": 40,
-    "tests/fanout/test_shard_parallel.py": 38,
-    # (40: after the lapsed-slot change of c84731f, 21:20, which lengthened these two;
-    # the timeline run predates it)
-    "tests/hostloss/test_slot_lapse.py": 40,
-    "tests/hostloss/test_hostile_slot_abandon_probe.py": 40,
-    "tests/hostloss/test_zombie.py": 24,
-    "tests/recovery/test_lost_and_archived.py": 23,
-    "tests/sweeps/test_stuck_sweep.py": 22,
-    "tests/sweeps/test_orphan_sweep.py": 20,
-    "tests/recovery/test_lost_response_live.py": 20,
-    "tests/sweeps/test_crash_and_concurrency.py": 18,
-    "tests/recovery/test_turn_recovery.py": 17,
-    "tests/recovery/test_crash_property.py": 16,
-    "tests/flows/test_transient_failures.py": 15,
-    "tests/flows/test_workflow.py": 14,
-    "tests/hostloss/test_takeover.py": 14,
-    "tests/recovery/test_window_past_deadline.py": 14,
-    "tests/recovery/test_structured_recovery.py": 13,
-    "tests/flows/test_turn_exits.py": 11,
-    "tests/model_steps/test_model_step_flow.py": 11,
-    "tests/fanout/test_hostile_concurrent_reruns.py": 11,
+    "tests/fanout/test_fanout_workers.py": 108,
+    "tests/fanout/test_fanout_per_workflow.py": 103,
+    "tests/recovery/test_crash_matrix_recover_turn.py": 56,
+    "tests/fanout/test_fanout_rerun.py": 39,
+    "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 36,
+    "tests/recovery/test_crash_followups.py": 36,
+    "tests/recovery/test_crashed_trigger.py": 34,
+    "tests/chaos/test_chaos.py": 30,
+    "tests/recovery/test_crash_matrix.py": 27,
+    "tests/fanout/test_shard_parallel.py": 25,
+    "tests/fleet/test_fleet.py": 21,
+    "tests/hostloss/test_slot_lapse.py": 21,
+    "tests/hostloss/test_hostile_slot_abandon_probe.py": 21,
+    "tests/approvals/test_approvals.py": 20,
+    "tests/recovery/test_turn_recovery.py": 16,
+    "tests/sweeps/test_orphan_sweep.py": 14,
+    "tests/hostloss/test_takeover.py": 12,
+    "tests/recovery/test_lost_response_live.py": 12,
+    "tests/flows/test_transient_failures.py": 12,
+    "tests/recovery/test_crash_property.py": 12,
+    "tests/sweeps/test_stuck_sweep.py": 12,
+    "tests/hostloss/test_zombie.py": 12,
+    "tests/recovery/test_lost_and_archived.py": 11,
+    "tests/sweeps/test_crash_and_concurrency.py": 11,
+    "tests/recovery/test_window_past_deadline.py": 10,
     "tests/hostloss/test_hostile_slot_release.py": 10,
-    "tests/recovery/test_recover_turn_flow.py": 9,
-    "tests/emulator/test_cli.py": 9,
-    "tests/fleet/test_fanout_in_process.py": 9,
-    "tests/client/test_agent_faults.py": 9,
-    "tests/recovery/test_inflight_send.py": 8,
+    "tests/fanout/test_hostile_concurrent_reruns.py": 9,
+    "tests/client/test_agent_faults.py": 8,
+    "tests/flows/test_workflow.py": 7,
+    "tests/recovery/test_inflight_send.py": 7,
+    "tests/recovery/test_recover_turn_flow.py": 7,
+    "tests/store/test_leases.py": 7,
+    "tests/flows/test_turn_exits.py": 7,
+    "tests/model_steps/test_model_step_flow.py": 6,
 }
 
 
