@@ -38,34 +38,20 @@ import pytest
 
 
 def _one_certificate_trust_store() -> None:
-    """Every process of the session trusts a CA bundle of one certificate (issue 12).
-
-    Every Prefect API client builds a TLS context from its CA bundle when it is made,
-    even for an ``http://`` API: certifi's ~150 certificates, ~40 ms of CPU, and each
-    flow run makes two to four clients (its own, the sync one that looks up the default
-    result storage, the events and log workers'); httpx's default context (the Coder
-    client's, once per process) reads them too. Every server here is plain HTTP on
-    loopback, and the TLS tests bring their own CA, so no certificate of the bundle is
-    ever checked: one (certifi's first) makes the same valid context ~40x cheaper.
-    Were a test to reach an HTTPS server with default trust, it would fail loudly, not
-    go unverified. Set before anything imports Prefect (its settings are read then), in
-    the environment, so the warm process, servers, workers, flow-run processes and
-    children inherit it. It replaces a machine-wide ``SSL_CERT_FILE`` (this machine
-    points it at the system bundle, as large): no test reaches anything but loopback.
-    ``PREFECT_CODER_TEST_SYSTEM_TRUST=1`` keeps the machine's trust store."""
+    """Every process of the session trusts a CA bundle of one certificate (issue 12;
+    why that is safe and what it saves: ``support/trust.py``). Set before anything
+    imports Prefect (its settings are read then), in the environment, so the warm
+    process, servers, workers, flow-run processes and children inherit it. It replaces
+    a machine-wide ``SSL_CERT_FILE`` (this machine points it at the system bundle, as
+    large): no test reaches anything but loopback. ``PREFECT_CODER_TEST_SYSTEM_TRUST=1``
+    keeps the machine's trust store."""
     if os.environ.get("PREFECT_CODER_TEST_SYSTEM_TRUST") == "1":
         return
-    import certifi
+    from support.trust import one_certificate_bundle
 
-    pem = Path(certifi.where()).read_text()
-    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
-    first = pem[pem.index(begin) : pem.index(end) + len(end)]
-    directory = Path(tempfile.mkdtemp(prefix="prefect-coder-ca-"))
-    atexit.register(shutil.rmtree, directory, True)
-    bundle = directory / "one-ca.pem"
-    bundle.write_text(first + "\n")
-    os.environ["PREFECT_API_SSL_CERT_FILE"] = str(bundle)
-    os.environ["SSL_CERT_FILE"] = str(bundle)
+    bundle = str(one_certificate_bundle())
+    os.environ["PREFECT_API_SSL_CERT_FILE"] = bundle
+    os.environ["SSL_CERT_FILE"] = bundle
 
 
 _one_certificate_trust_store()

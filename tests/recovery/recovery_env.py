@@ -6,16 +6,11 @@ they never pick up another directory's ``conftest`` module by accident.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-
-import certifi
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -42,15 +37,14 @@ def api_ca_bundle() -> Path:
     checked: one (certifi's first) makes the context as valid and ~40x cheaper.
     Were the API ever HTTPS here, its connections would fail, not go unverified.
     Children also get it as ``SSL_CERT_FILE`` (``PrefectEnv.child_env``): httpx's
-    default context, which the Coder client builds once per process."""
-    pem = Path(certifi.where()).read_text()
-    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
-    first = pem[pem.index(begin) : pem.index(end) + len(end)]
-    directory = Path(tempfile.mkdtemp(prefix="recovery-ca-"))
-    atexit.register(shutil.rmtree, directory, True)
-    path = directory / "api-ca.pem"
-    path.write_text(first + "\n")
-    return path
+    default context, which the Coder client builds once per process. (The session
+    sets one for every process too, ``tests/conftest.py``; this one also holds with
+    ``PREFECT_CODER_TEST_SYSTEM_TRUST=1``.)"""
+    # Here, not at the top: crash children import this module with tests/recovery,
+    # not tests/, on their path.
+    from support.trust import one_certificate_bundle
+
+    return one_certificate_bundle("recovery-ca-")
 
 
 @dataclass(frozen=True)
