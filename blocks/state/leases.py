@@ -19,13 +19,15 @@ import functools
 import logging
 import os
 import socket
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
+from . import sqlite_pool
 from ._ops import Ops
 from .engines import upsert
 from .errors import LeaseLostError, LeaseUnavailableError
@@ -190,8 +192,32 @@ _PG_TEXT = {
 }
 
 
-def _driver_one(sql: str, params: tuple[Any, ...], conn: sa.Connection) -> Any:
-    return conn.exec_driver_sql(sql, params).one_or_none()
+def _driver_one(
+    sql: str, params: tuple[Any, ...], conn: sqlite3.Connection, take_writer: Callable[[], None]
+) -> Any:
+    # ONE statement in SQLite's autocommit mode, on the worker's sqlite3 connection:
+    # atomic by itself and committed once read to its end — what BEGIN IMMEDIATE,
+    # the statement and COMMIT through SQLAlchemy did in three driver calls and a
+    # cursor result (4 of a one-turn workflow's store transactions are these;
+    # docs/performance.md, round 10a). Every lease statement writes (or may), so it
+    # queues on the process's writer lock first, like every write transaction.
+    take_writer()
+    rows = sqlite_pool.driver_rows(conn, sql, params)
+    if not rows:
+        return None
+    return _DriverRow(*rows[0]) if len(rows[0]) == len(_DriverRow._fields) else rows[0]
+
+
+class _DriverRow(NamedTuple):
+    """A lease row as ``sqlite3`` returns it (``_COLUMNS``), read by name like
+    SQLAlchemy's rows."""
+
+    tenant: str
+    key: str
+    holder: str
+    fence: int
+    acquired_at: float
+    expires_at: float
 
 
 async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
@@ -204,7 +230,9 @@ async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
         if name not in ("release", "abandon"):
             values += (params["p_ttl"],)
         if ops.backend == "sqlite":
-            return await run_transaction(functools.partial(_driver_one, _SQLITE_TEXT[name], values))
+            return await ops.run_direct(  # type: ignore[attr-defined]
+                functools.partial(_driver_one, _SQLITE_TEXT[name], values)
+            )
         async with ops.autocommit() as conn:  # type: ignore[attr-defined]
             return (await conn.exec_driver_sql(_PG_TEXT[name], values)).one_or_none()
     stmt = _statement(ops, name)

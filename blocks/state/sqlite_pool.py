@@ -153,6 +153,23 @@ class SqlitePool:
         # busy handler alone).
         self._writer = threading.Lock()
 
+    def take_writer(self, worker: _Worker) -> None:
+        """Take this process's writer lock for ``worker`` (on its thread), unless it holds
+        it already; released at the worker's check-in (after its COMMIT or ROLLBACK)."""
+        if worker.writing:
+            return
+        if not self._writer.acquire(timeout=self._timeout):
+            # What SQLAlchemy raises when SQLite's own busy_timeout runs out.
+            raise sa.exc.OperationalError(
+                "BEGIN IMMEDIATE",
+                None,
+                sqlite3.OperationalError(
+                    f"database is locked (another writer of this process held it "
+                    f"for {self._timeout:g}s)"
+                ),
+            )
+        worker.writing = True
+
     def writer_begin(
         self, worker: _Worker, begin: Callable[[sa.Connection], None]
     ) -> Callable[[sa.Connection], None]:
@@ -160,17 +177,7 @@ class SqlitePool:
         released at the worker's check-in (after its COMMIT or ROLLBACK)."""
 
         def locked_begin(conn: sa.Connection) -> None:
-            if not self._writer.acquire(timeout=self._timeout):
-                # What SQLAlchemy raises when SQLite's own busy_timeout runs out.
-                raise sa.exc.OperationalError(
-                    "BEGIN IMMEDIATE",
-                    None,
-                    sqlite3.OperationalError(
-                        f"database is locked (another writer of this process held it "
-                        f"for {self._timeout:g}s)"
-                    ),
-                )
-            worker.writing = True
+            self.take_writer(worker)
             try:
                 begin(conn)
             except BaseException:
@@ -328,6 +335,59 @@ async def run_transaction(
             raise
         _finish(True, conn)
         return result
+
+    return await worker.call(job, then=functools.partial(pool.checkin, worker))
+
+
+#: ``run_direct``'s body: ``body(sqlite3_connection, take_writer)``.
+DirectBody = Callable[[sqlite3.Connection, Callable[[], None]], T]
+
+
+def driver_rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Every row of ONE statement on a worker's ``sqlite3`` connection, read to its end.
+
+    Read to its end, the statement is reset: outside BEGIN … COMMIT, i.e. in SQLite's
+    autocommit mode, that is when it commits (under ``synchronous=FULL`` durably), so
+    a write statement returns only once committed, and a failed one changed nothing
+    (statement-level atomicity). Errors come out as SQLAlchemy's, as through
+    ``exec_driver_sql``."""
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
+
+
+def driver_execute(conn: sqlite3.Connection, sql: str) -> None:
+    """``BEGIN IMMEDIATE`` / ``COMMIT`` on the ``sqlite3`` connection; errors as SQLAlchemy's."""
+    try:
+        conn.execute(sql)
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, (), exc, sqlite3.Error) from exc
+
+
+async def run_direct(pool: SqlitePool, body: DirectBody[T]) -> T:
+    """``body(conn, take_writer)`` on a worker's ``sqlite3`` connection in ONE hop, outside
+    any SQLAlchemy transaction.
+
+    A statement the body runs by itself (``driver_rows``) is a transaction of its own
+    (SQLite's autocommit: one call where ``BEGIN``, statement, ``COMMIT`` were three,
+    and none of SQLAlchemy's transaction bookkeeping); several that must commit
+    together go between ``BEGIN IMMEDIATE`` and ``COMMIT`` (``driver_execute``). A
+    body that writes calls ``take_writer()`` first: this process's writer lock, as
+    every write transaction takes it, released at the check-in. Any error rolls back a
+    transaction the body left open. A caller cancelled meanwhile does not stop the job
+    (as ``run_transaction``)."""
+    worker = await pool.checkout()
+    take_writer = functools.partial(pool.take_writer, worker)
+
+    def job(conn: sa.Connection) -> T:
+        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        try:
+            return body(driver, take_writer)
+        except BaseException:
+            if driver.in_transaction:
+                driver.rollback()
+            raise
 
     return await worker.call(job, then=functools.partial(pool.checkin, worker))
 

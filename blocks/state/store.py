@@ -199,6 +199,14 @@ class StateStore:
             self._sqlite_pool(), engines.sqlite_begin(True), body
         )
 
+    async def run_direct(self, body: sqlite_pool.DirectBody[T]) -> T:
+        """SQLite only: ``body(sqlite3_connection, take_writer)`` on a worker in one hop,
+        each statement it runs by itself a transaction of its own (see
+        ``sqlite_pool.run_direct``): the leases, the turn slot's read, ``store.turns``."""
+        assert self._backend == "sqlite"
+        await self.ensure_schema()
+        return await sqlite_pool.run_direct(self._sqlite_pool(), body)
+
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[engines.AsyncConnection]:
         """PostgreSQL: a pooled connection in autocommit, for ONE statement that is

@@ -23,11 +23,13 @@ turn's wall time pays.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from .records import Checkpoint, JournalEntry, TurnStart, from_epoch
+from .sqlite_pool import driver_execute, driver_rows
 
 if TYPE_CHECKING:
     from .store import StateStore
@@ -135,6 +137,11 @@ _SQLITE_FORGET_TOOLS = (
     "DELETE FROM coder_state_tool_ledger WHERE tenant = ? AND chat_id = ?",
     "DELETE FROM coder_state_stranded_chats WHERE tenant = ? AND chat_id = ?",
 )
+_SQLITE_ANY_TOOLS = (
+    "SELECT 1 FROM coder_state_tool_ledger WHERE tenant = ?1 AND chat_id = ?2 "
+    "UNION ALL "
+    "SELECT 1 FROM coder_state_stranded_chats WHERE tenant = ?1 AND chat_id = ?2 LIMIT 1"
+)
 _PG_FORGET_TOOLS = """
 WITH l AS (
     DELETE FROM coder_state_tool_ledger WHERE tenant = $1::text AND chat_id = $2::text
@@ -147,18 +154,7 @@ SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM s)
 """
 
 
-def _rows(conn: sa.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
-    """Every row of one statement run on the worker's ``sqlite3`` connection, inside the
-    transaction ``conn`` began (a RETURNING statement completes once read to its end).
-    Errors come out as SQLAlchemy's, as through ``exec_driver_sql``."""
-    try:
-        return conn.connection.driver_connection.execute(sql, params).fetchall()  # type: ignore[union-attr]
-    except sqlite3.Error as exc:
-        raise sa.exc.DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
-
-
-def _scalar_one(conn: sa.Connection, sql: str, params: tuple[Any, ...]) -> Any:
-    rows = _rows(conn, sql, params)
+def _one_value(rows: list[Any]) -> Any:
     if len(rows) != 1:
         raise sa.exc.NoResultFound(f"expected one row, got {len(rows)}")
     return rows[0][0]
@@ -219,19 +215,43 @@ class Turns:
         row: Any
         if self._store.backend == "sqlite":
 
-            def body(conn: sa.Connection) -> tuple[Any, float | None]:
-                rows = _rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
+            def needs_write(row: Any) -> bool:
+                return row is not None and not (row[4] is not None and row[5] == marker)
+
+            def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> Any:
+                # The read alone first (one statement: its own snapshot): a first turn
+                # has no checkpoint and a re-run finds its marker journaled — nothing to
+                # write, so no write lock, BEGIN or COMMIT (docs/performance.md, round
+                # 10a). Otherwise the read again and the write-ahead in ONE write
+                # transaction, atomic together as before.
+                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
+                if not needs_write(rows[0] if rows else None):
+                    return (rows[0] if rows else None), None
+                take_writer()
+                driver_execute(conn, "BEGIN IMMEDIATE")
+                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
                 row = rows[0] if rows else None
-                if row is None or (row[4] is not None and row[5] == marker):
-                    return row, None
-                written = _scalar_one(
-                    conn,
-                    _SQLITE_JOURNAL,
-                    (tenant, row[1], entry.state, marker, entry.attempt, entry.at, entry.deadline),
-                )
+                written = None
+                if row is not None and needs_write(row):
+                    written = _one_value(
+                        driver_rows(
+                            conn,
+                            _SQLITE_JOURNAL,
+                            (
+                                tenant,
+                                row[1],
+                                entry.state,
+                                marker,
+                                entry.attempt,
+                                entry.at,
+                                entry.deadline,
+                            ),
+                        )
+                    )
+                driver_execute(conn, "COMMIT")
                 return row, written
 
-            row, written_at = await self._store.run_transaction(body)
+            row, written_at = await self._store.run_direct(body)
         else:
             async with self._store.autocommit() as conn:
                 row = (
@@ -269,10 +289,16 @@ class Turns:
         params = (tenant, cp.workflow_id, cp.chat_id, cp.last_seen_message_id)
         if self._store.backend == "sqlite":
 
-            def body(conn: sa.Connection) -> float:
-                updated = _scalar_one(conn, _SQLITE_CHECKPOINT, params)
-                if journal is not None:
-                    _scalar_one(
+            def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> float:
+                take_writer()
+                if journal is None:
+                    # One statement: a transaction of its own (autocommit), committed
+                    # once it returned its row.
+                    return float(_one_value(driver_rows(conn, _SQLITE_CHECKPOINT, params)))
+                driver_execute(conn, "BEGIN IMMEDIATE")
+                updated = _one_value(driver_rows(conn, _SQLITE_CHECKPOINT, params))
+                _one_value(
+                    driver_rows(
                         conn,
                         _SQLITE_JOURNAL,
                         (
@@ -285,9 +311,11 @@ class Turns:
                             journal.deadline,
                         ),
                     )
+                )
+                driver_execute(conn, "COMMIT")
                 return float(updated)
 
-            updated_at = await self._store.run_transaction(body)
+            updated_at = await self._store.run_direct(body)
         elif journal is None:
             async with self._store.autocommit() as conn:
                 updated_at = (await conn.exec_driver_sql(_PG_CHECKPOINT, params)).scalar_one()
@@ -314,11 +342,11 @@ class Turns:
         tenant = self._store.tenant
         if self._store.backend == "sqlite":
 
-            def body(conn: sa.Connection) -> list[Any]:
-                return _rows(conn, _SQLITE_ARCHIVE_TARGETS, (tenant, workflow_id))
+            def body(conn: sqlite3.Connection, _take_writer: Callable[[], None]) -> list[Any]:
+                # One statement, its own read snapshot: no BEGIN / COMMIT around it.
+                return driver_rows(conn, _SQLITE_ARCHIVE_TARGETS, (tenant, workflow_id))
 
-            async with self._store.read() as sconn:
-                rows = await sconn.run_sync(body)
+            rows = await self._store.run_direct(body)
         else:
             async with self._store.autocommit() as conn:
                 rows = list(
@@ -345,11 +373,19 @@ class Turns:
         tenant = self._store.tenant
         if self._store.backend == "sqlite":
 
-            def body(conn: sa.Connection) -> None:
+            def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> None:
+                # Most chats have neither (no crash-safe tool ran, nothing stranded): then
+                # one read and no write transaction. A row written after that read is
+                # ordered after this call, as it was after the transaction it replaces.
+                if not driver_rows(conn, _SQLITE_ANY_TOOLS, (tenant, chat_id)):
+                    return
+                take_writer()
+                driver_execute(conn, "BEGIN IMMEDIATE")
                 for sql in _SQLITE_FORGET_TOOLS:
-                    _rows(conn, sql, (tenant, chat_id))
+                    driver_rows(conn, sql, (tenant, chat_id))
+                driver_execute(conn, "COMMIT")
 
-            await self._store.run_transaction(body)
+            await self._store.run_direct(body)
         else:
             async with self._store.autocommit() as conn:
                 await conn.exec_driver_sql(_PG_FORGET_TOOLS, (tenant, chat_id))

@@ -40,11 +40,11 @@ import asyncio
 import contextlib
 import logging
 import random
+import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import sqlalchemy as sa
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Running
@@ -52,6 +52,7 @@ from prefect.states import Running
 from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.leases import RELEASED
 from prefect_coder.blocks.state.schema import leases as lease_table
+from prefect_coder.blocks.state.sqlite_pool import driver_rows
 from prefect_coder.flows.parts.holders import holder_workflow_id, holders_over, run_holder
 from prefect_coder.flows.parts.observe import TurnObserver
 from prefect_coder.flows.parts.slot_takeover import Verdict, judge_dead_slot
@@ -141,11 +142,13 @@ async def _held_rows(store: StateStore, cap: int) -> dict[int, tuple[str, float]
     rows: list[Any]
     if store.backend == "sqlite":
 
-        def body(conn: sa.Connection) -> list[Any]:
-            return list(conn.exec_driver_sql(_SQLITE_BUSY, (store.tenant,)).all())
+        def body(conn: sqlite3.Connection, _take_writer: Callable[[], None]) -> list[Any]:
+            # One statement on the worker's sqlite3 connection, its own read snapshot
+            # (no BEGIN / COMMIT, no SQLAlchemy cursor result: docs/performance.md,
+            # round 10a).
+            return driver_rows(conn, _SQLITE_BUSY, (store.tenant,))
 
-        async with store.read() as sconn:
-            rows = await sconn.run_sync(body)
+        rows = await store.run_direct(body)
     else:
         async with store.autocommit() as conn:
             rows = list((await conn.exec_driver_sql(_PG_BUSY, (store.tenant,))).all())
