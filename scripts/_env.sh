@@ -10,10 +10,27 @@ ensure_venv() {
   # Reinstall only when the project metadata changed since the last install.
   local stamp=.venv/.prefect-coder-installed
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e '.[dev]'
+    install_project
     touch "$stamp"
   fi
+}
+
+# The project with its dev extras, installed by uv (from PyPI, into the venv) when it can:
+# it resolves the same packages as pip (the same 123 installed, compared on 2026-12-02)
+# but downloads, unpacks and byte-compiles in parallel. A fresh install measured at load
+# 6 on the 2-core machine: pip 208 s wall / 87 CPU-s, uv 48 s / 30 CPU-s — most of a
+# fresh CI run's set-up. uv does not read pip's configuration (a private index, a proxy
+# set only there): when uv cannot be installed or its install fails, pip does it as
+# before. PREFECT_CODER_INSTALLER=pip always uses pip.
+install_project() {
+  if [ "${PREFECT_CODER_INSTALLER:-uv}" = uv ] \
+      && .venv/bin/python -m pip install -q uv >/dev/null 2>&1 \
+      && .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e '.[dev]'; then
+    return 0
+  fi
+  [ "${PREFECT_CODER_INSTALLER:-uv}" = uv ] && echo "uv install failed; installing with pip" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
 }
 
 pg_bindir() {
