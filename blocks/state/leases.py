@@ -208,6 +208,27 @@ def _driver_one(
     return _DriverRow(*rows[0]) if len(rows[0]) == len(_DriverRow._fields) else rows[0]
 
 
+def acquire_direct(
+    conn: sqlite3.Connection,
+    take_writer: Callable[[], None],
+    tenant: str,
+    key: str,
+    holder: str,
+    ttl: float,
+    *,
+    released_only: bool = False,
+) -> Lease | None:
+    """``Leases.acquire`` inside a ``store.run_direct`` body (SQLite): the same one
+    statement, for a caller that runs more than one step on the worker in one hop (the
+    turn slot's claim: its read and its acquires)."""
+    _check_ttl(ttl)
+    if not key or not holder:
+        raise ValueError("key and holder: both required and non-empty")
+    name = "acquire_released" if released_only else "acquire"
+    row = _driver_one(_SQLITE_TEXT[name], (tenant, key, holder, float(ttl)), conn, take_writer)
+    return None if row is None else _row(row)
+
+
 class _DriverRow(NamedTuple):
     """A lease row as ``sqlite3`` returns it (``_COLUMNS``), read by name like
     SQLAlchemy's rows."""

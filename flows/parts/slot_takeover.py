@@ -48,13 +48,15 @@ Probes are bounded and cheap: only a slot whose holder's run is final is probed
 (the Prefect answers are cached by ``holders``, and a waiter asks about all busy
 slots' runs in one call, at most once a second), one ``GET /chats?label=…`` (and a
 ``GET /chats/{id}`` when the checkpointed chat was not listed), each bounded by
-``PROBE_TIMEOUT_S``; a "still busy" verdict is reused for ``BUSY_RECHECK_S``.
+``PROBE_TIMEOUT_S`` (``PREFECT_CODER_SLOT_PROBE_TIMEOUT_S`` on the worker overrides
+it); a "still busy" verdict is reused for ``BUSY_RECHECK_S``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterable
 
@@ -65,12 +67,34 @@ from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.flows.parts.holders import holder_over, holder_workflow_id
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 
-__all__ = ["BUSY_RECHECK_S", "PROBE_TIMEOUT_S", "Verdict", "judge_dead_slot"]
+__all__ = [
+    "BUSY_RECHECK_S",
+    "PROBE_TIMEOUT_ENV",
+    "PROBE_TIMEOUT_S",
+    "Verdict",
+    "judge_dead_slot",
+    "probe_timeout_s",
+]
 
 #: Seconds a "its chat still runs" (or "could not tell") verdict is reused.
 BUSY_RECHECK_S = 1.0
-#: Bound of each Coder request of a probe.
+#: Bound of each Coder request of a probe (default).
 PROBE_TIMEOUT_S = 5.0
+#: Environment variable: the probe's bound in seconds, overriding ``PROBE_TIMEOUT_S``.
+PROBE_TIMEOUT_ENV = "PREFECT_CODER_SLOT_PROBE_TIMEOUT_S"
+
+
+def probe_timeout_s() -> float:
+    """The bound of each Coder request of a probe: ``PREFECT_CODER_SLOT_PROBE_TIMEOUT_S``
+    (seconds, > 0), else ``PROBE_TIMEOUT_S``. Read per probe: a probe is rare (only a
+    slot whose holder is gone is probed), and tests set it for their process."""
+    raw = os.environ.get(PROBE_TIMEOUT_ENV, "").strip()
+    try:
+        value = float(raw) if raw else PROBE_TIMEOUT_S
+    except ValueError:
+        return PROBE_TIMEOUT_S
+    return value if value > 0 else PROBE_TIMEOUT_S
+
 
 _logger = logging.getLogger(__name__)
 _busy: dict[str, tuple[float, Verdict]] = {}
@@ -158,7 +182,8 @@ async def _chat_not_at_rest(client: ChatClient, store: StateStore, workflow_id: 
     value = label_value(workflow_id)
     labels = {**scope_labels(store.tenant), LABEL_WORKFLOW: value}
     listed: set[str] = set()
-    async for root in client.iter_chats(labels=labels, timeout=PROBE_TIMEOUT_S):
+    timeout = probe_timeout_s()
+    async for root in client.iter_chats(labels=labels, timeout=timeout):
         # Re-checked: a server that ignored the filter must not make someone else's
         # chat hold our slot (nor free it).
         if not owned_by(root.labels, store.tenant) or root.labels.get(LABEL_WORKFLOW) != value:
@@ -174,7 +199,7 @@ async def _chat_not_at_rest(client: ChatClient, store: StateStore, workflow_id: 
     if checkpoint is None or checkpoint.chat_id in listed:
         return None
     try:
-        chat = await client.get_chat(checkpoint.chat_id, timeout=PROBE_TIMEOUT_S)
+        chat = await client.get_chat(checkpoint.chat_id, timeout=timeout)
     except CoderApiError as exc:
         if exc.status == 404:  # gone: nothing of it can run
             return None

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import sqlite3
@@ -50,7 +51,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Running
 
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.blocks.state.leases import RELEASED
+from prefect_coder.blocks.state.leases import RELEASED, acquire_direct
 from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.blocks.state.sqlite_pool import driver_rows
 from prefect_coder.flows.parts.holders import holder_workflow_id, holders_over, run_holder
@@ -136,6 +137,53 @@ async def _busy_holders(store: StateStore, cap: int) -> dict[int, tuple[str, flo
     return {i: row for i, row in (await _held_rows(store, cap)).items() if row[1] > 0}
 
 
+def _held_from(rows: list[Any], cap: int) -> dict[int, tuple[str, float]]:
+    busy: dict[int, tuple[str, float]] = {}
+    for key, holder, left in rows:
+        index = _slot_index(str(key), cap)
+        if index is not None:
+            busy[index] = (str(holder), float(left))
+    return busy
+
+
+def _claim_direct(
+    tenant: str,
+    cap: int,
+    holder: str,
+    ttl: float,
+    hinted: int | None,
+    conn: sqlite3.Connection,
+    take_writer: Callable[[], None],
+) -> tuple[int | None, dict[int, tuple[str, float]]]:
+    """SQLite: ``_Claimer.claim``'s store part in ONE hop to the worker — the hinted
+    slot's acquire, else the read of the held slots and an acquire per free one (in
+    random order) until one is won. The same statements as one by one, each atomic
+    by itself; a claim that read and then acquired took two hops (three after a
+    failed hint), each a thread hand-off on a busy loop (docs/performance.md, round
+    10a). Returns the slot won (or None) and the held slots read (None when the hint
+    won: nothing was read)."""
+    if hinted is not None:
+        # Released rows only: another process may have taken the slot since, and its
+        # lease lapsed while its turn still runs (judged by the caller).
+        got = acquire_direct(
+            conn, take_writer, tenant, slot_key(hinted), holder, ttl, released_only=True
+        )
+        if got is not None:
+            return hinted, {}
+    held = _held_from(driver_rows(conn, _SQLITE_BUSY, (tenant,)), cap)
+    free = [i for i in range(cap) if i not in held]
+    # Random order: waiters that see the same free slot mostly try different ones.
+    _rng.shuffle(free)
+    for i in free:
+        # Released only: a slot taken since the read may lapse before this acquire.
+        got = acquire_direct(
+            conn, take_writer, tenant, slot_key(i), holder, ttl, released_only=True
+        )
+        if got is not None:
+            return i, held
+    return None, held
+
+
 async def _held_rows(store: StateStore, cap: int) -> dict[int, tuple[str, float]]:
     """Slots not released by their holder: index → (holder, seconds left); a lapsed
     one (its holder stopped renewing) has ≤ 0 left."""
@@ -152,12 +200,7 @@ async def _held_rows(store: StateStore, cap: int) -> dict[int, tuple[str, float]
     else:
         async with store.autocommit() as conn:
             rows = list((await conn.exec_driver_sql(_PG_BUSY, (store.tenant,))).all())
-    busy: dict[int, tuple[str, float]] = {}
-    for key, holder, left in rows:
-        index = _slot_index(str(key), cap)
-        if index is not None:
-            busy[index] = (str(holder), float(left))
-    return busy
+    return _held_from(rows, cap)
 
 
 class _Claimer:
@@ -191,9 +234,22 @@ class _Claimer:
         worker it is most likely still free (a fan-out of quick turns hands slots
         on within the process), and the acquire, not the read, decides anyway."""
         store = self.store
+        hinted: int | None = None
         while hints:
             hinted = hints.pop()
             if hinted < self.cap:
+                break
+            hinted = None
+        if store.backend == "sqlite":
+            index, held = await store.run_direct(
+                functools.partial(
+                    _claim_direct, store.tenant, self.cap, self.holder, self.ttl, hinted
+                )
+            )
+            if index is not None:
+                return index
+        else:
+            if hinted is not None:
                 # Released rows only: another process may have taken the slot since,
                 # and its lease lapsed while its turn still runs (judged below).
                 got = await store.leases.acquire(
@@ -201,16 +257,18 @@ class _Claimer:
                 )
                 if got is not None:
                     return hinted
-                break  # taken by another process meanwhile: read what is free
-        held = await _held_rows(store, self.cap)
-        free = [i for i in range(self.cap) if i not in held]
-        # Random order: waiters that see the same free slot mostly try different ones.
-        _rng.shuffle(free)
-        for i in free:
-            # Released only: a slot taken since the read may lapse before this acquire.
-            got = await store.leases.acquire(slot_key(i), self.holder, self.ttl, released_only=True)
-            if got is not None:
-                return i
+                # Taken by another process meanwhile: read what is free.
+            held = await _held_rows(store, self.cap)
+            free = [i for i in range(self.cap) if i not in held]
+            # Random order: waiters that see the same free slot mostly try different ones.
+            _rng.shuffle(free)
+            for i in free:
+                # Released only: a slot taken since the read may lapse before this acquire.
+                got = await store.leases.acquire(
+                    slot_key(i), self.holder, self.ttl, released_only=True
+                )
+                if got is not None:
+                    return i
         # A lapsed slot (its holder stopped renewing, dead or stalled) stands for a
         # turn that may still run server-side, like a live slot of a run that is
         # over: both are judged (slot_takeover), never taken on the ttl alone.

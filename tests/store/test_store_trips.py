@@ -56,19 +56,39 @@ async def _one_turn_workflow(store: StateStore, n: int, cap: int) -> None:
         await store.turns.forget_tools(chat_id)
 
 
+def _count_hops(store: StateStore) -> list[int]:
+    """Counts the store's check-outs of a SQLite worker: one per hop to a worker thread
+    (a job and its answer handed between the loop and the thread)."""
+    pool = store._sqlite_pool()
+    hops = [0]
+    checkout = pool.checkout
+
+    async def counted() -> Any:
+        hops[0] += 1
+        return await checkout()
+
+    pool.checkout = counted  # type: ignore[method-assign]
+    return hops
+
+
 async def test_one_turn_workflow_store_statements(tmp_path: Path) -> None:
     store = StateStore(f"sqlite+aiosqlite:///{tmp_path / 'state.db'}", tenant="t")
     seen = _trace(store)
     try:
         await store.ensure_schema()
+        hops = _count_hops(store)
         seen.clear()
         await _one_turn_workflow(store, 0, cap=5)  # first claim: the busy read
-        first = list(seen)
+        first, first_hops = list(seen), hops[0]
         seen.clear()
+        hops[0] = 0
         await _one_turn_workflow(store, 1, cap=5)  # the released slot as hint: no read
-        second = list(seen)
+        second, second_hops = list(seen), hops[0]
     finally:
         await store.aclose()
+    # One hop per store call: the first claim's read and acquire go together (they
+    # were two hops).
+    assert (first_hops, second_hops) == (9, 9)
     for got in (first, second):
         begins = [s for s in got if s.startswith("BEGIN")]
         commits = [s for s in got if s.startswith("COMMIT")]
@@ -86,7 +106,8 @@ async def test_direct_statements_commit_before_they_return(tmp_path: Path) -> No
     another connection, no transaction left open on the worker) when they return —
     and a failed one changed nothing and leaves the worker usable."""
     path = tmp_path / "state.db"
-    store = StateStore(f"sqlite+aiosqlite:///{path}", tenant="t", pool_size=1)
+    # A short busy timeout (the pool of a file is per process: set by its first store).
+    store = StateStore(f"sqlite+aiosqlite:///{path}", tenant="t", pool_size=1, connect_timeout=0.3)
     other = sqlite3.connect(path, isolation_level=None)
     try:
         got = await store.leases.acquire("k", "a", 30)
@@ -108,16 +129,10 @@ async def test_direct_statements_commit_before_they_return(tmp_path: Path) -> No
         # A writer of another process holds the lock: the statement fails with
         # SQLAlchemy's error after the busy timeout, changes nothing, and the worker
         # then serves the next call.
-        slow = StateStore(
-            f"sqlite+aiosqlite:///{path}", tenant="t", pool_size=1, connect_timeout=0.2
-        )
-        try:
-            other.execute("BEGIN IMMEDIATE")
-            with pytest.raises(sa.exc.OperationalError, match="database is locked"):
-                await slow.leases.release("k", "a")
-            other.execute("ROLLBACK")
-        finally:
-            await slow.aclose()
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+            await store.leases.release("k", "a")
+        other.execute("ROLLBACK")
         assert await store.leases.release("k", "a") is True
         row = other.execute("SELECT expires_at FROM coder_state_leases WHERE key='k'").fetchone()
         assert row == (0.0,)
