@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .state.store import StateStore
-from .state.urls import SQLITE_SCHEME, parse_store_url
+if TYPE_CHECKING:
+    from .state.store import StateStore
+
+#: ``state.urls.SQLITE_SCHEME``, spelled out: this module is imported with the
+#: ``prefect.collections`` entry point in every Prefect process, and ``.state``
+#: (SQLAlchemy, ≈ 0.6-0.9 CPU-s) only where a store is opened or a URL checked.
+#: ``tests/blocks/test_lazy_state_import.py`` keeps the two equal.
+_SQLITE_SCHEME = "sqlite+aiosqlite"
 
 
 class ChatStateStore(Block):
@@ -56,7 +62,7 @@ class ChatStateStore(Block):
         description=(
             "sqlite+aiosqlite:////absolute/path/state.db or "
             "postgresql+asyncpg://USER@HOST:5432/DBNAME, without a password; empty means "
-            f"{SQLITE_SCHEME}:///$PREFECT_HOME/prefect-coder/state.db on the machine that runs "
+            f"{_SQLITE_SCHEME}:///$PREFECT_HOME/prefect-coder/state.db on the machine that runs "
             "the code."
         ),
     )
@@ -81,6 +87,8 @@ class ChatStateStore(Block):
     def _validate_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
+        from .state.urls import parse_store_url
+
         url, _backend = parse_store_url(value)
         return url.render_as_string(hide_password=True)
 
@@ -96,6 +104,8 @@ class ChatStateStore(Block):
 
     def get_store(self) -> StateStore:
         """A ``StateStore`` for this configuration (cheap: connections are pooled per process)."""
+        from .state.store import StateStore
+
         return StateStore(
             self.url,
             password=self.password,
