@@ -5,6 +5,7 @@ subprocesses, each in its own process group so a kill takes its flow runs with i
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -108,7 +109,7 @@ ENGINE_COMMAND = f"{sys.executable} -m prefect.engine"
 
 
 async def deploy(
-    pool: str, untriggered: Sequence[str] = (), *, default_launch: bool = False
+    pool: str, untriggered: Sequence[str] = (), *, default_launch: bool | Sequence[str] = False
 ) -> list[UUID]:
     """The pool and the agent-workflow, recover-turn, agent-fanout and agent-fanout-shard
     deployments on it, with their Crashed triggers from ``prefect.yaml`` (except the
@@ -116,7 +117,9 @@ async def deploy(
     their ids (for :func:`undeploy`). Flow runs start as :data:`ENGINE_COMMAND`, or
     with ``default_launch`` exactly as ``prefect.yaml`` deploys them (no ``command``:
     the worker's workspace supervisor and its crashed-hook process), which one test
-    keeps so the user's own launch path is proven under a kill too."""
+    keeps for the deployment whose run it kills, so the user's own launch path is
+    proven under a kill too. ``default_launch``: True for every deployment, or the
+    names of those launched that way (each such run costs ≈ 2 CPU-s more)."""
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     ids: list[UUID] = []
@@ -127,7 +130,7 @@ async def deploy(
             entrypoint_type=EntrypointType.MODULE_PATH,
             triggers=[] if name in untriggered else _triggers(name),
             job_variables={"working_dir": str(ROOT)}
-            if default_launch
+            if default_launch is True or (default_launch and name in default_launch)
             else {"working_dir": str(ROOT), "command": ENGINE_COMMAND},
         )
         ids.append(await dep.aapply())
@@ -220,13 +223,24 @@ async def stop_worker(worker: Worker) -> None:
     await worker.proc.wait()
 
 
-def child_env(api_url: str, results_dir: Path) -> dict[str, str]:
+#: The tests' workers look for scheduled runs every 2 s. Each look is a
+#: ``get_scheduled_flow_runs`` on the server, which also writes the pool's and queue's
+#: last poll: an idle worker polling every second cost the server and PostgreSQL
+#: ≈ 0.085 CPU-s per second of its life (measured, issue 12) — with two workers for
+#: two minutes, more than a flow run's own process. A run waits ≤ 2 s for its pickup
+#: (bounds below are tens of seconds).
+WORKER_QUERY_S = 2.0
+
+
+def child_env(api_url: str, results_dir: Path, *, query_s: float = 1.0) -> dict[str, str]:
+    """The environment of the fleet's workers and their flow runs; ``query_s``: the
+    workers' poll interval (the tests pass :data:`WORKER_QUERY_S`)."""
     env = dict(os.environ)
     env.update(
         PREFECT_API_URL=api_url,
         PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results_dir),
         PREFECT_LOGGING_LEVEL="WARNING",
-        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_QUERY_SECONDS=f"{query_s:g}",
         PREFECT_WORKER_HEARTBEAT_SECONDS="5",
         **FAST_ENV,
     )
@@ -250,16 +264,35 @@ def most_at_once(intervals: Sequence[tuple[Any, Any]]) -> int:
 UNTIL_EVERY_S = 0.5
 
 
+#: With a ``gate``, how often :func:`until` calls ``check`` while the gate is shut.
+GATED_EVERY_S = 5.0
+
+
 async def until(
-    what: str, limit_s: float, check: Callable[[], Awaitable[Any]], every_s: float = UNTIL_EVERY_S
+    what: str,
+    limit_s: float,
+    check: Callable[[], Awaitable[Any]],
+    every_s: float = UNTIL_EVERY_S,
+    *,
+    gate: Callable[[], bool] | None = None,
 ) -> Any:
     """Poll ``check`` every ``every_s`` until it returns something truthy (returned), or
-    fail naming ``what``."""
+    fail naming ``what``.
+
+    ``gate``: a local fact (the emulator's event log) that must hold before ``check``
+    can succeed, e.g. every step's turn ended before a fan-out can complete. While it
+    does not hold, ``check`` (reads of the Prefect server) runs only every
+    :data:`GATED_EVERY_S` — not never, so a run that ended otherwise (failed) is still
+    seen and reported; the wait's outcome is ``check``'s alone."""
     deadline = time.monotonic() + limit_s
+    last = -math.inf
     while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
+        now = time.monotonic()
+        if gate is None or gate() or now - last >= GATED_EVERY_S:
+            last = now
+            value = await check()
+            if value:
+                return value
         await asyncio.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 

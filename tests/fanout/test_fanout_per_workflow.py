@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout_env import (
+    WORKER_QUERY_S,
     child_env,
     deploy,
     deployment_id,
@@ -68,10 +69,12 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
     store_url, tenant = pg_store
     settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
     pool = f"fanout1-{uuid.uuid4().hex[:6]}"
-    # The launch path prefect.yaml gives users (no `command` job variable): the one
-    # fan-out test that kills a flow-run process started Prefect's default way.
-    deployed = await deploy(pool, default_launch=True)
-    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    # The launch path prefect.yaml gives users (no `command` job variable) for the
+    # agent-workflow runs, one of which is killed: the one fan-out test that kills a
+    # flow-run process started Prefect's default way. The fan-out and recover-turn
+    # runs (not killed) start as fanout_env.ENGINE_COMMAND, ≈ 2 CPU-s less each.
+    deployed = await deploy(pool, default_launch=["agent-workflow"])
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     # --limit 6: the fan-out, its three workflow runs, the killed one's restart and the
     # recover-turn run the trigger starts.
     worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=6)
@@ -113,7 +116,8 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
             # chat — the documented window of docs/durable-workflows.md, which a loaded
             # run hit (two user messages for the step). This test is about the rest.
             async def victim_process() -> tuple[Any, int] | None:
-                if await store.checkpoints.get(victim) is None:
+                # The emulator first (local): no server read before the turn runs.
+                if not victim_turn_running() or await store.checkpoints.get(victim) is None:
                     return None
                 for run in await runs_of(client, workflow_dep, [StateType.RUNNING], pool=pool):
                     pid = str(run.infrastructure_pid or "").split(":")[-1]
@@ -131,7 +135,12 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
                 run = await client.read_flow_run(started.id)
                 return run if run.state and run.state.is_final() else None
 
-            final = await until("the agent-fanout run to end", 240, fanout_final)
+            # Every step's turn has ended before the fan-out can complete (a local
+            # fact): until then the server is read only now and then.
+            def turns_ended() -> bool:
+                return len(emu.event_log(["turn_end"])) >= WORKFLOWS * len(STEPS)
+
+            final = await until("the agent-fanout run to end", 240, fanout_final, gate=turns_ended)
             recover_dep = deployment_id(deployed, "recover-turn")
 
             # The trigger's recover-turn run has ended too (it may finish after the fan-out).

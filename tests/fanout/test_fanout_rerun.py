@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout_env import (
+    WORKER_QUERY_S,
     child_env,
     deploy,
     deployment_id,
@@ -95,7 +96,7 @@ async def test_rerun_after_the_fanouts_crash_attaches_to_live_runs_within_max_pa
     # The fan-out is re-run by hand below (reversed list): no Crashed trigger starting
     # a second re-run beside it.
     deployed = await deploy(pool, untriggered=("agent-fanout",))
-    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     # --limit 4: the fan-out, its re-run and both workflow runs (a re-run that broke
     # max_parallel must be able to show it).
     worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=4)
@@ -161,7 +162,12 @@ async def test_rerun_after_the_fanouts_crash_attaches_to_live_runs_within_max_pa
                 run = await client.read_flow_run(rerun.id)
                 return run if run.state and run.state.is_final() else None
 
-            final = await until("the re-run to end", 240, rerun_final)
+            # Both workflows' turns have ended before the re-run can (a local fact):
+            # until then the server is read only now and then.
+            def turns_ended() -> bool:
+                return len(emu.event_log(["turn_end"])) >= len(items) * len(STEPS)
+
+            final = await until("the re-run to end", 240, rerun_final, gate=turns_ended)
             outcomes = await final.state.aresult() if final.state.is_completed() else None
             workflow_runs = await runs_of(client, workflow_dep, pool=pool)
             spans = {r.name: await _span(client, r) for r in workflow_runs}

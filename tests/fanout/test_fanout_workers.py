@@ -51,6 +51,7 @@ from typing import Any
 from uuid import UUID
 
 from fanout_env import (
+    WORKER_QUERY_S,
     Worker,
     child_env,
     deploy,
@@ -148,7 +149,7 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     held = True
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
-    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     # --limit WORKER_LIMIT: more runs than one worker takes, so the worker that runs
     # the fan-out runs a shard too — the kill below takes a shard with it.
     workers = [
@@ -182,7 +183,11 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 return host if both else None
 
             try:
-                victim_name = await until("the shards on both workers", 300 * SCALE, spread)
+                # Every 1 s: each look reads the server, and the shards wait (the
+                # slots are held) until the test lets them go, so none is missed.
+                victim_name = await until(
+                    "the shards on both workers", 300 * SCALE, spread, every_s=1.0
+                )
             except AssertionError:
                 runs = await client.read_flow_runs(limit=200)
                 table = [(r.name, r.state_name, r.state and r.state.message) for r in runs]
@@ -242,8 +247,15 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
                 )
                 return runs[0] if runs else None
 
+            # Every step's turn has ended before the fan-out can complete (a local
+            # fact): until then the server is read only now and then.
+            def turns_ended() -> bool:
+                return len(emu.event_log(["turn_end"])) >= WORKFLOWS * len(STEPS)
+
             try:
-                final = await until("a completed agent-fanout run", 300 * SCALE, fanout_done)
+                final = await until(
+                    "a completed agent-fanout run", 300 * SCALE, fanout_done, gate=turns_ended
+                )
             except AssertionError:
                 runs = await client.read_flow_runs(limit=200)
                 table = [(r.name, r.state_name, r.infrastructure_pid) for r in runs]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout_env import (
+    WORKER_QUERY_S,
     child_env,
     deploy,
     deployment_id,
@@ -46,7 +47,7 @@ async def test_max_parallel_holds_across_shards(
     settings = await fanout_settings(emu, store_url, None, tenant=tenant)
     pool = f"fanout-par-{uuid.uuid4().hex[:6]}"
     deployed = await deploy(pool)
-    env = child_env(prefect_harness.api_url, prefect_harness.results_dir)
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=3)
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, ["only"], 2.0)
     try:
