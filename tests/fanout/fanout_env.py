@@ -225,10 +225,11 @@ async def stop_worker(worker: Worker) -> None:
 
 #: The tests' workers look for scheduled runs every 2 s. Each look is a
 #: ``get_scheduled_flow_runs`` on the server, which also writes the pool's and queue's
-#: last poll: an idle worker polling every second cost the server and PostgreSQL
-#: ≈ 0.085 CPU-s per second of its life (measured, issue 12) — with two workers for
-#: two minutes, more than a flow run's own process. A run waits ≤ 2 s for its pickup
-#: (bounds below are tens of seconds).
+#: last poll: an idle worker polling every second cost the server process ≈ 0.053
+#: CPU-s per second of its life, every 2 s ≈ 0.025 (measured twice each, issue 12;
+#: PostgreSQL's share comes on top) — with two workers for two minutes, about a flow
+#: run's own process. A run waits ≤ 2 s for its pickup (bounds below are tens of
+#: seconds).
 WORKER_QUERY_S = 2.0
 
 
