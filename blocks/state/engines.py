@@ -10,6 +10,11 @@ beats aiosqlite here). One plain ``sqlite3`` connection per process and file sta
 open as an *anchor*: it switches the file to WAL, and while it is open no other
 connection closing is ever the file's last, so SQLite never checkpoints and
 deletes the WAL on a close (≈ 3-5x slower writes when it did).
+
+The PostgreSQL-only imports (``sqlalchemy.ext.asyncio``, which pulls in the whole
+ORM, and the PostgreSQL dialect) load on the first PostgreSQL engine or upsert, not
+at import: every flow run is a fresh process, and a SQLite one never needs them
+(≈ 0.2 CPU-s per process; docs/performance.md, round 10d).
 """
 
 from __future__ import annotations
@@ -23,18 +28,33 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from .sqlite_pool import SqlitePool
 from .urls import Backend
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+_ASYNC_NAMES = frozenset({"AsyncConnection", "AsyncEngine"})
+
+
+def __getattr__(name: str) -> Any:
+    # ``engines.AsyncEngine`` / ``engines.AsyncConnection`` (store.py's annotations)
+    # still resolve at run time, e.g. for typing.get_type_hints, importing the
+    # asyncio extension only then.
+    if name in _ASYNC_NAMES:
+        import sqlalchemy.ext.asyncio as sa_asyncio
+
+        return getattr(sa_asyncio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _WRITE_OPTION = "prefect_coder_write"
 
@@ -154,6 +174,8 @@ def close_sqlite_pool(path: str) -> None:
 
 
 def _create(url: URL, password: str | None, connect_timeout: float, pool_size: int) -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     return create_async_engine(
         url.set(password=password) if password is not None else url,
         pool_size=pool_size,
@@ -240,4 +262,6 @@ def upsert(backend: Backend, table: sa.Table) -> Any:
     """``INSERT`` with ON CONFLICT support; SQLite and PostgreSQL share the same API."""
     if backend == "sqlite":
         return sqlite_dialect.insert(table)
+    from sqlalchemy.dialects import postgresql as pg_dialect
+
     return pg_dialect.insert(table)
