@@ -104,6 +104,19 @@ def shared_ssl_context(verify: bool) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify)
 
 
+@functools.cache
+def _plain_http_context() -> ssl.SSLContext:
+    """The TLS context of a pool that only ever speaks plain ``http``.
+
+    httpx builds a transport's context when the transport is built; certifi's bundle
+    costs ≈ 60 ms of CPU, paid for nothing by every process whose Coder URL is
+    ``http://`` (docs/performance.md, round 10d). This one loads no CA at all yet
+    still requires a verified certificate and hostname, so a TLS connection through
+    it could only fail, never go unverified.
+    """
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 def _seg(value: str | int) -> str:
     """Quote one path segment (ids are uuids/ints; never let a '/' through)."""
     return quote(str(value), safe="")
@@ -160,7 +173,10 @@ class ChatClient:
                 headers={"User-Agent": _USER_AGENT},
             )
         else:
-            self._direct = httpx.AsyncHTTPTransport(verify=shared_ssl_context(verify))
+            # Every request goes to base_url (no redirects followed): an http:// client
+            # never needs the CA bundle, and builds none.
+            tls = shared_ssl_context(verify) if parts.scheme == "https" else _plain_http_context()
+            self._direct = httpx.AsyncHTTPTransport(verify=tls)
             self._http = httpx.AsyncClient(
                 transport=self._direct,
                 timeout=timeout,
