@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,50 +166,73 @@ Route = Callable[[str, str, bytes], Awaitable[tuple[int, Any]] | tuple[int, Any]
 
 
 class MiniHttp:
-    """A minimal real HTTP/1.1 server (asyncio streams); one response per connection.
+    """A minimal real HTTP/1.1 server (asyncio streams).
 
     ``route(method, path_with_query, body) -> (status, json_body)``; status 0 closes
-    the connection without a response.
+    the connection without a response. One response per connection, unless
+    ``keep_alive`` (then it serves requests on a connection until the client closes
+    it). ``extra_headers`` go into every response (e.g. a ``Set-Cookie``).
+    ``requests`` has each request's method, target and lower-cased headers;
+    ``heads`` its request line and header lines exactly as they arrived (order,
+    case, repeats); ``connections`` counts accepted connections.
     """
 
-    def __init__(self, route: Route, ssl: Any = None) -> None:
+    def __init__(
+        self,
+        route: Route,
+        ssl: Any = None,
+        *,
+        keep_alive: bool = False,
+        extra_headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.route = route
         self._ssl = ssl
+        self._keep_alive = keep_alive
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in extra_headers)
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.heads: list[tuple[str, list[tuple[str, str]]]] = []
+        self.connections = 0
         self.base_url = ""
         self._server: asyncio.Server | None = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, target, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                if ":" in line:
-                    k, v = line.split(":", 1)
-                    headers[k.strip().lower()] = v.strip()
-            body = b""
-            if int(headers.get("content-length", "0")):
-                body = await reader.readexactly(int(headers["content-length"]))
-            self.requests.append((method, target, headers))
-            result = self.route(method, target, body)
-            if not isinstance(result, tuple):
-                result = await result
-            status, payload = result
-            if status == 0:  # "drop": close without answering (a network failure)
-                return
-            data = b"" if payload is None else json.dumps(payload).encode()
-            writer.write(
-                f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                + data
-            )
-            await writer.drain()
+            while await self._answer_one(reader, writer) and self._keep_alive:
+                pass
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        raw = [
+            (k.strip(), v.strip()) for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep
+        ]
+        headers = {k.lower(): v for k, v in raw}
+        body = b""
+        if int(headers.get("content-length", "0")):
+            body = await reader.readexactly(int(headers["content-length"]))
+        self.requests.append((method, target, headers))
+        self.heads.append((lines[0], raw))
+        result = self.route(method, target, body)
+        if not isinstance(result, tuple):
+            result = await result
+        status, payload = result
+        if status == 0:  # "drop": close without answering (a network failure)
+            return False
+        data = b"" if payload is None else json.dumps(payload).encode()
+        close = "" if self._keep_alive else "Connection: close\r\n"
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{self._extra}"
+            f"Content-Length: {len(data)}\r\n{close}\r\n".encode()
+            + data
+        )
+        await writer.drain()
+        return True
 
     async def __aenter__(self) -> MiniHttp:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._ssl)

@@ -8,21 +8,22 @@ client sent (the same headers, once each); what a server learns differs in one
 point: a cookie it set is not sent back (the token header is the only credential).
 With a proxy in the environment the client keeps httpx's routing.
 
-Real sockets: a raw HTTP/1.1 server that records each request's head as sent.
+Real sockets: a raw HTTP/1.1 server (``MiniHttp``, keep-alive) that records each
+request's head as sent.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from coder_chat.rest import ChatClient
+
+if TYPE_CHECKING:
+    from conftest import MiniHttp
 
 TOKEN = "tok-direct-7c1e-secret"
 CHAT = {
@@ -35,62 +36,16 @@ CHAT = {
 }
 
 
-class RawServer:
-    """Keep-alive HTTP/1.1 server: answers every request with ``CHAT`` (and a cookie)
-    and records the request line and header lines exactly as they arrived."""
-
-    def __init__(self) -> None:
-        self.heads: list[tuple[str, list[tuple[str, str]]]] = []
-        self.connections = 0
-        self.base_url = ""
-        self._server: asyncio.Server | None = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                headers = [
-                    (k.strip(), v.strip())
-                    for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
-                ]
-                length = int(dict((k.lower(), v) for k, v in headers).get("content-length", "0"))
-                if length:
-                    await reader.readexactly(length)
-                self.heads.append((lines[0], headers))
-                data = json.dumps(CHAT).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"Set-Cookie: session=server-set; Path=/\r\n"
-                    + f"Content-Length: {len(data)}\r\n\r\n".encode()
-                    + data
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 2)
-
-
 @pytest.fixture
-async def raw_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RawServer]:
+async def raw_server(
+    monkeypatch: pytest.MonkeyPatch, mini_http: type[MiniHttp]
+) -> AsyncIterator[MiniHttp]:
+    """Keep-alive: answers every request with ``CHAT`` and a cookie."""
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("ALL_PROXY", raising=False)
-    async with RawServer() as server:
+    cookie = [("Set-Cookie", "session=server-set; Path=/")]
+    async with mini_http(lambda *_: (200, CHAT), keep_alive=True, extra_headers=cookie) as server:
         yield server
 
 
@@ -98,7 +53,7 @@ def _names(headers: list[tuple[str, str]]) -> list[str]:
     return sorted(k.lower() for k, _ in headers)
 
 
-async def test_headers_on_the_wire_are_the_httpx_clients_once_each(raw_server: RawServer) -> None:
+async def test_headers_on_the_wire_are_the_httpx_clients_once_each(raw_server: MiniHttp) -> None:
     async with ChatClient(raw_server.base_url, TOKEN, organization_id="o1") as client:
         await client.get_chat(CHAT["id"])
         await client.archive_chat(CHAT["id"])
@@ -128,7 +83,7 @@ async def test_headers_on_the_wire_are_the_httpx_clients_once_each(raw_server: R
     assert raw_server.connections == 1
 
 
-async def test_a_cookie_the_server_sets_is_not_sent_back(raw_server: RawServer) -> None:
+async def test_a_cookie_the_server_sets_is_not_sent_back(raw_server: MiniHttp) -> None:
     """The httpx client's jar sent ``Cookie: session=server-set`` on the second
     request; the transport path has no jar (the token header is the credential)."""
     async with ChatClient(raw_server.base_url, TOKEN, organization_id="o1") as client:
@@ -138,7 +93,7 @@ async def test_a_cookie_the_server_sets_is_not_sent_back(raw_server: RawServer) 
 
 
 async def test_no_httpx_request_log_record(
-    raw_server: RawServer, caplog: pytest.LogCaptureFixture
+    raw_server: MiniHttp, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``AsyncClient.send`` logged ``HTTP Request: ...`` per request at INFO (built
     whenever the httpx logger is enabled); the client's own http:request/http:response
@@ -155,7 +110,7 @@ async def test_no_httpx_request_log_record(
 
 
 async def test_a_proxy_in_the_environment_keeps_httpxs_routing(
-    raw_server: RawServer, monkeypatch: pytest.MonkeyPatch
+    raw_server: MiniHttp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``HTTP_PROXY`` set the request goes through the httpx client, which routes
     it to the proxy (absolute-form request line)."""
@@ -170,7 +125,7 @@ async def test_a_proxy_in_the_environment_keeps_httpxs_routing(
     assert {k.lower(): v for k, v in headers}["coder-session-token"] == TOKEN
 
 
-async def test_a_repeated_url_is_parsed_once(raw_server: RawServer) -> None:
+async def test_a_repeated_url_is_parsed_once(raw_server: MiniHttp) -> None:
     async with ChatClient(raw_server.base_url, TOKEN, organization_id="o1") as client:
         await client.get_chat(CHAT["id"])
         first = client._urls[f"{raw_server.base_url}/api/v2/chats/{CHAT['id']}"]
