@@ -245,15 +245,12 @@ async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
     """Run a lease statement with ``params`` in a write transaction of its own (or the
     caller's ``store.transaction()``); its row or None (every lease statement touches at
     most the one row of its key)."""
-    run_transaction = getattr(ops, "run_transaction", None)
-    if run_transaction is not None:  # the store itself: one trip
+    if hasattr(ops, "run_direct"):  # the store itself, not a transaction: one trip
         values: tuple[Any, ...] = (params["p_tenant"], params["p_key"], params["p_holder"])
         if name not in ("release", "abandon"):
             values += (params["p_ttl"],)
         if ops.backend == "sqlite":
-            return await ops.run_direct(  # type: ignore[attr-defined]
-                functools.partial(_driver_one, _SQLITE_TEXT[name], values)
-            )
+            return await ops.run_direct(functools.partial(_driver_one, _SQLITE_TEXT[name], values))
         async with ops.autocommit() as conn:  # type: ignore[attr-defined]
             return (await conn.exec_driver_sql(_PG_TEXT[name], values)).one_or_none()
     stmt = _statement(ops, name)

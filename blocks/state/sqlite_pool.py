@@ -307,38 +307,6 @@ def _finish(commit: bool, conn: sa.Connection) -> None:
         conn.rollback()
 
 
-async def run_transaction(
-    pool: SqlitePool,
-    begin: Callable[[sa.Connection], None],
-    body: Callable[[sa.Connection], T],
-    *,
-    write: bool = True,
-) -> T:
-    """``body(conn)`` in one transaction in ONE hop: BEGIN, body, COMMIT on the worker.
-
-    For a hot path whose statements do not depend on anything the loop has to do
-    in between (``store.turns``): three hops become one. The result arrives only
-    after the COMMIT returned (a caller only ever hears of a durable write); any
-    error rolls back. A caller cancelled meanwhile does not stop the job: it
-    commits or rolls back on the worker as if awaited, then the worker is checked in.
-    """
-    worker = await pool.checkout()
-    if write:
-        begin = pool.writer_begin(worker, begin)
-
-    def job(conn: sa.Connection) -> T:
-        begin(conn)
-        try:
-            result = body(conn)
-        except BaseException:
-            conn.rollback()
-            raise
-        _finish(True, conn)
-        return result
-
-    return await worker.call(job, then=functools.partial(pool.checkin, worker))
-
-
 #: ``run_direct``'s body: ``body(sqlite3_connection, take_writer)``.
 DirectBody = Callable[[sqlite3.Connection, Callable[[], None]], T]
 
@@ -375,8 +343,8 @@ async def run_direct(pool: SqlitePool, body: DirectBody[T]) -> T:
     together go between ``BEGIN IMMEDIATE`` and ``COMMIT`` (``driver_execute``). A
     body that writes calls ``take_writer()`` first: this process's writer lock, as
     every write transaction takes it, released at the check-in. Any error rolls back a
-    transaction the body left open. A caller cancelled meanwhile does not stop the job
-    (as ``run_transaction``)."""
+    transaction the body left open. A caller cancelled meanwhile does not stop the job:
+    it finishes on the worker, then the worker is checked in."""
     worker = await pool.checkout()
     take_writer = functools.partial(pool.take_writer, worker)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Self, TypeVar
@@ -189,15 +189,6 @@ class StateStore:
                 self._sqlite_pool(), engines.sqlite_begin(write), write=write
             )
         return engines.transaction(self._engine(), write=write)
-
-    async def run_transaction(self, body: Callable[[sa.Connection], T]) -> T:
-        """SQLite only: ``body(sync_connection)`` in ONE write transaction on a worker
-        thread, in one hop (BEGIN IMMEDIATE, body, COMMIT); see ``store.turns``."""
-        assert self._backend == "sqlite"
-        await self.ensure_schema()
-        return await sqlite_pool.run_transaction(
-            self._sqlite_pool(), engines.sqlite_begin(True), body
-        )
 
     async def run_direct(self, body: sqlite_pool.DirectBody[T]) -> T:
         """SQLite only: ``body(sqlite3_connection, take_writer)`` on a worker in one hop,
