@@ -56,7 +56,7 @@ def _one_certificate_trust_store() -> None:
 
 _one_certificate_trust_store()
 
-from warm_python import WarmPython  # noqa: E402
+from warm_python import SOCKET_ENV, WarmPython  # noqa: E402
 
 # The emulator's pytest plugin is opt-in (it is not auto-loaded into every pytest
 # session of an environment that has prefect-coder installed); this is the one line a
@@ -533,9 +533,26 @@ def warm_python(prefect_harness: PrefectHarness) -> Iterator[WarmPython]:
     warm = WarmPython(env)
     try:
         warm.wait_ready()
+        # Process workers started from now on hand it their flow runs
+        # (tests/warm_launch.py, the `command` of tests/fanout's deployments).
+        os.environ[SOCKET_ENV] = warm.socket_path
         yield warm
     finally:
+        os.environ.pop(SOCKET_ENV, None)
         warm.close()
+
+
+#: Directories whose tests start process workers for the deployments of
+#: tests/fanout/fanout_env.py, whose flow runs start as tests/warm_launch.py: with the
+#: warm process up (and its socket in the environment the workers inherit) each flow
+#: run is forked from it instead of importing Prefect again.
+_WARM_ENGINE_DIRS = frozenset({"fanout"})
+
+
+@pytest.fixture(autouse=True)
+def _warm_engines(request: pytest.FixtureRequest) -> None:
+    if request.path.parent.name in _WARM_ENGINE_DIRS and "prefect_harness" in request.fixturenames:
+        request.getfixturevalue("warm_python")
 
 
 @pytest.fixture(scope="session")

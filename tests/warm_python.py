@@ -29,6 +29,19 @@ Protocol (one JSON object per line): request ``{"id", "argv", "env", "cwd",
 "out", "err"}`` on the warm process's stdin; answers ``{"id", "pid"}`` when
 forked and ``{"id", "rc"}`` when that child ended (``rc`` = ``-N`` if killed by
 signal N). The child's stdout/stderr go to the files ``out``/``err``.
+
+Flow runs that a *process worker* starts (tests/fanout's deployments) reach the warm
+process through its unix socket instead (:data:`SOCKET_ENV`, ``tests/warm_launch.py``):
+the worker starts the small launcher as the flow run's ``command``; the launcher hands
+its stdin/stdout/stderr over (``SCM_RIGHTS``) with its argv, environment and working
+directory, and the warm process forks the engine with those as its stdio. The launcher
+stays the worker's child for the run's whole life and ends with the engine's exit
+status (by the same signal when the engine was killed). When the launcher dies — a
+``kill -9`` of it, of its worker's process group — the warm process SIGKILLs the
+engine at once (it watches the launcher's end of the socket), so a kill of "the
+flow-run process" still stops the flow run with no ``finally`` run. A request whose
+import-time ``PREFECT_*`` settings differ from the warm process's is refused and the
+launcher becomes ``python -m prefect.engine`` itself (``exec``).
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,13 +64,21 @@ from typing import Any
 #: Environment variables a fork may not change (read by Prefect at import time).
 _FIXED_PREFIXES = ("PREFECT_",)
 _FREE_PREFIXES = ("PREFECT_CODER_", "PREFECT__")
+#: Also free for a flow run a process worker starts: the worker's own settings (its
+#: poll and heartbeat intervals), which the worker hands down to its flow runs' environment
+#: and which the engine never reads, and whether an ephemeral server may start (the
+#: worker writes it out; the engine, like the warm process, has ``PREFECT_API_URL`` —
+#: compared — so it starts none either way).
+_ENGINE_FREE_PREFIXES = (*_FREE_PREFIXES, "PREFECT_WORKER_", "PREFECT_SERVER_EPHEMERAL_ENABLED")
+
+#: The environment variable that carries the warm process's unix socket path to
+#: ``tests/warm_launch.py`` (set by the ``warm_python`` fixture for the session).
+SOCKET_ENV = "CODER_TEST_WARM_SOCKET"
 
 
-def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+def _import_time_env(env: dict[str, str], free: tuple[str, ...] = _FREE_PREFIXES) -> dict[str, str]:
     return {
-        k: v
-        for k, v in env.items()
-        if k.startswith(_FIXED_PREFIXES) and not k.startswith(_FREE_PREFIXES)
+        k: v for k, v in env.items() if k.startswith(_FIXED_PREFIXES) and not k.startswith(free)
     }
 
 
@@ -144,9 +166,11 @@ class WarmPython:
         self._fallbacks: list[subprocess.Popen[bytes]] = []
         self.forks = 0
         self.fresh = 0
+        #: Where flow-run launchers reach the warm process (:data:`SOCKET_ENV`).
+        self.socket_path = str(self._tmp / "engine.sock")
         with (self._tmp / "server.err").open("wb") as server_err:
             self.proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve"],
+                [sys.executable, __file__, "--serve", self.socket_path],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -276,18 +300,26 @@ class WarmPython:
 # ----------------------------------------------------------------- the warm process
 
 
-def _run_child(req: dict[str, Any]) -> int:
-    """In the forked child: become ``python *argv`` and return its exit status."""
+def _run_child(req: dict[str, Any], stdio: list[int] | None = None) -> int:
+    """In the forked child: become ``python *argv`` and return its exit status.
+
+    ``stdio``: the launcher's stdin/stdout/stderr (a socket request); else stdin is
+    ``/dev/null`` and stdout/stderr go to the request's ``out``/``err`` files."""
     import runpy
     import traceback
 
-    fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
-    for target, path in ((1, req["out"]), (2, req["err"])):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(fd, target)
+    if stdio is not None:
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+            os.close(fd)
+    else:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
         os.close(fd)
+        for target, path in ((1, req["out"]), (2, req["err"])):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, target)
+            os.close(fd)
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
@@ -342,59 +374,145 @@ def _run_child(req: dict[str, Any]) -> int:
 _WARM_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
+def _read_launch(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """A launcher's request: its stdio (three fds with the first byte), then one JSON line."""
+    _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("the launcher went away before its request was complete")
+        buf += chunk
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError(f"expected the launcher's 3 stdio fds, got {len(fds)}")
+    return json.loads(buf), fds
+
+
+def _fork(req: dict[str, Any], stdio: list[int] | None, close: list[int]) -> int:
+    """Fork a child that runs ``req`` (closing the warm process's own fds ``close``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd in close:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            code = _run_child(req, stdio)
+        finally:
+            os._exit(code)
+    return pid
+
+
 def _serve() -> int:
     # Everything heavy imported BEFORE any fork; no thread or event loop started.
     import anyio._backends._asyncio  # noqa: F401
     import fastapi.encoders  # noqa: F401  (Flow.serialize_parameters, per flow run)
+    import prefect.engine  # (the launchers' `-m prefect.engine`)
     import prefect.flow_engine
     import prefect.flows
     import prefect.task_engine
     import prefect.utilities.visualization  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
+    import prefect_coder.flows.deployments.agent_fanout
     import prefect_coder.flows.deployments.agent_turn
-    import prefect_coder.flows.deployments.agent_workflow  # noqa: F401
+    import prefect_coder.flows.deployments.agent_workflow
+    import prefect_coder.flows.deployments.fanout_shard
+    import prefect_coder.flows.deployments.recover_turn  # noqa: F401
 
+    own = _import_time_env(dict(os.environ), _ENGINE_FREE_PREFIXES)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sys.argv[sys.argv.index("--serve") + 1])
+    listener.listen(64)
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
-    running: dict[int, int] = {}
+    running: dict[int, int] = {}  # pid -> request id (stdin requests)
+    launched: dict[int, socket.socket] = {}  # pid -> its launcher's connection
+    by_conn: dict[socket.socket, int] = {}
     buf = b""
     stdin = sys.stdin.fileno()
     open_input = True
-    while open_input or running:
+    while open_input or running or launched:
+        watch: list[Any] = [*by_conn]
         if open_input:
-            readable, _, _ = select.select([stdin], [], [], 0.02)
-            if readable:
-                chunk = os.read(stdin, 1 << 16)
-                open_input = bool(chunk)
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    req = json.loads(line)
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    pid = os.fork()
-                    if pid == 0:
-                        code = 1
-                        try:
-                            code = _run_child(req)
-                        finally:
-                            os._exit(code)
-                    running[pid] = req["id"]
-                    out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
-                    out.flush()
-        else:
-            select.select([], [], [], 0.02)
-        while running:
+            watch += [stdin, listener]
+        readable, _, _ = select.select(watch, [], [], 0.02)
+        if stdin in readable:
+            chunk = os.read(stdin, 1 << 16)
+            open_input = bool(chunk)
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                req = json.loads(line)
+                pid = _fork(req, None, [listener.fileno(), *(c.fileno() for c in by_conn)])
+                running[pid] = req["id"]
+                out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+                out.flush()
+        if listener in readable:
+            conn, _ = listener.accept()
+            try:
+                req, fds = _read_launch(conn)
+            except (OSError, ValueError):
+                conn.close()
+            else:
+                if _import_time_env(req["env"], _ENGINE_FREE_PREFIXES) != own:
+                    for fd in fds:
+                        os.close(fd)
+                    differ = sorted(
+                        set(_import_time_env(req["env"], _ENGINE_FREE_PREFIXES).items())
+                        ^ set(own.items())
+                    )
+                    conn.sendall(
+                        (
+                            json.dumps({"pid": None, "differ": [k for k, _ in differ]}) + "\n"
+                        ).encode()
+                    )
+                    conn.close()
+                else:
+                    pid = _fork(
+                        req, fds, [listener.fileno(), conn.fileno(), *(c.fileno() for c in by_conn)]
+                    )
+                    for fd in fds:
+                        os.close(fd)
+                    launched[pid], by_conn[conn] = conn, pid
+                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        for conn in [c for c in by_conn if c in readable]:
+            # The launcher only ever closes its end: it died (or was killed). The
+            # engine it stood for goes with it, as it would in the launcher's process.
+            with contextlib.suppress(OSError):
+                if conn.recv(1):
+                    continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(by_conn.pop(conn), signal.SIGKILL)
+        if not open_input:
+            # The session is over: nothing may outlive it.
+            for pid in launched:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        while running or launched:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
             rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            out.write(json.dumps({"id": running.pop(pid), "rc": rc}) + "\n")
-            out.flush()
+            if pid in launched:
+                conn = launched.pop(pid)
+                by_conn.pop(conn, None)
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps({"rc": rc}) + "\n").encode())
+                conn.close()
+            elif pid in running:
+                out.write(json.dumps({"id": running.pop(pid), "rc": rc}) + "\n")
+                out.flush()
+    listener.close()
     return 0
 
 

@@ -1,0 +1,121 @@
+"""tests/warm_launch.py: a process worker's flow run forked from the warm process.
+
+The fan-out tests' process workers start ``warm_launch.py`` as every flow run's
+command, so what these tests prove is what those tests rely on: the engine runs in a
+fork of the warm process, with the launcher's stdio, argv, environment and working
+directory; its exit status (or signal) becomes the launcher's; a signal the worker
+sends reaches it; a ``kill -9`` of the launcher kills it; and import-time settings
+that differ from the warm process's get a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from warm_python import SOCKET_ENV, WarmPython
+
+LAUNCH = str(Path(__file__).resolve().parent / "warm_launch.py")
+
+
+def _env(warm: WarmPython, **extra: str) -> dict[str, str]:
+    return {**warm.env, SOCKET_ENV: warm.socket_path, **extra}
+
+
+def _gone(pid: int, bound_s: float = 20.0) -> bool:
+    """Whether ``pid`` ended (and was reaped) within ``bound_s``."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_engine_is_forked_with_the_launchers_stdio_env_and_cwd(
+    warm_python: WarmPython, tmp_path: Path
+) -> None:
+    code = (
+        "import os, sys; print(os.getppid(), os.getcwd(), os.environ['MARK'], sys.argv[1:]);"
+        "print('to stderr', file=sys.stderr); sys.exit(7)"
+    )
+    done = subprocess.run(
+        [sys.executable, LAUNCH, "-c", code, "a1"],
+        env=_env(warm_python, MARK="m-1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 7, done.stderr
+    ppid, cwd, mark, argv = done.stdout.split(maxsplit=3)
+    assert int(ppid) == warm_python.proc.pid  # a fork of the warm process, not a fresh one
+    assert (cwd, mark, argv.strip()) == (str(tmp_path), "m-1", "['a1']")
+    assert "to stderr" in done.stderr
+
+
+def test_a_killed_launcher_takes_its_engine_with_it(warm_python: WarmPython) -> None:
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    launcher = subprocess.Popen(
+        [sys.executable, LAUNCH, "-c", code],
+        env=_env(warm_python),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    engine = int(launcher.stdout.readline())
+    assert engine != launcher.pid
+    os.kill(launcher.pid, signal.SIGKILL)
+    assert launcher.wait(30) == -signal.SIGKILL
+    assert _gone(engine), "the engine outlived its killed launcher"
+
+
+def test_a_killed_engine_ends_its_launcher_by_the_same_signal(warm_python: WarmPython) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    done = subprocess.run([sys.executable, LAUNCH, "-c", code], env=_env(warm_python), timeout=120)
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_a_signal_to_the_launcher_reaches_the_engine(warm_python: WarmPython) -> None:
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
+        "print(os.getpid(), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, LAUNCH, "-c", code],
+        env=_env(warm_python),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    int(launcher.stdout.readline())  # the handler is installed
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(30) == 3
+
+
+@pytest.mark.parametrize("env", [{"PREFECT_LOGGING_LEVEL": "DEBUG"}, {SOCKET_ENV: "/nonexistent"}])
+def test_other_settings_or_no_warm_process_run_a_fresh_engine(
+    warm_python: WarmPython, env: dict[str, str]
+) -> None:
+    code = "import os; print(os.getpid())"
+    launcher = subprocess.Popen(
+        [sys.executable, LAUNCH, "-c", code],
+        env=_env(warm_python, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err
+    assert int(out) == launcher.pid  # the launcher became the interpreter (exec)
+    if "PREFECT_LOGGING_LEVEL" in env:
+        assert "PREFECT_LOGGING_LEVEL" in err  # says why it did not fork

@@ -1,0 +1,89 @@
+"""``python -m prefect.engine`` for a process worker's flow run, forked from the warm process.
+
+The tests' process workers start this file as each flow run's ``command`` (instead of
+``python -m prefect.engine``, which imports Prefect and this project again: ≈ 3-4 CPU-s
+per flow run on the test machine, the largest single cost of the worker-based tests).
+It imports nothing but the standard library: it hands its stdin/stdout/stderr, argv,
+environment and working directory to the session's warm process
+(``tests/warm_python.py``, socket path in ``CODER_TEST_WARM_SOCKET``), which forks the
+engine with them, and then stays the worker's child until the engine ends, ending
+with the engine's exit status (killed by the same signal when the engine was killed).
+
+What the worker and the tests see is what they would see of the engine itself: a
+child of the worker that lives as long as the flow run and ends with its status. A
+SIGTERM/SIGINT the worker sends (a cancellation) is passed on to the engine. A
+``kill -9`` of this process (or of its worker's process group) makes the warm process
+SIGKILL the engine at once, so the flow run stops with no ``finally`` run, as it would.
+
+Without the socket, when the warm process refuses (the flow run's import-time
+``PREFECT_*`` settings differ from its own) or cannot be reached, this process
+becomes ``python -m prefect.engine`` itself (``exec``): the same run, only slower.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from typing import BinaryIO
+
+SOCKET_ENV = "CODER_TEST_WARM_SOCKET"
+#: What runs without arguments (the worker's ``command``); ``warm_launch.py -c CODE``
+#: / ``-m MODULE`` run that instead (tests/test_warm_launch.py).
+ENGINE_ARGV = ["-m", "prefect.engine"]
+
+
+def _ask(path: str, argv: list[str]) -> tuple[socket.socket, BinaryIO, int] | None:
+    """The engine's pid and the connection to watch, or None (run it here instead)."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+        socket.send_fds(sock, [b"L"], [0, 1, 2])
+        sock.sendall((json.dumps(request) + "\n").encode())
+        reader = sock.makefile("rb")
+        reply = json.loads(reader.readline() or b"{}")
+    except (OSError, ValueError):
+        return None
+    pid = reply.get("pid")
+    if not pid:
+        if reply.get("differ"):
+            print(
+                f"warm_launch: fresh engine, import-time settings differ: {reply['differ']}",
+                file=sys.stderr,
+            )
+        sock.close()
+        return None
+    return sock, reader, int(pid)
+
+
+def main() -> None:
+    argv = sys.argv[1:] or ENGINE_ARGV
+    path = os.environ.get(SOCKET_ENV)
+    asked = _ask(path, argv) if path else None
+    if asked is None:
+        os.execv(sys.executable, [sys.executable, *argv])
+    _sock, reader, pid = asked
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    line = reader.readline()
+    rc = int(json.loads(line)["rc"]) if line else -int(signal.SIGKILL)
+    if rc < 0:
+        # End as the engine ended: by its signal.
+        if -rc != signal.SIGKILL:  # (SIGKILL has no handler to reset)
+            signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
