@@ -163,130 +163,177 @@ def _wf(tag: str) -> str:
     return f"sw-{tag}-{uuid.uuid4().hex[:8]}"
 
 
-async def _crash_running_and_paused(
-    server: ForkServer, settings: WorkflowSettings, emu: Emulator, tag: str
-) -> tuple[tuple[str, str], tuple[str, str]]:
-    """Two workflows SIGKILLed right after pay's first tool results landed: one whose
-    continuation keeps running (60 s of model work before the fee), one paused on the
-    fee, a call nothing ran. Returns ``(workflow_id, chat_id)`` of each."""
-    running_wf, paused_wf = _wf(f"{tag}-run"), _wf(f"{tag}-pause")
-    # Side by side: their sends (and so their turn deadlines) come close together,
-    # however long one child takes on a loaded machine (one after the other, the
-    # first deadline had mostly passed by the second kill at load 15).
-    running, paused = await asyncio.gather(
-        crash_to_chat(
-            server,
-            "turn.after_tool_results:2",
-            child_spec(running_wf, settings, steps=_pay_then_fee(fee_sleep=60)),
-            emu,
-            running_wf,
-        ),
-        crash_to_chat(
-            server,
-            "turn.after_tool_results:2",
-            child_spec(paused_wf, settings, steps=_pay_then_fee()),
-            emu,
-            paused_wf,
-            status="requires_action",
-        ),
+async def _crash(
+    server: ForkServer,
+    settings: WorkflowSettings,
+    emu: Emulator,
+    tag: str,
+    *,
+    fee_sleep: float = 0.0,
+    status: str | None = None,
+) -> tuple[str, str]:
+    """A workflow SIGKILLed right after pay's first tool results landed: its
+    continuation keeps running ``fee_sleep`` s of model work before the fee, or
+    (``fee_sleep`` 0) pauses on the fee at once, a call nothing ran. Returns
+    ``(workflow_id, chat_id)`` once the chat shows ``status`` (if given)."""
+    workflow_id = _wf(tag)
+    spec = child_spec(workflow_id, settings, steps=_pay_then_fee(fee_sleep=fee_sleep))
+    chat = await crash_to_chat(
+        server, "turn.after_tool_results:2", spec, emu, workflow_id, status=status
     )
-    return (running_wf, running), (paused_wf, paused)
+    return workflow_id, chat
 
 
-async def test_a_running_crashed_attempt_is_left_to_its_workflows_recovery(
+async def test_a_crashed_attempt_within_its_deadline_is_left_running_and_answered_paused(
     fork_server: ForkServer,
     crash_settings: WorkflowSettings,
     emu: Emulator,
     payments: Payments,
     store: StateStore,
 ) -> None:
-    workflow_id = _wf("run")
-    steps = _pay_then_fee(fee_sleep=CONTINUATION_S)
-    # SIGKILL right after pay's first tool results landed: the model keeps going.
-    spec = child_spec(workflow_id, crash_settings, steps=steps)
-    chat = await crash_to_chat(fork_server, "turn.after_tool_results:2", spec, emu, workflow_id)
-    assert emu.chat(chat)["status"] == "running"
+    """Two workflows SIGKILLed side by side right after pay's first tool results
+    landed, one sweep for both (one sweep flow run and one wait for the continuation
+    instead of two; the sweep decides each chat on its own row):
+
+    * the running continuation (seed 71's path) is **left** to the workflow's rerun,
+      which follows it;
+    * the pause on the fee, a call nothing ran (seed 14's path), is **answered**
+      through the ledger (the call runs once, under its call id's key), not cut short.
+    """
+    (running_wf, running), (paused_wf, paused) = await asyncio.gather(
+        _crash(fork_server, crash_settings, emu, "run", fee_sleep=CONTINUATION_S),
+        _crash(fork_server, crash_settings, emu, "pause", status="requires_action"),
+    )
+    assert emu.chat(running)["status"] == "running"
+    fee_call = charge_calls(emu, paused)[-1]
+    assert await store.ledger.get(paused, fee_call) is None
 
     report = await _sweep(crash_settings)
-    row = _row(report, chat)
+    row = _row(report, running)
     assert row.status == "running", f"the sweep came after the continuation paused: {row}"
     assert (row.decision, row.ok) == ("leave", True), row
     assert "crashed attempt" in row.reason and "left of its turn deadline" in row.reason
-    assert emu.chat(chat)["status"] in ("running", "requires_action")
-    entry = await store.journal.get(chat)
+    assert emu.chat(running)["status"] in ("running", "requires_action")
+    entry = await store.journal.get(running)
     assert entry is not None and entry.state == "submitting"  # nothing journaled cut-short
 
-    results = await run_workflow(workflow_id, steps, crash_settings)
-    assert results[1].text == "All paid."
-    # plan's, pay's, the fee (no new id); the crashed attempt was never cut short
-    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
-
-
-async def test_a_crashed_attempts_pause_on_a_call_that_never_ran_is_answered_not_cut_short(
-    fork_server: ForkServer,
-    crash_settings: WorkflowSettings,
-    emu: Emulator,
-    payments: Payments,
-    store: StateStore,
-) -> None:
-    workflow_id = _wf("pause")
-    steps = _pay_then_fee()
-    spec = child_spec(workflow_id, crash_settings, steps=steps)
-    # SIGKILL right after pay's first tool results landed; the continuation pauses
-    # on the fee at once, a call nothing ran (no ledger entry for it).
-    chat = await crash_to_chat(
-        fork_server, "turn.after_tool_results:2", spec, emu, workflow_id, status="requires_action"
-    )
-    fee_call = charge_calls(emu, chat)[-1]
-    assert await store.ledger.get(chat, fee_call) is None
-
-    report = await _sweep(crash_settings)
-    row = _row(report, chat)
+    row = _row(report, paused)
     assert (row.decision, row.outcome, row.ok) == ("reconcile", "reconciled (resumed)", True), row
     assert "crashed attempt" in row.reason
-    entry = await store.journal.get(chat)
+    entry = await store.journal.get(paused)
     assert entry is not None and entry.state == "resumed"  # its recovery lets it finish
-    ledgered = await store.ledger.get(chat, fee_call)
+    ledgered = await store.ledger.get(paused, fee_call)
     assert ledgered is not None and ledgered.state == "done"  # run under its own call id
 
-    results = await run_workflow(workflow_id, steps, crash_settings)
-    assert results[1].text == "All paid."  # the finished attempt's answer
-    assert [c.name for c in results[1].tool_calls] == ["charge_card", "charge_card"]
-    # nothing resubmitted or interrupted; each charge once, under its own call id
-    await assert_finished_once(emu, payments, chat, step_marker(workflow_id, "pay"), calls=3)
+    ran, answered = await asyncio.gather(
+        run_workflow(running_wf, _pay_then_fee(fee_sleep=CONTINUATION_S), crash_settings),
+        run_workflow(paused_wf, _pay_then_fee(), crash_settings),
+    )
+    assert ran[1].text == "All paid."
+    assert answered[1].text == "All paid."  # the finished attempt's answer
+    assert [c.name for c in answered[1].tool_calls] == ["charge_card", "charge_card"]
+    # plan's, pay's, the fee (no new id); neither crashed attempt was resubmitted or
+    # cut short; each charge once, under its own call id
+    await assert_finished_once(emu, payments, running, step_marker(running_wf, "pay"), calls=3)
+    await assert_finished_once(emu, payments, paused, step_marker(paused_wf, "pay"), calls=3)
 
 
-async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
+#: The turn timeout of the steps the sweep must leave or answer: past the sweep's own
+#: (1 s) and a short step's (SHORT_S), with room for the kills, the first sweep's
+#: decisions and the answered step's rerun on a machine at load 20 (10 s was not:
+#: the kills alone took most of it there).
+STEP_S = 20.0
+#: The turn timeout of the step whose pause is past its deadline at the first sweep.
+#: Its own child must still reach the kill within it (plan's turn and pay's send).
+SHORT_S = 8.0
+#: What must be left of the long steps' deadlines when the first sweep starts: its
+#: decisions come within it.
+MARGIN_S = 5.0
+
+
+async def _sent(store: StateStore, chat: str, turn_s: float) -> Any:
+    entry = await store.journal.get(chat)
+    assert entry is not None and entry.state == "submitting", entry
+    assert entry.deadline == pytest.approx(entry.at + turn_s), entry  # the step's own
+    return entry
+
+
+def _first_status_change(emu: Emulator, chat: str, since: float) -> float:
+    return min(
+        e["time"] for e in emu.event_log(["status"]) if e["chat_id"] == chat and e["time"] >= since
+    )
+
+
+async def test_the_steps_own_recorded_deadline_not_the_sweeps_turn_timeout_decides(
     fork_server: ForkServer,
     crash_settings: WorkflowSettings,
     emu: Emulator,
     payments: Payments,
     store: StateStore,
 ) -> None:
-    """Its workflow is gone for good: once the step's turn deadline (its send + the
-    turn timeout) has passed, the sweep stops the run and cuts the pause short —
-    journaling ``cut-short`` before any interrupt, so a later recovery never takes
-    the truncated attempt for a finished one."""
-    turn_s = 4.0
-    short = crash_settings.model_copy(update={"turn_timeout_s": turn_s})
-    (running_wf, running), (paused_wf, paused) = await _crash_running_and_paused(
-        fork_server, short, emu, "late"
-    )
-    sent = []
-    for chat in (running, paused):
-        entry = await store.journal.get(chat)
-        assert entry is not None and entry.state == "submitting"
-        sent.append(entry.at)
-    # Sleep out both deadlines (clamped: each send is at most turn_s old already).
-    await _sleep_until(max(sent) + turn_s + 0.1)
+    """The steps record their own deadline at their send (``JournalEntry.deadline``:
+    the send + the step's turn timeout), and the sweep honours it, not its own turn
+    timeout (1 s here). Three workflows SIGKILLed side by side right after pay's first
+    tool results landed: two whose steps run with a LONGER turn timeout (STEP_S), one
+    running and one paused on the fee, and one paused whose step ran with a SHORT one
+    (SHORT_S). One set of kills serves both sides of the rule:
 
+    * the first sweep, past the short deadline and the sweep's own but within the
+      long ones, leaves the running attempt, answers the long step's pause (the
+      revival journaled with the step's timeout) and cuts the short step's pause short,
+      journaling ``cut-short`` before any interrupt (its workflow is taken for gone: a
+      later recovery never takes the truncated attempt for a finished one);
+    * past the running attempt's recorded deadline the next sweep stops it the same
+      way; the fee of the cut attempts never ran.
+    """
+    step = crash_settings.model_copy(update={"turn_timeout_s": STEP_S})
+    short = crash_settings.model_copy(update={"turn_timeout_s": SHORT_S})
+    sweep = crash_settings.model_copy(update={"turn_timeout_s": 1.0})
+    # Side by side: their sends (and so their deadlines) come close together, however
+    # long one child takes on a loaded machine.
+    (running_wf, running), (paused_wf, paused), (late_wf, late) = await asyncio.gather(
+        _crash(fork_server, step, emu, "run", fee_sleep=60),
+        _crash(fork_server, step, emu, "pause", status="requires_action"),
+        _crash(fork_server, short, emu, "late", status="requires_action"),
+    )
+    sent = {
+        running: await _sent(store, running, STEP_S),
+        paused: await _sent(store, paused, STEP_S),
+    }
+    late_sent = await _sent(store, late, SHORT_S)
+    # Past the short step's deadline, and so past the sweep's own for every send.
+    await _sleep_until(max(late_sent.deadline, *(e.at + 1.0 for e in sent.values())) + 0.1)
+    assert time.time() < min(e.deadline for e in sent.values()) - MARGIN_S, (
+        "the kills took most of the long steps' turn timeout: nothing left to test"
+    )
     swept_at = time.time()
-    report = await _sweep(short)
-    run_row, pause_row = _row(report, running), _row(report, paused)
+    report = await _sweep(sweep)
+    run_row, pause_row, late_row = _row(report, running), _row(report, paused), _row(report, late)
+    assert (run_row.decision, run_row.ok) == ("leave", True), run_row
+    assert "left of its turn deadline" in run_row.reason, run_row
+    assert (pause_row.decision, pause_row.outcome) == ("reconcile", "reconciled (resumed)")
+    assert (late_row.decision, late_row.outcome) == ("reconcile", "reconciled (cut-short)")
+    assert (await store.journal.get(running)) == sent[running]  # untouched
+    revived = await store.journal.get(paused)
+    assert revived is not None and revived.state == "resumed"
+    # the revival is bounded by the STEP's turn timeout, carried from its send's entry
+    assert revived.deadline == pytest.approx(revived.at + STEP_S), revived
+
+    # The paused workflow's rerun lets the revived run finish: nothing resubmitted,
+    # each charge once under its own call id.
+    results = await run_workflow(paused_wf, _pay_then_fee(), step)
+    assert results[1].text == "All paid."
+    await assert_finished_once(emu, payments, paused, step_marker(paused_wf, "pay"), calls=3)
+
+    # Past the running attempt's recorded deadline its workflow is taken for gone:
+    # the sweep stops it, journaling cut-short first.
+    await _sleep_until(sent[running].deadline + 0.1)
+    run_swept_at = time.time()
+    run_row = _row(await _sweep(sweep), running)
     assert (run_row.decision, run_row.ok) == ("interrupt", True), run_row
     assert run_row.outcome.startswith("interrupted"), run_row
-    assert (pause_row.decision, pause_row.outcome) == ("reconcile", "reconciled (cut-short)")
-    for chat, wf in ((running, running_wf), (paused, paused_wf)):
+
+    for chat, wf, at in ((late, late_wf, swept_at), (running, running_wf, run_swept_at)):
         entry = await store.journal.get(chat)
         assert entry is not None, chat
         assert (entry.state, entry.marker, entry.attempt) == (
@@ -298,76 +345,10 @@ async def test_past_its_turn_deadline_a_crashed_attempt_is_swept_as_before(
         assert _interrupts(emu, chat) >= 1
         # the verdict was journaled before the sweep's first interrupt reached the
         # server (the chat's first status change since the sweep began)
-        first = min(
-            e["time"]
-            for e in emu.event_log(["status"])
-            if e["chat_id"] == chat and e["time"] >= swept_at
-        )
-        assert swept_at <= entry.at <= first, (swept_at, entry.at, first)
-    # the fee never ran: plan's and pay's charges only, once each
-    for chat in (running, paused):
+        first = _first_status_change(emu, chat, at)
+        assert at <= entry.at <= first, (at, entry.at, first)
+        # the fee never ran: plan's and pay's charges only, once each
         assert sorted(_effects(payments, chat).values()) == [1, 1], _transcript(emu, chat)
-
-
-async def test_the_steps_own_recorded_deadline_not_the_sweeps_turn_timeout_decides(
-    fork_server: ForkServer,
-    crash_settings: WorkflowSettings,
-    emu: Emulator,
-    payments: Payments,
-    store: StateStore,
-) -> None:
-    """The steps run with a LONGER turn timeout than the sweep's settings: their
-    sends journal their own deadline (``JournalEntry.deadline``), and the sweep
-    honours it — past its own turn timeout it still leaves the running attempt and
-    answers the paused one (the revival journaled with the step's timeout, not the
-    sweep's); past the recorded deadline it stops the run as before."""
-    step_s, sweep_s = 10.0, 1.0
-    step = crash_settings.model_copy(update={"turn_timeout_s": step_s})
-    sweep = crash_settings.model_copy(update={"turn_timeout_s": sweep_s})
-    (_, running), (paused_wf, paused) = await _crash_running_and_paused(
-        fork_server, step, emu, "own"
-    )
-    sent = {}
-    for chat in (running, paused):
-        entry = await store.journal.get(chat)
-        assert entry is not None and entry.state == "submitting", entry
-        assert entry.deadline == pytest.approx(entry.at + step_s), entry  # the step's own
-        sent[chat] = entry
-    # Past the sweep's own deadline for both sends (at + 1 s): without the recorded
-    # deadline the sweep would interrupt the one and cut the other's call short.
-    await _sleep_until(max(e.at for e in sent.values()) + sweep_s + 0.1)
-    assert time.time() < min(e.deadline or 0 for e in sent.values()) - 2, (
-        "the kills took most of the step's turn timeout: nothing left to test"
-    )
-    report = await _sweep(sweep)
-    run_row, pause_row = _row(report, running), _row(report, paused)
-    assert (run_row.decision, run_row.ok) == ("leave", True), run_row
-    assert "left of its turn deadline" in run_row.reason, run_row
-    assert (pause_row.decision, pause_row.outcome) == ("reconcile", "reconciled (resumed)")
-    assert (await store.journal.get(running)) == sent[running]  # untouched
-    revived = await store.journal.get(paused)
-    assert revived is not None and revived.state == "resumed"
-    # the revival is bounded by the STEP's turn timeout, carried from its send's entry
-    assert revived.deadline == pytest.approx(revived.at + step_s), revived
-
-    # The paused workflow's rerun lets the revived run finish: nothing resubmitted,
-    # each charge once under its own call id.
-    results = await run_workflow(paused_wf, _pay_then_fee(), step)
-    assert results[1].text == "All paid."
-    await assert_finished_once(emu, payments, paused, step_marker(paused_wf, "pay"), calls=3)
-
-    # Past the running attempt's recorded deadline its workflow is taken for gone:
-    # the sweep stops it, journaling cut-short first; the fee never ran.
-    deadline = sent[running].deadline
-    assert deadline is not None
-    await _sleep_until(deadline + 0.1)
-    run_row = _row(await _sweep(sweep), running)
-    assert (run_row.decision, run_row.ok) == ("interrupt", True), run_row
-    entry = await store.journal.get(running)
-    assert entry is not None and (entry.state, entry.attempt) == ("cut-short", 1), entry
-    await _at_rest(emu, running)
-    assert _interrupts(emu, running) >= 1
-    assert sorted(_effects(payments, running).values()) == [1, 1], _transcript(emu, running)
 
 
 async def _sleep_until(wall: float) -> None:
