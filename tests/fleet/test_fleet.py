@@ -47,7 +47,15 @@ def _step(name: str, seconds: float) -> Step:
     return Step(name=name, prompt=f'work #emu {{"sleep": {seconds}, "text": "done {name}"}}')
 
 
-async def test_fanout_of_50_never_runs_more_than_5_turns(
+#: Workflows of the capped fan-out: four times the cap. Every slot is handed over at
+#: least three times under a full queue (15 waiters when the first 5 start), which is
+#: all the cap's rule sees; 50 (10 rounds) ran the same hand-over ten times over at
+#: 2.5x the CPU (each turn is a task run the shared test server records). The
+#: fan-out at scale is measured by bench/fanout.py (docs/fleet.md), not here.
+FAN = 20
+
+
+async def test_a_fanout_of_four_times_the_cap_never_runs_more_than_5_turns(
     prefect_server: Path, emu: Emulator, store_url: str
 ) -> None:
     # The wait only bounds a hang: on a 2-core machine at load 20 the last of 50
@@ -55,13 +63,13 @@ async def test_fanout_of_50_never_runs_more_than_5_turns(
     settings = await _settings(emu, store_url, cap=5, wait=300.0)
     run = uuid.uuid4().hex[:6]
     items = [
-        FanoutItem(workflow_id=f"fan-{run}-{i}", steps=[_step("only", 0.3)]) for i in range(50)
+        FanoutItem(workflow_id=f"fan-{run}-{i}", steps=[_step("only", 0.3)]) for i in range(FAN)
     ]
     outcomes = await agent_fanout(items, settings)
-    assert [o.ok for o in outcomes] == [True] * 50
+    assert [o.ok for o in outcomes] == [True] * FAN
     assert {o.results[0].text for o in outcomes} == {"done only"}
     starts = emu.event_log(["turn_start"])
-    assert len(starts) == 50
+    assert len(starts) == FAN
     # The server's own count: never above the cap, and the turns did overlap (a slot
     # is held from before the chat exists, so the server may see one or two fewer).
     assert 3 <= emu.max_concurrent_turns() <= 5
@@ -81,7 +89,7 @@ async def test_fanout_of_50_never_runs_more_than_5_turns(
                         "event": {"name": ["coder.turn.waiting_for_slot"]},
                         "resource": {"id_prefix": [f"coder.workflow.fan-{run}-"]},
                     },
-                    "limit": 50,
+                    "limit": FAN,
                 },
             )
             response.raise_for_status()
@@ -116,14 +124,19 @@ async def test_a_waiting_turn_shows_as_waiting(prefect_server: Path, store_url: 
             async with turn_slot(store, 1, wait=5, ttl=10):
                 running = asyncio.create_task(one_turn())
                 names: set[str] = set()
-                # Every 0.25 s (each look is 1 + one read per task run on the shared
-                # test server), bounded: 2 min on a loaded machine.
+                run_ids: list[Any] = []
+                # Every 0.25 s, bounded: 2 min on a loaded machine. Each look costs the
+                # shared test server: the task run is searched by name (a scan of every
+                # task run of the session) only until it is found, then only its
+                # states are read.
                 for _ in range(480):
-                    runs = await client.read_task_runs(
-                        task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name))
-                    )
-                    for r in runs:
-                        states = await client.read_task_run_states(r.id)
+                    if not run_ids:
+                        runs = await client.read_task_runs(
+                            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name))
+                        )
+                        run_ids = [r.id for r in runs]
+                    for run_id in run_ids:
+                        states = await client.read_task_run_states(run_id)
                         names |= {str(st.name) for st in states}
                     if WAITING_STATE_NAME in names or running.done():
                         break
