@@ -147,6 +147,12 @@ async def _suspend(
 ) -> tuple[UUID, str]:
     run_id, wf = await _start(deployment_id, emu, tmp_path, steps)
     stderr = await asyncio.to_thread(_execute, warm, run_id, prefect_server, log_level)
+    await _assert_suspended(run_id, stderr, emu)
+    return run_id, wf
+
+
+async def _assert_suspended(run_id: UUID, stderr: str, emu: Emulator) -> None:
+    """The engine process exited with the run suspended, waiting for a person."""
     # Waiting for a person is not an error: Prefect's "Finished in state Suspended"
     # line (ERROR in its engine) is lowered to INFO.
     exit_lines = [line for line in stderr.splitlines() if "Finished in state Suspended" in line]
@@ -158,78 +164,69 @@ async def _suspend(
     [chat] = emu.chats()
     assert chat["status"] == "waiting" and not chat["archived"]
     assert run.state.state_details.run_input_keyset is not None  # the UI's typed form
-    return run_id, wf
 
 
-async def test_approve_continues_from_persisted_results(
+#: Three approvals in one workflow, one per way a person lets it go on: each resume is
+#: one engine process that runs to the next approval (4 processes for the three
+#: decisions; one suspended run per decision took 6, each ~1 CPU-s with its share of
+#: the test server's work).
+DECIDED_STEPS = [
+    *STEPS,
+    {"name": "review-docs", "kind": "approval", "prompt": "Docs too?", "timeout_s": 600},
+    {"name": "docs", "prompt": "Write the docs"},
+    {"name": "review-tests", "kind": "approval", "prompt": "Tests too?", "timeout_s": 600},
+    {"name": "tests", "prompt": "Write the tests"},
+]
+
+
+async def test_approve_edit_and_a_prompt_changed_under_approve_continue_from_persisted_results(
     prefect_server: Path,
     deployment_id: UUID,
     emu: Emulator,
     tmp_path: Path,
     warm_python: WarmPython,
 ) -> None:
-    run_id, wf = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
-    await aresume_flow_run(run_id, run_input={"decision": "approve", "comment": "lgtm"})
-    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
+    """Each decision resumes the run in a fresh process that continues from the
+    persisted results (no earlier turn sent again): **approve** sends the next step
+    as written; **edit** replaces the next prompt; what a person typed is never
+    dropped — the form comes filled with the next prompt, and a change there under
+    **approve** is sent and recorded as an edit."""
+    run_id, wf = await _suspend(
+        warm_python, deployment_id, emu, tmp_path, prefect_server, DECIDED_STEPS
+    )
+    decisions: list[dict[str, Any]] = [
+        {"decision": "approve", "comment": "lgtm"},
+        {"decision": "edit", "next_prompt": "Write the docs, briefly"},
+        {"decision": "approve", "next_prompt": "Write the tests, carefully"},
+    ]
+    for i, decision in enumerate(decisions):
+        await aresume_flow_run(run_id, run_input=decision)
+        stderr = await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
+        if i < len(decisions) - 1:
+            await _assert_suspended(run_id, stderr, emu)  # at the next approval
     run = await _run(run_id)
     assert run.state is not None and run.state.type == StateType.COMPLETED
     results = await run.state.aresult()
     assert [r["step"] if isinstance(r, dict) else r.step for r in results] == [
-        "draft",
-        "review",
-        "apply",
+        s["name"] for s in DECIDED_STEPS
     ]
     texts = _user_texts(emu)
-    # The draft turn was not sent again after the resume.
-    assert len(texts) == 2 and "Draft the change" in texts[0] and "Apply the draft" in texts[1]
-    assert len(emu.event_log(["turn_start"])) == 2
+    # No turn was sent again after a resume; each next prompt as decided.
+    assert len(texts) == 4, texts
+    assert "Draft the change" in texts[0] and "Apply the draft" in texts[1]
+    assert "Write the docs, briefly" in texts[2]
+    assert "Write the tests, carefully" in texts[3]
+    assert len(emu.event_log(["turn_start"])) == 4
     assert [c["archived"] for c in emu.chats()] == [True]
-    # A later run of the same workflow finds every step, the decision included, stored:
-    # it neither suspends (it has no deployment: it could not) nor sends anything.
-    rerun = await agent_workflow(wf, STEPS, WorkflowSettings(**run.parameters["settings"]))
+    review, docs, tests = (_as_dict(results[i]) for i in (1, 3, 5))
+    assert (review["decision"], review["comment"]) == ("approve", "lgtm")
+    assert (docs["decision"], docs["next_prompt"]) == ("edit", "Write the docs, briefly")
+    assert (tests["decision"], tests["next_prompt"]) == ("edit", "Write the tests, carefully")
+    # A later run of the same workflow finds every step, the decisions included,
+    # stored: it neither suspends (it has no deployment: it could not) nor sends.
+    rerun = await agent_workflow(wf, DECIDED_STEPS, WorkflowSettings(**run.parameters["settings"]))
     assert [_as_dict(r) for r in rerun] == [_as_dict(r) for r in results]
-    assert len(emu.event_log(["turn_start"])) == 2
-
-
-async def test_edit_replaces_the_next_prompt(
-    prefect_server: Path,
-    deployment_id: UUID,
-    emu: Emulator,
-    tmp_path: Path,
-    warm_python: WarmPython,
-) -> None:
-    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
-    await aresume_flow_run(
-        run_id, run_input={"decision": "edit", "next_prompt": "Apply the draft, skip docs"}
-    )
-    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
-    run = await _run(run_id)
-    assert run.state is not None and run.state.type == StateType.COMPLETED
-    texts = _user_texts(emu)
-    assert len(texts) == 2 and "Apply the draft, skip docs" in texts[1]
-
-
-async def test_prompt_changed_under_approve_is_an_edit(
-    prefect_server: Path,
-    deployment_id: UUID,
-    emu: Emulator,
-    tmp_path: Path,
-    warm_python: WarmPython,
-) -> None:
-    """What a person typed is never dropped: the form comes filled with the next
-    prompt, and a change there under "approve" is sent and recorded as an edit."""
-    run_id, _ = await _suspend(warm_python, deployment_id, emu, tmp_path, prefect_server, STEPS)
-    await aresume_flow_run(
-        run_id, run_input={"decision": "approve", "next_prompt": "Apply the draft, carefully"}
-    )
-    await asyncio.to_thread(_execute, warm_python, run_id, prefect_server)
-    run = await _run(run_id)
-    assert run.state is not None and run.state.type == StateType.COMPLETED
-    texts = _user_texts(emu)
-    assert len(texts) == 2 and "Apply the draft, carefully" in texts[1]
-    review = _as_dict((await run.state.aresult())[1])
-    assert review["decision"] == "edit"
-    assert review["next_prompt"] == "Apply the draft, carefully"
+    assert len(emu.event_log(["turn_start"])) == 4
 
 
 async def test_suspending_says_where_to_decide_and_a_reject_archives_the_chat_and_stops(
