@@ -1,8 +1,14 @@
-"""``agent-fanout`` with ``shard_size`` 1 through the real path: a Prefect server, a
-``prefect worker start`` process worker, ``run_deployment``. At size 1 a deployment
-run of the fan-out starts every workflow as its own ``agent-workflow`` flow run
-(keyed ``fanout-<workflow_id>``), no ``agent-fanout-shard`` run. The Prefect server and
-the ``ChatStateStore`` both run on the session's PostgreSQL cluster.
+"""``agent-fanout`` one run per workflow through the real path: a Prefect server, a
+``prefect worker start`` process worker, deployment runs. The fan-out starts every
+workflow as its own ``agent-workflow`` flow run (keyed ``fanout-<workflow_id>``), no
+``agent-fanout-shard`` run. The Prefect server and the ``ChatStateStore`` both run on
+the session's PostgreSQL cluster.
+
+The fan-out itself runs in the test process (``workflow_deployment``, as the shard
+test's in test_fanout_rerun.py does): nothing here kills it, and a flow-run process of
+its own (≈ 5 CPU-s before the warm launch, issue 12) proved nothing the workflow runs
+do not. A deployment run of ``agent-fanout`` at ``shard_size`` 1 choosing this mode
+itself, killed and re-run, is test_fanout_rerun.py's.
 
 One of the workflow runs is SIGKILLed (its own flow-run process, the worker lives on)
 while its first turn runs on the emulator, once its chat is checkpointed. The worker reports the run Crashed; from
@@ -19,6 +25,7 @@ not sent again), no chat left unarchived, the turn cap never exceeded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -27,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from fanout_env import (
+    ENGINE_COMMAND,
+    ROOT,
     WORKER_QUERY_S,
     child_env,
     deploy,
@@ -42,16 +51,17 @@ from fanout_env import (
     user_messages_per_step,
 )
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import DeploymentUpdate, WorkPoolCreate
 from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterFlowRunId,
     ArtifactFilterKey,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.deployments import run_deployment
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.deployments.agent_fanout import WORKFLOW_DEPLOYMENT, agent_fanout
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
 from prefect_coder.flows.parts.params import Step, step_marker
 
@@ -71,17 +81,27 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
     prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
 ) -> None:
     store_url, tenant = pg_store
-    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
     pool = f"fanout1-{uuid.uuid4().hex[:6]}"
-    # The launch path prefect.yaml gives users (no `command` job variable) for the
-    # agent-workflow runs, one of which is killed: the one fan-out test that kills a
-    # flow-run process started Prefect's default way. The fan-out and recover-turn
-    # runs (not killed) start as fanout_env.ENGINE_COMMAND, ≈ 2 CPU-s less each.
-    deployed = await deploy(pool, default_launch=["agent-workflow"])
+    # The pool first and the worker started at once: its start (seconds of Python
+    # imports) overlaps the blocks and the deploy below.
+    async with get_client() as client:
+        await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
-    # --limit 5: the fan-out, its two workflow runs, the killed one's restart and the
-    # recover-turn run the trigger starts.
-    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=5)
+    # --limit 4: the two workflow runs, the killed one's restart and the recover-turn
+    # run the trigger starts.
+    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=4)
+    try:
+        settings = await fanout_settings(emu, store_url, CAP, tenant=tenant)
+        # The launch path prefect.yaml gives users (no `command` job variable) for the
+        # agent-workflow runs, one of which is killed: the one fan-out test that kills
+        # a flow-run process started Prefect's default way. The recover-turn run and,
+        # once the kill is done, the killed run's restart (not killed) start as
+        # fanout_env.ENGINE_COMMAND: forked from the session's warm process, ≈ 5 CPU-s
+        # less each than the default launch's supervisor and engine.
+        deployed = await deploy(pool, default_launch=["agent-workflow"])
+    except BaseException:
+        await stop_worker(worker)
+        raise
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, STEPS, 0.3)
     victim = items[0].workflow_id
     plan = items[0].steps[0]
@@ -89,20 +109,23 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
         name=plan.name,
         prompt=plan.prompt.replace('"sleep": 0.3', f'"sleep": {VICTIM_TURN_S}'),
     )
-    parameters = {
-        "workflows": [i.model_dump(mode="json") for i in items],
-        "settings": settings.model_dump(mode="json"),
-        "max_parallel": WORKFLOWS,
-        "fail_on_error": True,
-        "shard_size": 1,
-    }
     workflow_dep = deployment_id(deployed, "agent-workflow")
     store = StateStore(store_url, tenant=tenant)
+
+    async def run_fanout() -> Any:
+        return await agent_fanout(
+            items,
+            settings,
+            max_parallel=WORKFLOWS,
+            fail_on_error=True,
+            workflow_deployment=WORKFLOW_DEPLOYMENT,
+            return_state=True,
+        )
+
+    fanout: asyncio.Task[Any] | None = None
     try:
         async with get_client() as client:
-            started = await run_deployment(  # type: ignore[misc]
-                "agent-fanout/agent-fanout", parameters=parameters, timeout=0
-            )
+            fanout = asyncio.create_task(run_fanout())
 
             # The victim's first turn runs on the emulator, and its flow run's process
             # (a child of the worker) is known: kill that process alone.
@@ -120,6 +143,8 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
             # chat — the documented window of docs/durable-workflows.md, which a loaded
             # run hit (two user messages for the step). This test is about the rest.
             async def victim_process() -> tuple[Any, int] | None:
+                if fanout.done():  # it ended (failed) before the kill: say how
+                    raise AssertionError(("the fan-out ended first", fanout.result()))
                 # The emulator first (local): no server read before the turn runs.
                 if not victim_turn_running() or await store.checkpoints.get(victim) is None:
                     return None
@@ -134,17 +159,20 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
             os.kill(pid, signal.SIGKILL)
             # An order fact from the emulator: the kill landed while the turn ran.
             assert victim_turn_running(), emu.event_log(["turn_start", "turn_end"])
+            # Both agent-workflow runs started Prefect's default way and the kill is
+            # done: the restart the fan-out makes once it sees the run Crashed starts
+            # as the engine command (the worker reads a deployment's job variables
+            # when it starts a run).
+            await client.update_deployment(
+                workflow_dep,
+                DeploymentUpdate(
+                    job_variables={"working_dir": str(ROOT), "command": ENGINE_COMMAND}
+                ),
+            )
 
-            async def fanout_final() -> Any:
-                run = await client.read_flow_run(started.id)
-                return run if run.state and run.state.is_final() else None
-
-            # Every step's turn has ended before the fan-out can complete (a local
-            # fact): until then the server is read only now and then.
-            def turns_ended() -> bool:
-                return len(emu.event_log(["turn_end"])) >= WORKFLOWS * len(STEPS)
-
-            final = await until("the agent-fanout run to end", 240, fanout_final, gate=turns_ended)
+            # The fan-out's own end, here in this process: no server reads to wait.
+            state = await asyncio.wait_for(fanout, 240)
+            final = await client.read_flow_run(state.state_details.flow_run_id)
             recover_dep = deployment_id(deployed, "recover-turn")
 
             # The trigger's recover-turn run has ended too (it may finish after the fan-out).
@@ -163,14 +191,17 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
                     flow_run_id=ArtifactFilterFlowRunId(any_=[final.id]),
                 )
             )
-            outcomes = await final.state.aresult() if final.state.is_completed() else None
+            outcomes = await state.aresult() if state.is_completed() else None
     finally:
+        if fanout is not None and not fanout.done():
+            fanout.cancel()
+            await asyncio.gather(fanout, return_exceptions=True)
         await stop_worker(worker)
         await undeploy(deployed)
         await store.aclose()
         log = worker.log.read_text(errors="replace")[-4000:]
 
-    assert final.state.is_completed(), (final.state, log)
+    assert state.is_completed(), (state, log)
     # Each workflow its own agent-workflow run; no shard runs at size 1. The killed
     # run ended Crashed (reported by the worker) and its workflow ran again once.
     assert shard_runs == []
