@@ -49,8 +49,12 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import logging
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,9 +71,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "fanout"))
 
 from fleet_procs import (  # noqa: E402
+    RECORDER_BATCH,
+    RECORDER_FLUSH_S,
     EmulatorProcess,
     create_database,
     loadavg,
+    postgres_cpu_s,
+    postmaster_pid,
     prefect_server,
     private_postgres,
     process_cpu_s,
@@ -98,10 +106,15 @@ class Fleet:
     emu: EmulatorProcess
     pg_store_url: str
     server_db_url: str
+    #: The private cluster's postmaster: its CPU and its backends' is the server's
+    #: database work (the store is SQLite unless ``--store pg``).
+    postmaster_pid: int = 0
 
 
 @contextlib.contextmanager
-def _fleet(tmp: Path) -> Iterator[Fleet]:
+def _fleet(
+    tmp: Path, recorder_batch: int = RECORDER_BATCH, recorder_flush_s: float = RECORDER_FLUSH_S
+) -> Iterator[Fleet]:
     with private_postgres() as admin:
         server_db = create_database(admin, "prefect_server")
         store_db = create_database(admin, "coder_store")
@@ -113,14 +126,24 @@ def _fleet(tmp: Path) -> Iterator[Fleet]:
                     PREFECT_LOGGING_LEVEL: "ERROR",
                 }
             ),
-            prefect_server(server_db) as (api_url, server_pid),
+            prefect_server(
+                server_db, recorder_batch=recorder_batch, recorder_flush_s=recorder_flush_s
+            ) as (api_url, server_pid),
             EmulatorProcess.running(TOKEN) as emu,
         ):
-            yield Fleet(tmp, api_url, server_pid, emu, store_db, server_db)
+            yield Fleet(tmp, api_url, server_pid, emu, store_db, server_db, postmaster_pid(admin))
 
 
 #: What the worker makes the Prefect server store, table by table (its own database).
-_SERVER_TABLES = ("events", "task_run", "task_run_state", "log", "artifact", "flow_run_state")
+_SERVER_TABLES = (
+    "events",
+    "event_resources",
+    "task_run",
+    "task_run_state",
+    "log",
+    "artifact",
+    "flow_run_state",
+)
 
 
 async def _server_rows(fleet: Fleet) -> dict[str, int]:
@@ -133,9 +156,40 @@ async def _server_rows(fleet: Fleet) -> dict[str, int]:
         host=url.host, port=url.port, user=url.username, database=url.database
     )
     try:
-        out = {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in _SERVER_TABLES}
-        for row in await conn.fetch("SELECT event, count(*) AS n FROM events GROUP BY event"):
-            out[f"event:{row['event']}"] = int(row["n"])
+        # One transaction per reading: the settle poll adds one commit to the
+        # cluster's counters (see _pg_writes), not one per table.
+        async with conn.transaction():
+            out = {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in _SERVER_TABLES}
+            for row in await conn.fetch("SELECT event, count(*) AS n FROM events GROUP BY event"):
+                out[f"event:{row['event']}"] = int(row["n"])
+        return out
+    finally:
+        await conn.close()
+
+
+async def _pg_writes(fleet: Fleet) -> dict[str, int]:
+    """The server database's commits and rolled-back transactions (``xact_commit``,
+    ``xact_rollback``), and rows inserted/updated/deleted per table (``ins:<table>``,
+    ...), from PostgreSQL's statistics views: what the server's CPU went into on the
+    database side. The counters reach the views up to a second after a commit."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(fleet.server_db_url)
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port, user=url.username, database=url.database
+    )
+    try:
+        db = await conn.fetchrow(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1",
+            url.database,
+        )
+        out = {"xact_commit": int(db["xact_commit"]), "xact_rollback": int(db["xact_rollback"])}
+        for row in await conn.fetch(
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables"
+        ):
+            for kind in ("ins", "upd", "del"):
+                out[f"{kind}:{row['relname']}"] = int(row[f"n_tup_{kind}"])
         return out
     finally:
         await conn.close()
@@ -218,6 +272,79 @@ def _items(prefix: str, n: int, steps: int, turn_s: float) -> list[FanoutItem]:
         )
         for i in range(n)
     ]
+
+
+class _ApiCounter(logging.Handler):
+    """Requests this process sent to the Prefect API, by method and route (ids
+    replaced by ``{id}``), from httpx's own ``HTTP Request:`` INFO record — written by
+    every ``httpx`` client, i.e. Prefect's; our Coder client writes none (round 10b).
+    Attached only for the fan-out with ``--count-api``: the records cost the loop."""
+
+    _ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+    def __init__(self, api_url: str) -> None:
+        super().__init__(logging.INFO)
+        self.api_url = api_url.rstrip("/")
+        self.counts: dict[str, int] = {}
+        self._logger = logging.getLogger("httpx")
+        self._saved = (self._logger.level, self._logger.propagate)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 2:
+            return
+        url = str(args[1])
+        if not url.startswith(self.api_url):
+            return
+        route = self._ID.sub("{id}", url[len(self.api_url) :].split("?", 1)[0])
+        key = f"{args[0]} {route}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def __enter__(self) -> _ApiCounter:
+        self._logger.addHandler(self)
+        self._logger.setLevel(logging.INFO)
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved[0])
+        self._logger.propagate = self._saved[1]
+
+
+class _PySpy:
+    """``py-spy record`` of another process (the Prefect server) in raw (collapsed
+    stack) format, from :meth:`start` until :meth:`stop` (SIGINT: it writes then)."""
+
+    def __init__(self, pid: int, path: str, rate: int = 100) -> None:
+        self.cmd = [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            str(rate),
+            "--format",
+            "raw",
+            "--nonblocking",
+            "--output",
+            path,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # attached before the fan-out starts
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class _GcClock:
@@ -342,6 +469,8 @@ async def _in_process(
     *,
     trace: dict[str, Any] | None = None,
     profile: str | None = None,
+    server_profile: str | None = None,
+    count_api: bool = False,
 ) -> dict[str, Any]:
     """One fan-out of ``n`` workflows in this process; the numbers of this process.
 
@@ -366,7 +495,14 @@ async def _in_process(
             _snapshot_when_open(fleet, before, min(n, cap), trace, bound_s=turn_s * 0.6)
         )
     rows0 = await _settled_server_rows(fleet)
+    await asyncio.sleep(1.0)  # PostgreSQL's statistics views lag commits by up to 1 s
+    pgw0 = await _pg_writes(fleet)
+    spy = _PySpy(fleet.server_pid, server_profile) if server_profile else None
+    if spy is not None:
+        spy.start()
+    api = _ApiCounter(fleet.api_url) if count_api else None
     emu0, srv0 = process_cpu_s(fleet.emu.proc.pid), process_cpu_s(fleet.server_pid)
+    pg0 = postgres_cpu_s(fleet.postmaster_pid)
     gc_clock = _GcClock()
     gc.callbacks.append(gc_clock)
     profiler = None
@@ -378,12 +514,16 @@ async def _in_process(
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     try:
+        if api is not None:
+            api.__enter__()
         if profiler is not None:
             profiler.enable()
         outcomes = await agent_fanout(
             items, settings, max_parallel=max(64, 2 * cap), fail_on_error=False
         )
     finally:
+        if api is not None:
+            api.__exit__()
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile))
@@ -396,10 +536,16 @@ async def _in_process(
     threads1 = _thread_cpu()
     emu_cpu = process_cpu_s(fleet.emu.proc.pid) - emu0
     srv_cpu = process_cpu_s(fleet.server_pid) - srv0
+    pg_cpu = postgres_cpu_s(fleet.postmaster_pid) - pg0
     # The server goes on recording the fan-out's events after it returned: its CPU
     # until its tables stop moving is part of the turns' cost.
     rows1 = await _settled_server_rows(fleet)
     srv_cpu_settled = process_cpu_s(fleet.server_pid) - srv0
+    pg_cpu_settled = postgres_cpu_s(fleet.postmaster_pid) - pg0
+    if spy is not None:
+        spy.stop()
+    await asyncio.sleep(1.0)
+    pgw1 = await _pg_writes(fleet)
     bad = [o.error or "" for o in outcomes if not o.ok]
     starts = fleet.emu.event_log(["turn_start"], since=before)
     # Turns that finished (a failed workflow's turns are not counted as throughput).
@@ -427,6 +573,14 @@ async def _in_process(
         "server_ms_per_turn": srv_cpu / turns * 1000,
         "server_settled_ms_per_turn": srv_cpu_settled / turns * 1000,
         "server_rows_per_turn": _per_turn(rows0, rows1, turns),
+        "pg_ms_per_turn": pg_cpu / turns * 1000,
+        "pg_settled_ms_per_turn": pg_cpu_settled / turns * 1000,
+        "pg_writes_per_turn": _per_turn(pgw0, pgw1, turns),
+        "api_per_turn": (
+            {k: v / turns for k, v in sorted(api.counts.items(), key=lambda kv: -kv[1])}
+            if api is not None
+            else None
+        ),
         "server_peak": peak,
         "rss_delta_at_peak_kib": at_peak - rss0,
         "kib_per_open_turn": (at_peak - rss0) / max(1, peak),
@@ -451,18 +605,160 @@ def _print_in_process(r: dict[str, Any], steps: int) -> None:
         + ", ".join(f"{k} {v:.2f}" for k, v in r["server_rows_per_turn"].items()),
         flush=True,
     )
+    print(
+        f"cap {r['cap']:>3}: the server's PostgreSQL CPU {r['pg_ms_per_turn']:.0f} ms/turn "
+        f"during the fan-out, {r['pg_settled_ms_per_turn']:.0f} until settled; per turn "
+        + ", ".join(f"{k} {v:.2f}" for k, v in r["pg_writes_per_turn"].items()),
+        flush=True,
+    )
+    if r["api_per_turn"] is not None:
+        total = sum(r["api_per_turn"].values())
+        print(
+            f"cap {r['cap']:>3}: Prefect API requests of this process per turn {total:.2f}: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in r["api_per_turn"].items()),
+            flush=True,
+        )
+
+
+def _cost_event(shape: str) -> Any:
+    """One ``coder.turn.settled``-like event of ``shape``: ``run-context`` (the three
+    related resources Prefect adds in a turn's task run: flow run, task run, flow),
+    ``+workflow`` (and ours before round 11a: ``+workflow+step``), ``none``; each
+    with the real payload of a one-turn workflow's ``coder.turn.settled``."""
+    from prefect.events.schemas.events import Event, RelatedResource, Resource
+
+    wf, chat = f"wf-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    related: list[dict[str, str]] = []
+    if shape != "none":
+        related += [
+            {
+                "prefect.resource.id": f"prefect.{kind}.{uuid.uuid4()}",
+                "prefect.resource.name": name,
+                "prefect.resource.role": kind,
+            }
+            for kind, name in (("flow-run", "denim-ladybug"), ("task-run", f"{wf}/s0"))
+        ] + [
+            {
+                "prefect.resource.id": f"prefect.flow.{uuid.uuid4()}",
+                "prefect.resource.name": "agent-fanout",
+                "prefect.resource.role": "flow",
+            }
+        ]
+    if "+workflow" in shape:
+        related.append(
+            {"prefect.resource.id": f"coder.workflow.{wf}", "prefect.resource.role": "workflow"}
+        )
+    if "+step" in shape:
+        related.append(
+            {"prefect.resource.id": f"coder.step.{wf}.s0", "prefect.resource.role": "step"}
+        )
+    usage = dict.fromkeys(("input_tokens", "total_tokens", "output_tokens"), 38)
+    return Event(
+        event="coder.turn.settled",
+        resource=Resource(
+            {
+                "prefect.resource.id": f"coder.chat.{chat}",
+                "coder.workflow-id": wf,
+                "coder.step": "s0",
+            }
+        ),
+        related=[RelatedResource(r) for r in related],
+        payload={
+            "workflow_id": wf,
+            "step": "s0",
+            "usage": usage,
+            "attempt": 1,
+            "redials": 0,
+            "segments": 1,
+            "duration_ms": 74.7,
+            "finish_reason": "stop",
+        },
+    )
+
+
+async def _event_cost(fleet: Fleet, n: int, rounds: int) -> None:
+    """The Prefect server's CPU (and its PostgreSQL's) per event, by the event's related
+    resources: ``n`` events of each shape sent through Prefect's events client (the
+    websocket a worker uses), until the server stored them all; shapes alternate their
+    order per round."""
+    from prefect.events.clients import get_events_client
+
+    shapes = ["none", "run-context", "run-context+workflow", "run-context+workflow+step"]
+    for round_ in range(rounds):
+        for shape in shapes if round_ % 2 == 0 else shapes[::-1]:
+            await _settled_server_rows(fleet)
+            n0 = (await _server_rows(fleet))["events"]
+            load0 = loadavg()
+            s0, p0 = process_cpu_s(fleet.server_pid), postgres_cpu_s(fleet.postmaster_pid)
+            async with get_events_client() as client:
+                for i in range(n):
+                    await client.emit(_cost_event(shape))
+                    if i % 50 == 49:  # about a fan-out's pace, not one burst
+                        await asyncio.sleep(0.05)
+            deadline = time.monotonic() + 120
+            while (await _server_rows(fleet))["events"] - n0 < n:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"event cost: {shape}: not all {n} events stored in 120 s")
+                await asyncio.sleep(0.5)
+            srv = process_cpu_s(fleet.server_pid) - s0
+            pg = postgres_cpu_s(fleet.postmaster_pid) - p0
+            print(
+                f"event cost, round {round_ + 1}: {shape:26s} server {srv / n * 1000:.2f} "
+                f"ms/event, its PostgreSQL {pg / n * 1000:.2f} ms/event; load {load0} → "
+                f"{loadavg()}",
+                flush=True,
+            )
+
+
+def _pin(fleet: Fleet) -> str:
+    """This process (the worker) on the first CPU, the Prefect server, its PostgreSQL
+    cluster (the postmaster and its live children; backends forked later inherit its
+    affinity) and the emulator on the second: which side's CPU limits the wall clock."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return "not pinned (one CPU)"
+    worker, rest = {cpus[0]}, {cpus[1]}
+    others = [fleet.server_pid, fleet.emu.proc.pid, fleet.postmaster_pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == fleet.postmaster_pid:
+                others.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    for pid in others:
+        with contextlib.suppress(OSError):  # a backend that ended meanwhile
+            os.sched_setaffinity(pid, rest)
+    # The worker's threads (the SQLite workers, Prefect's events threads) follow it.
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task.name), worker)
+    return f"worker on CPU {cpus[0]}, server + PostgreSQL + emulator on CPU {cpus[1]}"
 
 
 async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
-    print(f"store: {args.store}; load {loadavg()}", flush=True)
+    if args.pin:
+        print(f"pinned: {_pin(fleet)}", flush=True)
+    print(
+        f"store: {args.store}; Prefect server's task-run recorder: batch "
+        f"{args.recorder_batch}, flush every {args.recorder_flush_s:g} s; load {loadavg()}",
+        flush=True,
+    )
     # warm-up: imports, the store's schema, the first flow run, the server's caches
     await _in_process(fleet, 5, 5, 1, args.turn_s, args.store)
     results = []
     caps = [int(c) for c in args.caps.split(",") if c]
     for i, cap in enumerate(caps):
-        profile = args.cprofile if i == len(caps) - 1 else None
+        last = i == len(caps) - 1
         r = await _in_process(
-            fleet, cap, args.workflows, args.steps, args.turn_s, args.store, profile=profile
+            fleet,
+            cap,
+            args.workflows,
+            args.steps,
+            args.turn_s,
+            args.store,
+            profile=args.cprofile if last else None,
+            server_profile=args.server_pyspy if last else None,
+            count_api=args.count_api,
         )
         results.append(r)
         _print_in_process(r, args.steps)
@@ -487,6 +783,8 @@ async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
         )
     if args.tracemalloc:
         await _trace_memory(fleet, args)
+    if args.event_cost:
+        await _event_cost(fleet, args.event_cost, args.event_cost_rounds)
     if args.handoff:
         await _handoffs(fleet, args.gcl_rounds)
 
@@ -1060,6 +1358,43 @@ def main() -> None:
         help="cProfile the event loop's thread (its CPU clock) during the last cap's "
         "fan-out; pstats written to PATH",
     )
+    p.add_argument(
+        "--server-pyspy",
+        metavar="PATH",
+        help="py-spy record (raw collapsed stacks, 100 Hz, non-blocking) of the Prefect "
+        "server process during the last cap's fan-out until its tables settled",
+    )
+    p.add_argument(
+        "--count-api",
+        action="store_true",
+        help="count this process's Prefect API requests by route during each fan-out",
+    )
+    p.add_argument(
+        "--recorder-batch",
+        type=int,
+        default=RECORDER_BATCH,
+        help="the Prefect server's task-run recorder batch size (Prefect's default: 1)",
+    )
+    p.add_argument(
+        "--recorder-flush-s",
+        type=float,
+        default=RECORDER_FLUSH_S,
+        help="the Prefect server's task-run recorder flush interval (Prefect's default: 5)",
+    )
+    p.add_argument(
+        "--event-cost",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the fan-outs: the server's CPU per event by its related resources, "
+        "N events per shape (use --caps '' --memory-workflows 0 for this alone)",
+    )
+    p.add_argument("--event-cost-rounds", type=int, default=2)
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the worker (this process) on one CPU, server + PostgreSQL + emulator on another",
+    )
     p.add_argument("--gcl-rounds", type=int, default=10)
     p.add_argument("--workers-mode", action="store_true", help="1 vs 2 process workers")
     p.add_argument("--worker-counts", default="1,2")
@@ -1089,7 +1424,7 @@ def main() -> None:
     )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    with _fleet(tmp) as fleet:
+    with _fleet(tmp, args.recorder_batch, args.recorder_flush_s) as fleet:
         if args.latency_mode:
             asyncio.run(_latency_mode(args, fleet))
         elif args.workers_mode or args.kill:

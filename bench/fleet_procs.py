@@ -25,9 +25,13 @@ from urllib.request import Request, urlopen
 from pg_cluster import free_port, private_postgres
 
 __all__ = [
+    "RECORDER_BATCH",
+    "RECORDER_FLUSH_S",
     "EmulatorProcess",
     "create_database",
     "loadavg",
+    "postgres_cpu_s",
+    "postmaster_pid",
     "prefect_server",
     "private_postgres",
     "process_cpu_s",
@@ -56,10 +60,30 @@ def create_database(admin_url: str, name: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
+#: The task-run recorder settings of a server that records fan-outs (docs/performance.md,
+#: round 11a). Prefect's defaults (batch 1, flush every 5 s) write each task-run state
+#: event in a transaction of its own (a SELECT, an upsert, a SELECT, an INSERT and a
+#: COMMIT, each compiled anew): at cap 50 that was half of the server's CPU per turn,
+#: and the recorder fell behind the fan-out. Batches of up to 50, flushed at least
+#: every second, record the same rows; a task run's state shows in the UI ≤ 1 s later
+#: when the server is idle.
+RECORDER_BATCH = 50
+RECORDER_FLUSH_S = 1.0
+
+
 @contextlib.contextmanager
-def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tuple[str, int]]:
+def prefect_server(
+    database_url: str,
+    startup_timeout: int = 240,
+    *,
+    recorder_batch: int = RECORDER_BATCH,
+    recorder_flush_s: float = RECORDER_FLUSH_S,
+) -> Iterator[tuple[str, int]]:
     """A Prefect API server subprocess on ``database_url``; yields its API URL (also this
-    process's ``PREFECT_API_URL`` for the duration, as in tests/conftest.py) and pid."""
+    process's ``PREFECT_API_URL`` for the duration, as in tests/conftest.py) and pid.
+
+    ``recorder_batch`` / ``recorder_flush_s``: its task-run recorder's batch size and
+    flush interval (Prefect's defaults: 1 and 5 s)."""
     from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.server.database.dependencies import temporary_database_interface
@@ -82,6 +106,14 @@ def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tu
             ("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "40"),
         ):
             os.environ.setdefault(var, value)
+        # The server subprocess reads its settings from this environment.
+        for var, value in (
+            ("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", str(recorder_batch)),
+            ("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", str(recorder_flush_s)),
+        ):
+            saved = os.environ.get(var)
+            os.environ[var] = value
+            stack.callback(_restore_env, var, saved)
         server = SubprocessASGIServer(port=free_port())
         previous = SubprocessASGIServer._instances.get(None)
         SubprocessASGIServer._instances[None] = server
@@ -98,6 +130,13 @@ def prefect_server(database_url: str, startup_timeout: int = 240) -> Iterator[tu
                 SubprocessASGIServer._instances[None] = previous
             else:
                 SubprocessASGIServer._instances.pop(None, None)
+
+
+def _restore_env(var: str, saved: str | None) -> None:
+    if saved is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = saved
 
 
 @dataclass
@@ -166,6 +205,48 @@ def process_cpu_s(pid: int) -> float:
     """CPU time (user + system) of one process, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postmaster_pid(admin_url: str) -> int:
+    """The pid of the cluster's postmaster (the parent of a backend), from ``admin_url``."""
+    import asyncio
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+
+    async def backend() -> int:
+        conn = await asyncpg.connect(
+            host=url.host, port=url.port, user=url.username, database=url.database
+        )
+        try:
+            pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
+            # read while connected: the backend exits with the connection
+            stat = Path(f"/proc/{pid}/stat").read_text()  # noqa: ASYNC240 (procfs, instant)
+            return int(stat.rsplit(")", 1)[1].split()[1])
+        finally:
+            await conn.close()
+
+    return asyncio.run(backend())
+
+
+def postgres_cpu_s(postmaster: int) -> float:
+    """CPU seconds of a PostgreSQL cluster: its postmaster, the backends and helpers it
+    has reaped (cutime, cstime) and those alive now (its direct children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        if pid == postmaster:
+            total += sum(int(f) for f in fields[11:15])
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 def loadavg() -> str:
