@@ -4,8 +4,9 @@ The pure half, :func:`describe`, classifies one transport event; the thin shell,
 :class:`TurnObserver`, writes the log line and emits the Prefect event.
 Automations can trigger on the event names (``coder.stream.redial``,
 ``coder.segment.failed``, ``coder.turn.failed``, ``coder.chat.stranded`` …);
-the resource is ``coder.chat.<chat_id>`` (``coder.workflow.<id>`` before the
-chat exists) and the workflow is always a related resource.
+the resource is ``coder.chat.<chat_id>`` (labelled ``coder.workflow-id``) or
+``coder.workflow.<id>`` before the chat exists, labelled ``coder.step``, and the
+workflow is always a related resource.
 
 Nothing here sees the token: transport events carry paths and stream URLs only,
 and the error texts of ``coder_chat.errors`` are built without it.
@@ -104,11 +105,23 @@ def describe(ev: TransportEvent) -> OperatorNote | None:
     return None
 
 
-def chat_resource(chat_id: str | None, workflow_id: str) -> dict[str, str]:
-    """The Prefect event resource of a turn: its chat, or its workflow before one exists."""
-    if chat_id:
-        return {"prefect.resource.id": f"coder.chat.{chat_id}", "coder.workflow-id": workflow_id}
-    return {"prefect.resource.id": f"coder.workflow.{workflow_id}"}
+def chat_resource(chat_id: str | None, workflow_id: str, step: str | None = None) -> dict[str, str]:
+    """The Prefect event resource of a turn: its chat (labelled with the workflow id), or
+    its workflow before one exists; labelled with the step when given.
+
+    The step is a label of the resource, not a related resource of its own: every
+    related resource is a stored row per event on the Prefect server (≈ 0.5 ms of its
+    CPU each, docs/performance.md round 11a), and the step was already in the payload.
+    Automations match it with ``match: {"coder.step": ...}``, event filters with
+    ``resource.labels``."""
+    resource = (
+        {"prefect.resource.id": f"coder.chat.{chat_id}", "coder.workflow-id": workflow_id}
+        if chat_id
+        else {"prefect.resource.id": f"coder.workflow.{workflow_id}"}
+    )
+    if step is not None:
+        resource["coder.step"] = step
+    return resource
 
 
 class TurnObserver:
@@ -171,7 +184,7 @@ class TurnObserver:
             except Exception:  # observability must never break a turn
                 self.logger.debug("could not finish the live progress", exc_info=True)
         occurred = datetime.now(UTC)
-        resource = chat_resource(self.chat_id, self.workflow_id)
+        resource = chat_resource(self.chat_id, self.workflow_id, self.step)
         if deferred:
             background.defer(
                 functools.partial(self._send, event, resource, payload, occurred),
@@ -188,14 +201,13 @@ class TurnObserver:
                 event,
                 resource=resource,
                 occurred=occurred,
+                # The workflow is the one related resource of our own (what "every
+                # event of workflow X" filters on); Prefect adds the run context's
+                # (flow run, task run, flow). The step is a resource label.
                 related=[
                     {
                         "prefect.resource.id": f"coder.workflow.{self.workflow_id}",
                         "prefect.resource.role": "workflow",
-                    },
-                    {
-                        "prefect.resource.id": f"coder.step.{self.workflow_id}.{self.step}",
-                        "prefect.resource.role": "step",
                     },
                 ],
                 payload={"workflow_id": self.workflow_id, "step": self.step, **payload},
