@@ -17,6 +17,16 @@ average. Then the memory phase: ``--memory-workflows`` workflows with long turns
 open turn = (RSS at the moment of the peak of running turns in the emulator's event
 log - RSS before the fan-out) / that peak.
 
+The Prefect server's side of each fan-out (docs/performance.md, round 11a): its CPU
+and its PostgreSQL cluster's (postmaster and backends), the rows it stored per turn
+(``event_resources`` = one per event resource and related resource), the commits and
+rows written per table (PostgreSQL's statistics views); ``--count-api`` counts this
+process's Prefect API requests by route, ``--server-pyspy PATH`` samples the server,
+``--pin`` puts the worker on one CPU and the rest on the other, ``--artifacts`` lets
+the turns publish their artifacts, ``--event-cost N`` measures the server's CPU per
+event by its related resources. The bench's server records task runs in batches
+(``--recorder-batch``/``--recorder-flush-s``; ``1``/``5`` are Prefect's defaults).
+
 ``--workers-mode`` — the fan-out as a deployment run on ``prefect worker start``
 process workers (PostgreSQL store): turns/s with 1 and with 2 workers at
 ``--workers-cap`` (50), in shards of ``--shard-size`` (1 = one ``agent-workflow`` run
@@ -239,7 +249,13 @@ async def _retry_503(make: Callable[[], Awaitable[object]], attempts: int = 6) -
 
 
 async def _settings(
-    fleet: Fleet, store_url: str, cap: int, *, slot_ttl: float = 30, lease_ttl: float = 30
+    fleet: Fleet,
+    store_url: str,
+    cap: int,
+    *,
+    slot_ttl: float = 30,
+    lease_ttl: float = 30,
+    artifacts: bool = False,
 ) -> WorkflowSettings:
     name = uuid.uuid4().hex[:8]
     creds = CoderCredentials(
@@ -259,7 +275,7 @@ async def _settings(
         retries=0,
         lease_ttl_s=lease_ttl,
         lease_wait_s=300,
-        artifacts=False,
+        artifacts=artifacts,
     )
 
 
@@ -471,6 +487,7 @@ async def _in_process(
     profile: str | None = None,
     server_profile: str | None = None,
     count_api: bool = False,
+    artifacts: bool = False,
 ) -> dict[str, Any]:
     """One fan-out of ``n`` workflows in this process; the numbers of this process.
 
@@ -479,7 +496,7 @@ async def _in_process(
     core of a loaded machine as busy, which overweights system calls); the stats go
     to that path. Its overhead roughly doubles the loop's CPU: read shares."""
     name = uuid.uuid4().hex[:8]
-    settings = await _settings(fleet, _store_url(fleet, store, name), cap)
+    settings = await _settings(fleet, _store_url(fleet, store, name), cap, artifacts=artifacts)
     items = _items(f"b-{name}", n, steps, turn_s)
     before = len(fleet.emu.event_log(["turn_start"]))
     load0 = loadavg()
@@ -759,6 +776,7 @@ async def _main(args: argparse.Namespace, fleet: Fleet) -> None:
             profile=args.cprofile if last else None,
             server_profile=args.server_pyspy if last else None,
             count_api=args.count_api,
+            artifacts=args.artifacts,
         )
         results.append(r)
         _print_in_process(r, args.steps)
@@ -1380,6 +1398,11 @@ def main() -> None:
         type=float,
         default=RECORDER_FLUSH_S,
         help="the Prefect server's task-run recorder flush interval (Prefect's default: 5)",
+    )
+    p.add_argument(
+        "--artifacts",
+        action="store_true",
+        help="the turns publish their artifacts (the deployments' default; off otherwise)",
     )
     p.add_argument(
         "--event-cost",
