@@ -4,10 +4,18 @@ starts ``recover-turn`` with the crashed run's parameters, and the workflow ends
 as a fault-free run would.
 
 The server is the session's Prefect test server (its automation services — event
-triggers and actions — run in it); the deployments are served by a real Prefect
-runner process (``serve_child.py``, triggers read from ``prefect.yaml``; one for the
-module, forked from the session's warm process), which starts each flow run in its
-own (spawned) subprocess.
+triggers and actions — run in it); the deployments are on a process work pool, as
+``prefect.yaml`` deploys them (triggers read from it), served by a real ``prefect
+worker start`` process (one for the module, forked from the session's warm process),
+which starts each flow run as a child process of its own: ``tests/warm_launch.py``,
+the pool's ``command`` (as in the fan-out tests), which forks the engine from the
+warm process and stands for it — a SIGKILL of the engine ends the worker's child
+with the same signal, and the worker reports the run Crashed.
+
+(Until round 11c a Prefect runner, ``prefect.serve``, ran these deployments: it
+starts every flow run as a *spawned* interpreter that imports Prefect and the flows
+again, ≈ 4 CPU-s per run, four runs per module — the file's largest cost. The worker
+is also the launch path ``prefect.yaml`` documents.)
 """
 
 from __future__ import annotations
@@ -18,14 +26,17 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
+import yaml
 from crash_matrix import (
     LIVE,
     STEPS,
@@ -38,6 +49,7 @@ from crash_matrix import (
 )
 from payments import Payments
 from prefect.client.orchestration import PrefectClient, get_client
+from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import (
     DeploymentFilter,
     DeploymentFilterName,
@@ -47,22 +59,41 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
-from recovery_env import HERE, ROOT, PrefectEnv
+from prefect.deployments.runner import EntrypointType
+from prefect.events import DeploymentEventTrigger
+from recovery_env import ROOT, PrefectEnv
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.deployments.recover_turn import recover_turn
 from prefect_coder.flows.parts.params import WorkflowSettings
 from prefect_coder.flows.parts.toolset import Toolset
 
-DEPLOYMENTS = ["agent-workflow", "agent-turn", "recover-turn"]
 FINAL = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]
 
+#: What the module deploys: ``prefect.yaml``'s names and flows.
+DEPLOYMENTS: tuple[tuple[str, Any], ...] = (
+    ("agent-workflow", agent_workflow),
+    ("agent-turn", agent_turn),
+    ("recover-turn", recover_turn),
+)
 
-#: Seconds between two reads of the API while waiting: the runner itself polls every
-#: second (``_SERVE``), so nothing it starts is seen sooner by reading more often —
+#: The pool's ``command`` job variable: each flow run is a child process of the worker,
+#: ``tests/warm_launch.py``, which forks ``python -m prefect.engine`` from the session's
+#: warm process (no second import of Prefect and the flows) and ends as the engine
+#: does — killed by the same signal when the engine was SIGKILLed.
+ENGINE_COMMAND = f"{sys.executable} {ROOT / 'tests' / 'warm_launch.py'}"
+
+#: How often the worker looks for scheduled runs (a read of the server each time;
+#: Prefect's default is 10 s). Each run waits at most this long for its pickup.
+WORKER_QUERY_S = 2
+
+#: Seconds between two reads of the API while waiting: the worker itself polls every
+#: :data:`WORKER_QUERY_S`, so nothing it starts is seen sooner by reading more often —
 #: every read costs the test server's CPU too.
-POLL_S = 1.0
+POLL_S = 2.0
 
 
 async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: str) -> Any:
@@ -75,40 +106,57 @@ async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: s
     raise AssertionError(f"timed out waiting for {what}")
 
 
-#: The runner, forked from the session's warm process (``tests/warm_python.py``: no
-#: second import of Prefect and the flows, ~5 CPU-s): ``serve_child.py`` run as
-#: ``__main__`` with the runner polling every second (a Prefect setting read at
-#: import time, so set here rather than in the environment, which a fork must share
-#: with the warm process), and the API clients' one-certificate CA bundle
-#: (``recovery_env.api_ca_bundle``) set for the whole process — and so in the
-#: environment of the flow-run processes it spawns.
-_SERVE = """
+#: The worker, forked from the session's warm process (``tests/warm_python.py``: no
+#: second import of Prefect and the flows): ``prefect worker start`` on the pool, its
+#: poll interval set here (a Prefect setting read at import time, which a fork must
+#: share with the warm process; the worker hands it down to its flow runs, whose
+#: engines never read it), and the API clients' one-certificate CA bundle
+#: (``recovery_env.api_ca_bundle``) for the worker's own clients.
+_WORKER = """
 import os, runpy, sys
 from prefect.context import refresh_global_settings_context
-from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
-if os.environ.get("RECOVERY_API_CA_FILE"):
-    os.environ["PREFECT_API_SSL_CERT_FILE"] = os.environ["RECOVERY_API_CA_FILE"]
-    refresh_global_settings_context()
-with temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: 1}):
-    runpy.run_path(sys.argv[1], run_name="__main__")
+from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
+with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: int(sys.argv[1])}):
+    sys.argv = ["prefect", "worker", "start", "--pool", sys.argv[2], "--type", "process",
+                "--name", sys.argv[2] + "-w"]
+    runpy.run_module("prefect", run_name="__main__")
 """
 
 
 @dataclass
 class Served:
-    """The module's runner and its crash plan (``payment_tools``' test seam)."""
+    """The module's worker and its crash plan (``payment_tools``' test seam)."""
 
     client: PrefectClient
     plan: Path
     log: Path
 
     def crash_once_at(self, point: str, once: Path) -> None:
-        """The runner's next flow-run processes SIGKILL themselves at ``point`` —
+        """The worker's next flow-run processes SIGKILL themselves at ``point`` —
         once across processes (the first to get there creates ``once``)."""
         self.plan.write_text(json.dumps({"at": point, "once": str(once)}))
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
+
+
+async def _deploy(client: PrefectClient, pool: str) -> list[UUID]:
+    """The pool and the deployments on it, with their triggers from ``prefect.yaml``;
+    their ids."""
+    await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    ids = []
+    for name, fl in DEPLOYMENTS:
+        entry = next(d for d in spec["deployments"] if d["name"] == name)
+        dep = await fl.ato_deployment(
+            name=name,
+            work_pool_name=pool,
+            entrypoint_type=EntrypointType.MODULE_PATH,
+            triggers=[DeploymentEventTrigger(**t) for t in entry.get("triggers", [])],
+            job_variables={"working_dir": str(ROOT), "command": ENGINE_COMMAND},
+        )
+        ids.append(await dep.aapply())
+    return ids
 
 
 @pytest.fixture(scope="module")
@@ -118,36 +166,34 @@ async def served(
     warm_python: WarmPython,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Served]:
-    """One runner serving the deployments for the module's tests (its start and
+    """One worker serving the deployments for the module's tests (its start and
     deployment registration paid once); its flow-run processes SIGKILL themselves at
-    the crash plan's point, once."""
+    the crash plan's point, once. The deployments and the automations their triggers
+    own are removed at the end: the session's server is shared, and other files
+    deploy the same names."""
     root = tmp_path_factory.mktemp("trigger")
-    plan, log = root / "crash-plan.json", root / "runner.log"
+    plan, log = root / "crash-plan.json", root / "worker.log"
     env = env_for_children(prefect_env.child_env(), payments.url)
     env["CRASH_PLAN_FILE"] = str(plan)
-    runner = await asyncio.to_thread(
-        warm_python.start, ["-c", _SERVE, str(HERE / "serve_child.py")], env=env, cwd=ROOT
-    )
-    try:
-        async with get_client() as client:
-
-            async def ready() -> bool:
-                if runner.poll() is not None:
-                    raise AssertionError(f"the runner exited: {runner.poll()}")
-                found = await client.read_deployments(
-                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=DEPLOYMENTS))
-                )
-                return len(found) == len(DEPLOYMENTS)
-
-            await _wait(ready, 180, "the served deployments")
+    pool = f"recovery-trigger-{uuid.uuid4().hex[:6]}"
+    async with get_client() as client:
+        ids = await _deploy(client, pool)
+        worker = await asyncio.to_thread(
+            warm_python.start, ["-c", _WORKER, str(WORKER_QUERY_S), pool], env=env, cwd=ROOT
+        )
+        try:
             yield Served(client, plan, log)
-    finally:
-        # SIGTERM: the runner stops its loops and exits; SIGKILL if it does not.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(runner.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            done = await runner.communicate(15)
-            log.write_text(done.stdout + done.stderr)
+        finally:
+            # SIGTERM: the worker stops its loops and exits; SIGKILL if it does not.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                done = await worker.communicate(15)
+                log.write_text(done.stdout + done.stderr)
+            for dep_id in ids:
+                await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
+                await client.delete_deployment(dep_id)
+            await client.delete_work_pool(pool)
 
 
 async def crash_then_recovery(served: Served, deployment: str, parameters: dict[str, Any]) -> Any:
@@ -162,8 +208,8 @@ async def crash_then_recovery(served: Served, deployment: str, parameters: dict[
         state = (await client.read_flow_run(crashed_run.id)).state
         return state is not None and state.type.value == "CRASHED"
 
-    # Bounds, not sleeps: the runner spawns each flow run as a fresh interpreter (a full
-    # Prefect import), and at load 20+ on 2 cores a run took over 90 s to crash.
+    # Bounds, not sleeps: at load 20+ on 2 cores a run (then spawned as a fresh
+    # interpreter) took over 90 s to crash.
     await _wait(crashed, 240, f"the {deployment} run to end Crashed")
 
     async def recovered() -> Any:
