@@ -529,6 +529,11 @@ def warm_python(prefect_harness: PrefectHarness) -> Iterator[WarmPython]:
         PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(prefect_harness.results_dir),
         PREFECT_LOGGING_LEVEL="WARNING",
         PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+        # A process worker reads these at import, so a worker is forked from here only
+        # when its own are the same: these are what tests/fanout's workers run with
+        # (fanout_env.WORKER_QUERY_S, child_env). Flow runs and other children ignore them.
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_WORKER_HEARTBEAT_SECONDS="5",
     )
     warm = WarmPython(env)
     try:

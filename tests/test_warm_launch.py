@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from warm_launch import behind
 from warm_python import SOCKET_ENV, WarmPython
 
 LAUNCH = str(Path(__file__).resolve().parent / "warm_launch.py")
@@ -75,6 +76,42 @@ def test_a_killed_launcher_takes_its_engine_with_it(warm_python: WarmPython) -> 
     os.kill(launcher.pid, signal.SIGKILL)
     assert launcher.wait(30) == -signal.SIGKILL
     assert _gone(engine), "the engine outlived its killed launcher"
+
+
+def test_a_killed_launcher_takes_the_forks_whole_process_group(warm_python: WarmPython) -> None:
+    """A forked worker's flow-run processes are its children in its process group: a
+    kill of the worker's launcher takes them down too, as a kill of the group would."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(os.getpid(), kid.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, LAUNCH, "-c", code],
+        env=_env(warm_python),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    fork, grandchild = map(int, launcher.stdout.readline().split())
+    assert behind(launcher.pid) == fork
+    assert behind(os.getpid()) == os.getpid()  # not a launcher
+    os.kill(launcher.pid, signal.SIGKILL)
+    assert launcher.wait(30) == -signal.SIGKILL
+    assert _gone(fork), "the fork outlived its killed launcher"
+    # The grandchild is nobody's to reap here: gone or a zombie (state Z) is dead.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the fork's own child outlived the killed launcher")
 
 
 def test_a_killed_engine_ends_its_launcher_by_the_same_signal(warm_python: WarmPython) -> None:

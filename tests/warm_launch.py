@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import BinaryIO
 
 SOCKET_ENV = "CODER_TEST_WARM_SOCKET"
@@ -57,6 +58,18 @@ def _ask(path: str, argv: list[str]) -> tuple[socket.socket, BinaryIO, int] | No
         sock.close()
         return None
     return sock, reader, int(pid)
+
+
+def behind(launcher_pid: int) -> int:
+    """The pid of the process a launcher stands for: the fork it asked for, or the
+    launcher itself when it became the program (``exec``) or is not a launcher."""
+    path = os.environ.get(SOCKET_ENV)
+    if path:
+        try:
+            return int(Path(path).with_name(f"launcher-{launcher_pid}").read_text())
+        except (OSError, ValueError):
+            pass
+    return launcher_pid
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -64,12 +65,19 @@ from typing import Any
 #: Environment variables a fork may not change (read by Prefect at import time).
 _FIXED_PREFIXES = ("PREFECT_",)
 _FREE_PREFIXES = ("PREFECT_CODER_", "PREFECT__")
-#: Also free for a flow run a process worker starts: the worker's own settings (its
-#: poll and heartbeat intervals), which the worker hands down to its flow runs' environment
-#: and which the engine never reads, and whether an ephemeral server may start (the
-#: worker writes it out; the engine, like the warm process, has ``PREFECT_API_URL`` —
-#: compared — so it starts none either way).
-_ENGINE_FREE_PREFIXES = (*_FREE_PREFIXES, "PREFECT_WORKER_", "PREFECT_SERVER_EPHEMERAL_ENABLED")
+#: Also free for a launcher's request: whether an ephemeral server may start (a worker
+#: writes it out for its flow runs; they, like the warm process, have ``PREFECT_API_URL``
+#: — compared — so none starts either way) and, unless the request runs a worker
+#: itself, the worker's own settings (its poll and heartbeat intervals), which the
+#: worker hands down to its flow runs' environment and the engine never reads.
+_LAUNCH_FREE_PREFIXES = (*_FREE_PREFIXES, "PREFECT_SERVER_EPHEMERAL_ENABLED")
+_ENGINE_FREE_PREFIXES = (*_LAUNCH_FREE_PREFIXES, "PREFECT_WORKER_")
+
+
+def _launch_free(argv: list[str]) -> tuple[str, ...]:
+    runs_worker = argv[:3] == ["-m", "prefect", "worker"]
+    return _LAUNCH_FREE_PREFIXES if runs_worker else _ENGINE_FREE_PREFIXES
+
 
 #: The environment variable that carries the warm process's unix socket path to
 #: ``tests/warm_launch.py`` (set by the ``warm_python`` fixture for the session).
@@ -211,7 +219,8 @@ class WarmPython:
     def would_fork(self, env: dict[str, str]) -> bool:
         """Whether a request with ``env`` is forked (its import-time ``PREFECT_*``
         settings are the warm process's) rather than run in a fresh interpreter."""
-        return _import_time_env(env) == _import_time_env(self.env)
+        free = _ENGINE_FREE_PREFIXES  # (no request of this kind runs a worker)
+        return _import_time_env(env, free) == _import_time_env(self.env, free)
 
     def start(
         self, argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str] | None = None
@@ -309,6 +318,10 @@ def _run_child(req: dict[str, Any], stdio: list[int] | None = None) -> int:
     import traceback
 
     if stdio is not None:
+        # Its own process group, as the launcher has: what the launcher's death takes
+        # down (the warm process kills the whole group) is this child and everything it
+        # started - a worker's flow-run processes, as a kill of the worker's group would.
+        os.setsid()
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
             os.close(fd)
@@ -417,7 +430,9 @@ def _serve() -> int:
     import prefect.flow_engine
     import prefect.flows
     import prefect.task_engine
-    import prefect.utilities.visualization  # noqa: F401
+    import prefect.utilities.visualization
+    import prefect.workers.process  # noqa: F401  (launched `-m prefect worker start`)
+    from prefect.cli import worker as _cli_worker  # noqa: F401
 
     import coder_chat.crash_safe  # noqa: F401
     import prefect_coder.flows.deployments.agent_fanout
@@ -426,7 +441,7 @@ def _serve() -> int:
     import prefect_coder.flows.deployments.fanout_shard
     import prefect_coder.flows.deployments.recover_turn  # noqa: F401
 
-    own = _import_time_env(dict(os.environ), _ENGINE_FREE_PREFIXES)
+    own_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sys.argv[sys.argv.index("--serve") + 1])
     listener.listen(64)
@@ -464,13 +479,12 @@ def _serve() -> int:
             except (OSError, ValueError):
                 conn.close()
             else:
-                if _import_time_env(req["env"], _ENGINE_FREE_PREFIXES) != own:
+                free = _launch_free(req["argv"])
+                theirs, own = _import_time_env(req["env"], free), _import_time_env(own_env, free)
+                if theirs != own:
                     for fd in fds:
                         os.close(fd)
-                    differ = sorted(
-                        set(_import_time_env(req["env"], _ENGINE_FREE_PREFIXES).items())
-                        ^ set(own.items())
-                    )
+                    differ = sorted(set(theirs.items()) ^ set(own.items()))
                     conn.sendall(
                         (
                             json.dumps({"pid": None, "differ": [k for k, _ in differ]}) + "\n"
@@ -484,6 +498,13 @@ def _serve() -> int:
                     for fd in fds:
                         os.close(fd)
                     launched[pid], by_conn[conn] = conn, pid
+                    # Who stands for whom, for tests that look a process up by its
+                    # parent (warm_launch.behind): the launcher's pid from the socket.
+                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    launcher_pid = struct.unpack("3i", creds)[0]
+                    Path(listener.getsockname()).with_name(f"launcher-{launcher_pid}").write_text(
+                        str(pid)
+                    )
                     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
         for conn in [c for c in by_conn if c in readable]:
             # The launcher only ever closes its end: it died (or was killed). The
@@ -491,13 +512,16 @@ def _serve() -> int:
             with contextlib.suppress(OSError):
                 if conn.recv(1):
                     continue
+            pid = by_conn.pop(conn)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(by_conn.pop(conn), signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if not open_input:
             # The session is over: nothing may outlive it.
             for pid in launched:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)
         while running or launched:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:

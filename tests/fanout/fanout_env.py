@@ -45,6 +45,7 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 from support.prefect_blocks import emulator_credentials, save_settings  # noqa: E402
+from warm_launch import behind  # noqa: E402
 
 TOKEN = f"tok-fanout-{uuid.uuid4().hex}-SECRET"
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,14 +156,20 @@ class Worker:
     log: Path
     killed: bool = False
     children: set[int] = field(default_factory=set)
+    #: The worker's own process: its flow-run processes' parent (``proc`` is the
+    #: launcher that stands for it when it was forked from the warm process).
+    pid: int = 0
 
     def kill_with_children(self) -> list[int]:
-        """SIGKILL the worker's process group (the worker and its flow-run processes)."""
-        pids = [self.proc.pid, *_children(self.proc.pid)]
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """SIGKILL the worker's process group (the worker and its flow-run processes, also
+        those in a session of their own: Prefect's default launch isolates them)."""
+        worker = self.pid or self.proc.pid
+        pids = [*{self.proc.pid: None, worker: None}, *_children(worker)]
+        for group in {self.proc.pid, worker}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -194,9 +201,13 @@ def parent_of(pid: int) -> int | None:
 
 
 async def start_worker(pool: str, name: str, env: dict[str, str], log: Path, limit: int) -> Worker:
+    """A ``prefect worker start`` process (through tests/warm_launch.py: forked from the
+    session's warm process when its settings allow, in its own process group that dies
+    with this process; else this process becomes the worker)."""
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
+        str(ROOT / "tests" / "warm_launch.py"),
         "-m",
         "prefect",
         "worker",
@@ -216,7 +227,31 @@ async def start_worker(pool: str, name: str, env: dict[str, str], log: Path, lim
         start_new_session=True,
     )
     out.close()
-    return Worker(name, proc, log)
+    return Worker(name, proc, log, pid=await _worker_pid(proc))
+
+
+async def _worker_pid(proc: asyncio.subprocess.Process, bound_s: float = 60.0) -> int:
+    """The pid ``proc`` stands for, once the launcher has forked it or become it."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and proc.returncode is None:
+        pid = _stands_for(proc.pid)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.05)
+    return proc.pid
+
+
+def _stands_for(launcher: int) -> int | None:
+    """The fork a launcher stands for, itself once it became the program, or None yet."""
+    pid = behind(launcher)
+    if pid != launcher:
+        return pid
+    try:
+        if b"warm_launch" not in Path(f"/proc/{launcher}/cmdline").read_bytes():
+            return launcher  # it became the worker (exec)
+    except OSError:
+        return launcher  # gone
+    return None
 
 
 async def stop_worker(worker: Worker) -> None:
