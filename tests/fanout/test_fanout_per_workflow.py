@@ -150,7 +150,7 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
                     return None
                 for run in await runs_of(client, workflow_dep, [StateType.RUNNING], pool=pool):
                     pid = str(run.infrastructure_pid or "").split(":")[-1]
-                    if run.name == victim and pid and parent_of(int(pid)) == worker.proc.pid:
+                    if run.name == victim and pid and parent_of(int(pid)) == worker.pid:
                         # Looked at last (a local read), so the kill follows at once.
                         return (run, int(pid)) if victim_turn_running() else None
                 return None

@@ -215,7 +215,7 @@ class TestOnOneWorker:
                         return None
                     fanout = await client.read_flow_run(first.id)
                     pid = str(fanout.infrastructure_pid or "").split(":")[-1]
-                    return int(pid) if pid and parent_of(int(pid)) == worker.proc.pid else None
+                    return int(pid) if pid and parent_of(int(pid)) == worker.pid else None
 
                 pid = await until("w0 waiting for the turn slot", 240, fanout_process)
                 os.kill(pid, signal.SIGKILL)
