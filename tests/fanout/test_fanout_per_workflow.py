@@ -82,8 +82,8 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
 ) -> None:
     store_url, tenant = pg_store
     pool = f"fanout1-{uuid.uuid4().hex[:6]}"
-    # The pool first and the worker started at once: its start (seconds of Python
-    # imports) overlaps the blocks and the deploy below.
+    # The pool first and the worker started at once: its start-up (until it polls)
+    # overlaps the blocks and the deploy below.
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)

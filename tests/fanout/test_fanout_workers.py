@@ -67,6 +67,7 @@ from fanout_env import (
     user_messages_per_step,
 )
 from prefect.client.orchestration import PrefectClient, get_client
+from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterFlowRunId,
@@ -110,7 +111,7 @@ class Hosts:
     process, whose parent is the worker (sampled while the process lives)."""
 
     def __init__(self, workers: list[Worker], shard_deployment: UUID, pool: str) -> None:
-        self.by_pid = {w.proc.pid: w.name for w in workers}
+        self.by_pid = {w.pid: w.name for w in workers}
         self.pool = pool
         self.shard_deployment = shard_deployment
         self.of_run: dict[str, str] = {}
@@ -141,14 +142,11 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
     prefect_harness: Any, emu: Emulator, pg_store: tuple[str, str], tmp_path: Path
 ) -> None:
     store_url, tenant = pg_store
-    # The slots are held through the shards' process starts: a generous slot wait.
-    settings = await fanout_settings(emu, store_url, CAP, tenant=tenant, slot_wait_s=300.0)
-    store = StateStore(store_url, tenant=tenant)
-    for i in range(CAP):
-        assert await store.leases.acquire(slot_key(i), HOLDER, ttl=600) is not None
-    held = True
     pool = f"fanout-{uuid.uuid4().hex[:6]}"
-    deployed = await deploy(pool)
+    # The pool first and the workers started at once: their start-ups (until each
+    # polls) overlap the blocks, the slot holds and the deploy below.
+    async with get_client() as client:
+        await client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     # --limit WORKER_LIMIT: more runs than one worker takes, so the worker that runs
     # the fan-out runs a shard too — the kill below takes a shard with it.
@@ -156,7 +154,20 @@ async def test_fanout_spreads_over_two_workers_and_survives_a_killed_worker(
         await start_worker(pool, f"{pool}-w{i}", env, tmp_path / f"w{i}.log", limit=WORKER_LIMIT)
         for i in (1, 2)
     ]
-    hosts = Hosts(workers, deployment_id(deployed, "agent-fanout-shard"), pool)
+    store = StateStore(store_url, tenant=tenant)
+    try:
+        # The slots are held through the shards' process starts: a generous slot wait.
+        settings = await fanout_settings(emu, store_url, CAP, tenant=tenant, slot_wait_s=300.0)
+        for i in range(CAP):
+            assert await store.leases.acquire(slot_key(i), HOLDER, ttl=600) is not None
+        held = True
+        deployed = await deploy(pool)
+        hosts = Hosts(workers, deployment_id(deployed, "agent-fanout-shard"), pool)
+    except BaseException:
+        for w in workers:
+            await stop_worker(w)
+        await store.aclose()
+        raise
     items = fanout_items(uuid.uuid4().hex[:6], WORKFLOWS, STEPS, 1.5)
     parameters = {
         "workflows": [i.model_dump(mode="json") for i in items],
