@@ -116,7 +116,7 @@ async def _run(run_id: UUID) -> FlowRun:
         return await client.read_flow_run(run_id)
 
 
-STEPS = [
+STEPS: list[dict[str, Any]] = [
     {"name": "draft", "prompt": "Draft the change"},
     {"name": "review", "kind": "approval", "prompt": "Ship the draft?", "timeout_s": 600},
     {"name": "apply", "prompt": "Apply the draft"},
@@ -170,7 +170,7 @@ async def _assert_suspended(run_id: UUID, stderr: str, emu: Emulator) -> None:
 #: one engine process that runs to the next approval (4 processes for the three
 #: decisions; one suspended run per decision took 6, each ~1 CPU-s with its share of
 #: the test server's work).
-DECIDED_STEPS = [
+DECIDED_STEPS: list[dict[str, Any]] = [
     *STEPS,
     {"name": "review-docs", "kind": "approval", "prompt": "Docs too?", "timeout_s": 600},
     {"name": "docs", "prompt": "Write the docs"},
