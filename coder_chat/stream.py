@@ -165,6 +165,23 @@ class _Terminal(Exception):
         self.error = error
 
 
+def _release_cancellation(task: asyncio.Future[Any]) -> None:
+    """Done callback of a task that is cancelled and not awaited by anyone: take its
+    ``CancelledError`` out of it.
+
+    A cancelled task keeps that error until someone reads it; the error's traceback
+    holds the task's frames, and their ``self`` holds the task — a reference cycle.
+    A reader's pump (cancelled by :meth:`_PumpedReader.close_nowait`, waited for with
+    ``asyncio.wait``) made one per stream, which kept the reader and all it held alive
+    until the garbage collector's next pass, and websockets' keepalive task (cancelled
+    when the connection is lost, never awaited) another with the error and its
+    frames (docs/performance.md, round 11b). Read here, the error is dropped and the
+    reader is freed when its last reference goes."""
+    if task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            task.exception()
+
+
 class _PumpedReader(Generic[T]):
     """A background pump task feeding an ``asyncio.Queue``: reads never lose an
     item to a cancelled/timed-out caller, and the end of the pump is sticky."""
@@ -197,6 +214,7 @@ class _PumpedReader(Generic[T]):
         self._pump_task = asyncio.get_running_loop().create_task(
             self._pump(), name=f"coder-chat-{self._kind}"
         )
+        self._pump_task.add_done_callback(_release_cancellation)
 
     async def next_event(self, timeout: float | None = None) -> T | None:
         """The next item; ``None`` once closed by us.
@@ -609,7 +627,7 @@ class ChatWatcher(_PumpedReader[ChatWatchEvent]):
 async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConnection:
     """Open one WebSocket the way every reader does: token in the upgrade header only,
     the stream options' bounds, TLS verification as the client's, quiet logging."""
-    return await connect(
+    ws = await connect(
         url,
         additional_headers=client.auth_headers(),
         open_timeout=opts.open_timeout,
@@ -625,6 +643,10 @@ async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConn
         # The environment's proxy for this host, read once per client (not per dial).
         proxy=client.ws_proxy(url),
     )
+    # Cancelled by websockets when the connection is lost, and never awaited.
+    if ws.keepalive_task is not None:
+        ws.keepalive_task.add_done_callback(_release_cancellation)
+    return ws
 
 
 def _upgrade_envelope(body: bytes | bytearray | None, status: int) -> tuple[str, str | None]:

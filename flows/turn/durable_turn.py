@@ -420,11 +420,18 @@ async def _turn_under_lease(
     if shared is not None and resources.router is not None:
         resources.router.target = hook  # the shared client's HTTP/WS events
 
+    # The turn's client (the flow's shared one, else its own): named here rather than
+    # read from the agent inside the callback below, which the agent holds — a closure
+    # over the agent made the two a reference cycle that kept every turn's agent, its
+    # stream reader and all they held alive until the garbage collector's next pass
+    # (docs/performance.md, round 11b).
+    client = shared if shared is not None else creds.get_client(on_transport_event=hook)
+
     async def journal_before_interrupt(cid: str) -> None:
-        await journal_cut_short(agent.client, store, cid)
+        await journal_cut_short(client, store, cid)
 
     agent = creds.get_agent(
-        client=shared,
+        client=client,
         chat_id=chat_id,
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,

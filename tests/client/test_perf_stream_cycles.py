@@ -1,0 +1,86 @@
+"""A closed chat stream is freed when its last reference goes, not by the garbage
+collector (docs/performance.md, round 11b).
+
+A cancelled task keeps its ``CancelledError``, whose traceback holds the task's
+frames, whose ``self`` holds the task: the reader's pump (cancelled by ``aclose``,
+waited for with ``asyncio.wait``) was such a cycle, and with it the reader and all
+it held stayed alive until a collection — in a fan-out worker ≈ 180 objects per turn
+that survived into the older generations. Against the real emulator, with the
+collector off: the reader is gone as soon as it is dropped (alive on the old code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_stream_emulator import FAST, client_for, idle_chat, send
+
+from coder_chat.stream import ChatStreamReader
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def _read_one_turn_and_close(emu: Any) -> weakref.ref[ChatStreamReader]:
+    async with client_for(emu) as client:
+        chat_id = await idle_chat(client, emu)
+        reader = ChatStreamReader(client, chat_id, options=FAST)
+        reader.start()
+        await send(client, chat_id, "hello")
+        while True:  # read until the turn settles: the socket is open and used
+            event = await asyncio.wait_for(reader.next_event(), 10)
+            assert event is not None
+            if (
+                event.type == "status"
+                and event.status is not None
+                and event.status.status == "waiting"
+            ):
+                break
+        await reader.aclose()
+        ref = weakref.ref(reader)
+        del reader
+        return ref
+
+
+async def test_a_closed_reader_is_freed_without_the_collector(
+    chatd_emulator_session: Any, collector_off: None
+) -> None:
+    ref = await _read_one_turn_and_close(chatd_emulator_session)
+    await asyncio.sleep(0)  # done callbacks run
+    assert ref() is None, gc.get_referrers(ref())
+
+
+async def test_release_drops_only_a_cancelled_tasks_error() -> None:
+    from coder_chat.stream import _release_cancellation
+
+    async def fails() -> None:
+        raise ValueError("kept")
+
+    async def waits() -> None:
+        await asyncio.sleep(10)
+
+    failed = asyncio.get_running_loop().create_task(fails())
+    cancelled = asyncio.get_running_loop().create_task(waits())
+    failed.add_done_callback(_release_cancellation)
+    cancelled.add_done_callback(_release_cancellation)
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.wait({failed, cancelled})
+    await asyncio.sleep(0)
+    # A failure stays for whoever awaits the task; a cancellation still reads as one.
+    assert isinstance(failed.exception(), ValueError)
+    assert cancelled.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
