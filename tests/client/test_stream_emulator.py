@@ -60,8 +60,10 @@ async def send(client: ChatClient, chat_id: str, text: str) -> int:
 
 
 async def read_until(
-    reader: ChatStreamReader, stop: Any, out: list[ChatStreamEvent], limit: float = 5.0
+    reader: ChatStreamReader, stop: Any, out: list[ChatStreamEvent], limit: float = 30.0
 ) -> ChatStreamEvent:
+    # ``limit`` bounds the wait for each next event, it is not a pause: at load 20 the
+    # first event of a turn took more than 5 s (b1 pass, test_drop_mid_tool_call_args).
     while True:
         ev = await reader.next_event(timeout=limit)
         assert ev is not None
