@@ -624,6 +624,30 @@ class ChatWatcher(_PumpedReader[ChatWatchEvent]):
             backoff_ms = min(backoff_ms * 2, opts.backoff_cap_ms)
 
 
+class _StreamConnection(ClientConnection):
+    """websockets' client connection (``connect(create_connection=...)``), without its
+    reference cycle once the connection is lost.
+
+    websockets wraps the connection's logger in a ``LoggerAdapter`` whose ``extra``
+    names the connection (connection → adapter → connection), so every closed
+    connection — its protocol, handshake, transport, socket, keepalive task and that
+    task's context (the turn's Prefect run context and transport hook) — waited for
+    the garbage collector; per turn of a fan-out worker ≈ 115 objects that survived
+    into the older generations (docs/performance.md, round 11b). Once the connection
+    is lost only its close bookkeeping can still log, and it does so through the
+    plain logger."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        adapter = self.protocol.logger
+        if (
+            isinstance(adapter, logging.LoggerAdapter)
+            and adapter.extra is not None
+            and adapter.extra.get("websocket") is self
+        ):
+            self.logger = self.protocol.logger = adapter.logger
+
+
 async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConnection:
     """Open one WebSocket the way every reader does: token in the upgrade header only,
     the stream options' bounds, TLS verification as the client's, quiet logging."""
@@ -640,6 +664,7 @@ async def _dial(client: ChatClient, url: str, opts: StreamOptions) -> ClientConn
         ssl=client.ssl_context if url.startswith("wss://") else None,
         logger=_WS_LOGGER,
         compression=None,
+        create_connection=_StreamConnection,
         # The environment's proxy for this host, read once per client (not per dial).
         proxy=client.ws_proxy(url),
     )

@@ -5,8 +5,11 @@ A cancelled task keeps its ``CancelledError``, whose traceback holds the task's
 frames, whose ``self`` holds the task: the reader's pump (cancelled by ``aclose``,
 waited for with ``asyncio.wait``) was such a cycle, and with it the reader and all
 it held stayed alive until a collection — in a fan-out worker ≈ 180 objects per turn
-that survived into the older generations. Against the real emulator, with the
-collector off: the reader is gone as soon as it is dropped (alive on the old code).
+that survived into the older generations. And websockets' connection names itself
+in its logger adapter (connection → adapter → connection): its protocol, transport,
+socket and keepalive task waited for the collector too. Against the real emulator,
+with the collector off: the reader and its connection are gone as soon as they are
+dropped (both alive on the old code).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import pytest
 from test_stream_emulator import FAST, client_for, idle_chat, send
+from websockets.asyncio.client import ClientConnection
 
 from coder_chat.stream import ChatStreamReader
 
@@ -54,12 +58,18 @@ async def _read_one_turn_and_close(emu: Any) -> weakref.ref[ChatStreamReader]:
         return ref
 
 
+def _connections() -> int:
+    return sum(isinstance(o, ClientConnection) for o in gc.get_objects())
+
+
 async def test_a_closed_reader_is_freed_without_the_collector(
     chatd_emulator_session: Any, collector_off: None
 ) -> None:
+    connections = _connections()
     ref = await _read_one_turn_and_close(chatd_emulator_session)
     await asyncio.sleep(0)  # done callbacks run
     assert ref() is None, gc.get_referrers(ref())
+    assert _connections() == connections
 
 
 async def test_release_drops_only_a_cancelled_tasks_error() -> None:
