@@ -110,12 +110,20 @@ async def _wait(predicate: Callable[[], Awaitable[Any]], limit_s: float, what: s
 #: second import of Prefect and the flows): ``prefect worker start`` on the pool, its
 #: poll interval set here (a Prefect setting read at import time, which a fork must
 #: share with the warm process; the worker hands it down to its flow runs, whose
-#: engines never read it), and the API clients' one-certificate CA bundle
-#: (``recovery_env.api_ca_bundle``) for the worker's own clients.
+#: engines never read it). No ``PREFECT_API_SSL_CERT_FILE`` of its own (the crash
+#: children's ``recovery_env.api_ca_bundle``): the worker hands its environment down
+#: too, and a flow run whose import-time settings differ from the warm process's gets
+#: a fresh interpreter (the session's own one-certificate bundle applies already).
 _WORKER = """
 import os, runpy, sys
-from prefect.context import refresh_global_settings_context
 from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
+# The worker's output and its flow runs' go to the log as they come (for a failure's
+# message while the worker still runs).
+log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+os.dup2(log, 1)
+os.dup2(log, 2)
+sys.stdout.reconfigure(line_buffering=True)
+sys.stderr.reconfigure(line_buffering=True)
 with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: int(sys.argv[1])}):
     sys.argv = ["prefect", "worker", "start", "--pool", sys.argv[2], "--type", "process",
                 "--name", sys.argv[2] + "-w"]
@@ -137,7 +145,10 @@ class Served:
         self.plan.write_text(json.dumps({"at": point, "once": str(once)}))
 
     def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
+        try:
+            return self.log.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
 
 
 async def _deploy(client: PrefectClient, pool: str) -> list[UUID]:
@@ -179,7 +190,10 @@ async def served(
     async with get_client() as client:
         ids = await _deploy(client, pool)
         worker = await asyncio.to_thread(
-            warm_python.start, ["-c", _WORKER, str(WORKER_QUERY_S), pool], env=env, cwd=ROOT
+            warm_python.start,
+            ["-c", _WORKER, str(WORKER_QUERY_S), pool, str(log)],
+            env=env,
+            cwd=ROOT,
         )
         try:
             yield Served(client, plan, log)
@@ -188,8 +202,7 @@ async def served(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                done = await worker.communicate(15)
-                log.write_text(done.stdout + done.stderr)
+                await worker.communicate(15)
             for dep_id in ids:
                 await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
                 await client.delete_deployment(dep_id)
