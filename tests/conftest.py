@@ -81,7 +81,7 @@ _HEAVY_FILES = {
     "tests/fanout/test_fanout_rerun.py": 60,
     "tests/sweeps/test_sweep_leaves_crashed_attempts.py": 36,
     "tests/recovery/test_crash_followups.py": 36,
-    "tests/recovery/test_crashed_trigger.py": 34,
+    "tests/recovery/test_crashed_trigger.py": 17,
     "tests/chaos/test_chaos.py": 30,
     "tests/recovery/test_crash_matrix.py": 27,
     "tests/fleet/test_fleet.py": 21,

@@ -74,28 +74,48 @@ def behind(launcher_pid: int) -> int:
 
 def main() -> None:
     argv = sys.argv[1:] or ENGINE_ARGV
-    path = os.environ.get(SOCKET_ENV)
-    asked = _ask(path, argv) if path else None
-    if asked is None:
-        os.execv(sys.executable, [sys.executable, *argv])
-    _sock, reader, pid = asked
+    # The handlers go in before the fork is asked for: the fork can run (and its parent
+    # be signalled) before this process has read the fork's pid. A signal that comes
+    # before the pid is known is passed on once it is.
+    target: list[int] = []
+    pending: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if not target:
+            pending.append(signum)
+            return
         try:
-            os.kill(pid, signum)
+            os.kill(target[0], signum)
         except ProcessLookupError:
             pass
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for signum in forwarded:
         signal.signal(signum, forward)
+    path = os.environ.get(SOCKET_ENV)
+    asked = _ask(path, argv) if path else None
+    if asked is None:
+        if pending:  # signalled before it became the program: as if it had no handler
+            _die_by(pending[0])
+        for signum in forwarded:
+            signal.signal(signum, signal.SIG_DFL)
+        os.execv(sys.executable, [sys.executable, *argv])
+    _sock, reader, pid = asked
+    target.append(pid)
+    for signum in pending:
+        forward(signum, None)
     line = reader.readline()
     rc = int(json.loads(line)["rc"]) if line else -int(signal.SIGKILL)
     if rc < 0:
-        # End as the engine ended: by its signal.
-        if -rc != signal.SIGKILL:  # (SIGKILL has no handler to reset)
-            signal.signal(-rc, signal.SIG_DFL)
-        os.kill(os.getpid(), -rc)
+        _die_by(-rc)  # end as the engine ended: by its signal
     sys.exit(rc)
+
+
+def _die_by(signum: int) -> None:
+    if signum != signal.SIGKILL:  # (SIGKILL has no handler to reset)
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)  # (a signal whose default is to be ignored)
 
 
 if __name__ == "__main__":

@@ -92,10 +92,12 @@ async def add(args: Add, ctx: ToolContext) -> int:
     return args.a + args.b
 
 
-def text_script(text: str = LONG_TEXT, deltas: int = 30) -> Script:
+def text_script(text: str = LONG_TEXT, deltas: int = 30, lead_s: float = 0.0) -> Script:
+    """``lead_s``: the model pauses that long before its first delta (see the drop test)."""
+    lead = (Sleep(lead_s),) if lead_s else ()
     return Script.of(
         ScriptStep(
-            (Text(text, deltas=deltas, delay=0.002),),
+            (*lead, Text(text, deltas=deltas, delay=0.002)),
             usage={"input_tokens": 7, "output_tokens": 11},
         )
     )
@@ -111,7 +113,11 @@ async def test_drop_mid_text_costs_latency_not_content(
 ) -> None:
     agent = make(emu, on_transport_event=events)
     emu.faults.drop_next_stream(after_frames=after_frames, code=code)
-    r = await agent.generate(directive(text_script()))
+    # The drop must land in a live stream: a reader that dials after the turn committed
+    # gets the committed message in a few frames, fewer than 15, and is never dropped
+    # (at load 20 the dial came after the 60 ms of text). Half a second before the
+    # first delta is the room for the dial.
+    r = await agent.generate(directive(text_script(lead_s=0.5)))
     assert r.text == LONG_TEXT
     assert (r.usage.no_cache_input_tokens, r.usage.output_tokens) == (7, 11)
     assert len(events.of("ws:redial")) == 1 and len(events.of("ws:dial")) == 2
