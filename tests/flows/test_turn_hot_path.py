@@ -88,6 +88,7 @@ async def test_deferred_settled_events_arrive_with_their_own_task_run_and_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 
@@ -119,11 +120,19 @@ async def test_deferred_settled_events_arrive_with_their_own_task_run_and_time(
                 break
             await asyncio.sleep(0.25)
         assert sorted(e["payload"]["step"] for e in settled) == ["a", "b"]
-        runs = {
-            r.name: r
-            for r in await client.read_task_runs()
-            if r.name in (f"{workflow_id}/a", f"{workflow_id}/b")
-        }
+        # The task runs by name (the session's server holds every test's task runs),
+        # once the server has recorded both as ended: task-run states reach it as
+        # events, recorded in batches (tests/conftest.py) — bounded at 10 s.
+        names = [f"{workflow_id}/a", f"{workflow_id}/b"]
+        runs: dict[str, Any] = {}
+        for _ in range(40):
+            found = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=names))
+            )
+            runs = {r.name: r for r in found}
+            if len(runs) == 2 and all(r.end_time is not None for r in runs.values()):
+                break
+            await asyncio.sleep(0.25)
     for event in settled:
         run = runs[f"{workflow_id}/{event['payload']['step']}"]
         related = {r["prefect.resource.id"] for r in event["related"]}
