@@ -164,7 +164,17 @@ class Worker:
         """SIGKILL the worker's process group (the worker and its flow-run processes, also
         those in a session of their own: Prefect's default launch isolates them)."""
         worker = self.pid or self.proc.pid
-        pids = [*{self.proc.pid: None, worker: None}, *_children(worker)]
+        children = _children(worker)
+        # A flow-run process forked from the warm process (tests/warm_launch.py) is
+        # killed here with the rest, not a moment later when the warm process sees its
+        # launcher die: the same instant for all, as one group kill of a worker is.
+        forks = [behind(c) for c in children if behind(c) != c]
+        pids = [*forks, *{self.proc.pid: None, worker: None}, *children]
+        for pid in forks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for group in {self.proc.pid, worker}:
             try:
                 os.killpg(group, signal.SIGKILL)
