@@ -58,18 +58,22 @@ async def _read_one_turn_and_close(emu: Any) -> weakref.ref[ChatStreamReader]:
         return ref
 
 
-def _connections() -> int:
-    return sum(isinstance(o, ClientConnection) for o in gc.get_objects())
+def _connections() -> list[ClientConnection]:
+    return [o for o in gc.get_objects() if isinstance(o, ClientConnection)]
 
 
 async def test_a_closed_reader_is_freed_without_the_collector(
     chatd_emulator_session: Any, collector_off: None
 ) -> None:
-    connections = _connections()
+    # Held here, so no new connection can take an old one's id. An earlier test's
+    # connection may be freed meanwhile (under xdist one was): only a new one that
+    # survives its reader's close fails this.
+    earlier = {id(c): c for c in _connections()}
     ref = await _read_one_turn_and_close(chatd_emulator_session)
     await asyncio.sleep(0)  # done callbacks run
     assert ref() is None, gc.get_referrers(ref())
-    assert _connections() == connections
+    assert [c for c in _connections() if id(c) not in earlier] == []
+    del earlier
 
 
 async def test_release_drops_only_a_cancelled_tasks_error() -> None:
