@@ -565,6 +565,20 @@ def _warm_engines(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("warm_python")
 
 
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The cyclic garbage collector off for one test (collected once before): what is
+    still alive after it was dropped is held by a reference cycle or a live owner."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 @pytest.fixture(scope="session")
 def prefect_server(prefect_harness: PrefectHarness) -> Path:
     """The Prefect test server's result dir, for tests that only need the server up."""

@@ -28,6 +28,13 @@ def _env(warm: WarmPython, **extra: str) -> dict[str, str]:
     return {**warm.env, SOCKET_ENV: warm.socket_path, **extra}
 
 
+def _launch(warm: WarmPython, code: str) -> subprocess.Popen[str]:
+    """``warm_launch.py -c code`` with its stdout readable here."""
+    return subprocess.Popen(
+        [sys.executable, LAUNCH, "-c", code], env=_env(warm), stdout=subprocess.PIPE, text=True
+    )
+
+
 def _gone(pid: int, bound_s: float = 20.0) -> bool:
     """Whether ``pid`` ended (and was reaped) within ``bound_s``."""
     deadline = time.monotonic() + bound_s
@@ -64,12 +71,7 @@ def test_the_engine_is_forked_with_the_launchers_stdio_env_and_cwd(
 
 def test_a_killed_launcher_takes_its_engine_with_it(warm_python: WarmPython) -> None:
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
-    launcher = subprocess.Popen(
-        [sys.executable, LAUNCH, "-c", code],
-        env=_env(warm_python),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    launcher = _launch(warm_python, code)
     assert launcher.stdout is not None
     engine = int(launcher.stdout.readline())
     assert engine != launcher.pid
@@ -87,12 +89,7 @@ def test_a_killed_launcher_takes_the_forks_whole_process_group(warm_python: Warm
         "print(os.getpid(), kid.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
-    launcher = subprocess.Popen(
-        [sys.executable, LAUNCH, "-c", code],
-        env=_env(warm_python),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    launcher = _launch(warm_python, code)
     assert launcher.stdout is not None
     fork, grandchild = map(int, launcher.stdout.readline().split())
     assert behind(launcher.pid) == fork
@@ -127,12 +124,7 @@ def test_a_signal_to_the_launcher_reaches_the_engine(warm_python: WarmPython) ->
         "print(os.getpid(), flush=True)\n"
         "time.sleep(120)\n"
     )
-    launcher = subprocess.Popen(
-        [sys.executable, LAUNCH, "-c", code],
-        env=_env(warm_python),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    launcher = _launch(warm_python, code)
     assert launcher.stdout is not None
     int(launcher.stdout.readline())  # the handler is installed
     launcher.send_signal(signal.SIGTERM)

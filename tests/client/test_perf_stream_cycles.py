@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,16 +24,6 @@ from test_stream_emulator import FAST, client_for, idle_chat, send
 from websockets.asyncio.client import ClientConnection
 
 from coder_chat.stream import ChatStreamReader
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 async def _read_one_turn_and_close(emu: Any) -> weakref.ref[ChatStreamReader]:

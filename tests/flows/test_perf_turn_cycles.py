@@ -14,25 +14,13 @@ old code).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
-import pytest
 from flow_helpers import say
 
 from coder_chat.agent import CoderAgent
 from coder_chat.stream import ChatStreamReader
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts.params import Step, WorkflowSettings
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _alive(kind: type) -> list[object]:
