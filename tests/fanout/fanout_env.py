@@ -168,7 +168,7 @@ class Worker:
         # A flow-run process forked from the warm process (tests/warm_launch.py) is
         # killed here with the rest, not a moment later when the warm process sees its
         # launcher die: the same instant for all, as one group kill of a worker is.
-        forks = [behind(c) for c in children if behind(c) != c]
+        forks = [f for c in children if (f := behind(c)) != c]
         pids = [*forks, *{self.proc.pid: None, worker: None}, *children]
         for pid in forks:
             try:
