@@ -2,10 +2,11 @@
 
 Triggered automatically when an ``agent-workflow`` or ``agent-turn`` run ends
 Crashed (``prefect.yaml``), or run from the UI on any workflow id. Under the
-workflow's lease it strands orphan chats, finds the step, and either recovers
-it read-only or hands it to ``run_turn`` (which recovers first and resubmits
-only when it must); with ``finish_workflow`` it then runs the rest of the
-workflow as an ``agent-workflow`` subflow.
+workflow's lease it adopts a first turn's orphan chat (or strands orphans),
+finds the step, and either recovers it read-only or hands it to ``run_turn``
+(which recovers first and resubmits only when it must); with
+``finish_workflow`` it then runs the rest of the workflow as an
+``agent-workflow`` subflow.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
+from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans, strand_workflow_orphans
 from prefect_coder.flows.parts.params import (
     Step,
     WorkflowSettings,
@@ -66,7 +67,17 @@ class RecoverTurnReport(BaseModel):
     )
     reason: str = ""
     result: TurnResult | None = None
-    orphans: list[str] = Field(default_factory=list)
+    orphans: list[str] = Field(
+        default_factory=list, description="Orphan chats stopped and recorded stranded."
+    )
+    adopted_orphan: bool = Field(
+        default=False,
+        description=(
+            "No checkpoint named a chat, and the chat a crashed first turn created "
+            "(holding only that step's prompt) was adopted as the workflow's: "
+            "``chat_id`` names it."
+        ),
+    )
     finished_workflow: bool = False
 
 
@@ -140,9 +151,28 @@ async def _inspect(
     checkpoint = await store.checkpoints.get(workflow_id)
     report.chat_id = checkpoint.chat_id if checkpoint else None
     timeline.mark("orphan check begins")
-    report.orphans = await strand_workflow_orphans(
-        client, store, workflow_id, keep=report.chat_id, logger=log
-    )
+    if checkpoint is None:
+        # A first turn that crashed before its checkpoint: its chat holds only that
+        # step's prompt (the first of ``steps``; without them, whichever step it
+        # names) and is adopted (checkpointed) and recovered below, as the
+        # workflow's own rerun would; any other chat is stranded.
+        found = await adopt_or_strand_orphans(
+            client,
+            store,
+            workflow_id,
+            step_marker(workflow_id, steps[0].name) if steps else None,
+            turn_timeout=settings.turn_timeout_s or creds.turn_timeout,
+            logger=log,
+        )
+        report.orphans = found.stranded
+        if found.adopted is not None:
+            checkpoint = await store.checkpoints.get(workflow_id)
+            report.chat_id = found.adopted
+            report.adopted_orphan = True
+    else:
+        report.orphans = await strand_workflow_orphans(
+            client, store, workflow_id, keep=report.chat_id, logger=log
+        )
     timeline.mark(f"orphan check done ({len(report.orphans)} stranded)")
     if checkpoint is None:
         report.reason = "no checkpoint: the workflow never got a chat to recover"
@@ -243,7 +273,9 @@ async def recover_turn(
 ) -> RecoverTurnReport:
     """Recover a workflow's stuck or crashed step.
 
-    Takes the workflow's lease, sweeps orphan chats, finds the step (``step`` or
+    Takes the workflow's lease; with no checkpoint, adopts the chat a crashed
+    first turn left (strands any other orphan; with a checkpoint, strands every
+    chat it does not name); finds the step (``step`` or
     the one the chat's journal names), and then either — with ``resubmit`` —
     runs it through ``run_turn``, which settles the chat (ledger reconcile before
     any interrupt), returns a finished attempt's recovered result or resubmits,

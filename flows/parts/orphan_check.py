@@ -1,29 +1,62 @@
-"""A first turn's orphan check: strand every chat of the workflow no checkpoint names.
+"""A first turn's orphan check: adopt the crashed attempt's chat, strand the rest.
 
-A crash after a first turn's chat was created but before its id was
-checkpointed leaves an orphan that may still be generating. Every chat carries
-the workflow's label, so this finds every orphan, interrupts it and records it
-stranded (the workflow's archive retires it). The turn runs it on a workflow
-without a checkpoint — unless :func:`may_have_orphans` proves there can be none;
-``recover-turn`` runs it under the workflow's lease.
+A crash after a first turn's chat was created (with the step's prompt) but
+before its id was checkpointed leaves an orphan that may still be generating.
+Every chat carries the workflow's label, so the check finds every orphan.
+
+:func:`adopt_or_strand_orphans` (the turn's check) adopts the newest orphan
+that holds only this step's prompt: it writes the checkpoint and the first
+send's write-ahead the crashed attempt did not get to write, and the turn then
+recovers it as it recovers any checkpointed chat — a live run is followed, a
+finished one read from history. The design seed interrupts the orphan and
+sends the step again in a fresh chat: the model ran the turn twice, and a
+turn cut mid-generation was wasted. Adoption closes that on every build, with
+no empty create (B1 refuses one). Every other orphan is interrupted and
+recorded stranded (the workflow's archive retires it), as
+:func:`strand_workflow_orphans` does for ``recover-turn`` and an archived
+chat's fresh start.
+
+The turn runs the check on a workflow without a checkpoint — unless
+:func:`may_have_orphans` proves there can be none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypeVar
 
+from coder_chat.history import fetch_until
+from coder_chat.models import Chat, ChatMessage
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import HeldLease, StateStore
+from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from prefect_coder.flows.parts.retry import is_retryable_failure
 from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 
-__all__ = ["may_have_orphans", "strand_workflow_orphans"]
+__all__ = ["OrphanCheck", "adopt_or_strand_orphans", "may_have_orphans", "strand_workflow_orphans"]
+
+_T = TypeVar("_T")
 
 #: Backoffs between attempts of the whole check on a transient failure (a 503 on the
 #: chat listing failed a whole ``recover-turn`` run; the chaos test's seed 89).
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class OrphanCheck:
+    """What :func:`adopt_or_strand_orphans` did."""
+
+    #: The chat now checkpointed as the workflow's, to recover (None: none adoptable).
+    adopted: str | None = None
+    #: The chats stopped and recorded stranded.
+    stranded: list[str] = field(default_factory=list)
+    #: The marker of the step the adopted chat holds.
+    marker: str | None = None
 
 
 def may_have_orphans(lease: HeldLease, *, retried: bool) -> bool:
@@ -64,9 +97,52 @@ async def strand_workflow_orphans(
     stopping a stopped chat, re-recording a stranded one).
     """
     log = logger or run_logger(__name__)
+    return await _retrying(
+        lambda: _strand(client, store, workflow_id, keep, bound_s, log), workflow_id, log
+    )
+
+
+async def adopt_or_strand_orphans(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    marker: str | None,
+    *,
+    turn_timeout: float | None = None,
+    bound_s: float = 15.0,
+    logger: RunLogger | None = None,
+) -> OrphanCheck:
+    """A first turn's orphan check: adopt one orphan, strand the others.
+
+    Adoptable: a chat of the workflow, not recorded stranded, whose history holds
+    at least one user message and only user messages that start with one step's
+    marker — ``marker`` (this step's prompt, maybe its re-ask), or with
+    ``marker=None`` any one step of the workflow (``recover-turn`` without the
+    workflow's steps): what a first turn that crashed before its checkpoint
+    leaves. Of several, the newest (``created_at``) is adopted. It is adopted by
+    writing its checkpoint with its step's ``submitting`` write-ahead (attempt 0,
+    now, deadline now + ``turn_timeout``), exactly what the eager checkpoint
+    writes at the stream's dial; the caller then recovers it as a checkpointed
+    chat.
+
+    Every other chat of the workflow is stopped and recorded stranded FIRST: a
+    crash between that and the adoption finds the same adoptable chat again (a
+    stranded chat is never adopted), and one after the adoption leaves a
+    checkpoint, so no later check runs. Transient failures re-run the whole check
+    (every part is idempotent).
+    """
+    log = logger or run_logger(__name__)
+    return await _retrying(
+        lambda: _adopt(client, store, workflow_id, marker, turn_timeout, bound_s, log),
+        workflow_id,
+        log,
+    )
+
+
+async def _retrying(check: Callable[[], Awaitable[_T]], workflow_id: str, log: RunLogger) -> _T:
     for backoff in (*RETRY_BACKOFF_S, None):
         try:
-            return await _strand(client, store, workflow_id, keep, bound_s, log)
+            return await check()
         except Exception as exc:
             if backoff is None or not is_retryable_failure(exc):
                 raise
@@ -75,6 +151,106 @@ async def strand_workflow_orphans(
             )
             await asyncio.sleep(backoff)
     raise AssertionError("unreachable")
+
+
+def _labels(store: StateStore, workflow_id: str) -> dict[str, str]:
+    return {**scope_labels(store.tenant), LABEL_WORKFLOW: label_value(workflow_id)}
+
+
+_MIXED = ""  # several markers, or a user message carrying none: never adopted
+
+
+def _lone_marker(messages: list[ChatMessage], prefix: str) -> str | None:
+    """The one step marker every user message starts with (``_MIXED`` when they
+    differ or one has none; None: no user message)."""
+    found: str | None = None
+    for message in messages:
+        if message.role != "user":
+            continue
+        text = "".join(p.text or "" for p in message.content if p.type == "text").lstrip()
+        end = text.find("]")
+        marker = text[: end + 1] if text.startswith(prefix) and end > 0 else _MIXED
+        if marker == _MIXED or (found is not None and marker != found):
+            return _MIXED
+        found = marker
+    return found
+
+
+async def _step_of(
+    client: ChatClient, chat_id: str, workflow_id: str, bound_s: float
+) -> str | None:
+    """The marker of the one step the chat's whole history holds, else None."""
+    prefix = f"[{workflow_id}/"
+    messages, whole = await fetch_until(
+        client,
+        chat_id,
+        # stop paging at the first user message that disqualifies the chat
+        lambda ms: _lone_marker(ms, prefix) == _MIXED,
+        timeout=bound_s,
+    )
+    marker = _lone_marker(messages, prefix)
+    return marker if marker and whole else None
+
+
+def _created(chat: Chat) -> float:
+    try:
+        return datetime.fromisoformat(chat.created_at or "").timestamp()
+    except ValueError:
+        return float("-inf")
+
+
+async def _adopt(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    marker: str | None,
+    turn_timeout: float | None,
+    bound_s: float,
+    log: RunLogger,
+) -> OrphanCheck:
+    stranded = {s.chat_id for s in await store.stranded.list(workflow_id)}
+    candidates: list[tuple[Chat, str]] = []
+    others: list[Chat] = []
+    async for chat in client.iter_chats(labels=_labels(store, workflow_id), timeout=bound_s):
+        # Re-checked: a server that ignored the filter must never make us touch
+        # someone else's chat.
+        if not owned_by(chat.labels, store.tenant):
+            continue
+        step = (
+            None if chat.id in stranded else await _step_of(client, chat.id, workflow_id, bound_s)
+        )
+        if step is not None and (marker is None or step == marker):
+            candidates.append((chat, step))
+        else:
+            others.append(chat)
+    # Newest first (a stable sort keeps the listing's order among equal times).
+    candidates.sort(key=lambda c: _created(c[0]), reverse=True)
+    left = [chat.id for chat in [*(c for c, _ in candidates[1:]), *others]]
+    for chat_id in left:
+        await _stop_and_record(client, store, workflow_id, chat_id, bound_s, log)
+    if not candidates:
+        return OrphanCheck(stranded=left)
+    adopted, marker = candidates[0][0].id, candidates[0][1]
+    now = time.time()
+    await store.turns.record(
+        workflow_id,
+        adopted,
+        None,
+        journal=JournalEntry(
+            state="submitting",
+            marker=marker,
+            attempt=0,
+            at=now,
+            deadline=None if turn_timeout is None else now + turn_timeout,
+        ),
+    )
+    log.warning(
+        "orphan chat %s of workflow %s holds this step's prompt: adopted and checkpointed; "
+        "its attempt is recovered (followed if still running), not sent again",
+        adopted,
+        workflow_id,
+    )
+    return OrphanCheck(adopted=adopted, stranded=left, marker=marker)
 
 
 async def _strand(
@@ -86,20 +262,30 @@ async def _strand(
     log: RunLogger,
 ) -> list[str]:
     found: list[str] = []
-    labels = {**scope_labels(store.tenant), LABEL_WORKFLOW: label_value(workflow_id)}
-    async for chat in client.iter_chats(labels=labels, timeout=bound_s):
+    async for chat in client.iter_chats(labels=_labels(store, workflow_id), timeout=bound_s):
         # Re-checked: a server that ignored the filter must never make us touch
         # someone else's chat.
         if chat.id == keep or not owned_by(chat.labels, store.tenant):
             continue
         found.append(chat.id)
-        # Stopped, not interrupted once: an interrupt of a client-tool pause makes
-        # the server resume the model, which a single interrupt leaves running.
-        await stop_chat(client, chat.id, timeout=bound_s)
-        await store.stranded.record(workflow_id, chat.id, "orphan: no checkpoint names it")
-        log.warning(
-            "orphan chat %s of workflow %s interrupted, recorded for the archive",
-            chat.id,
-            workflow_id,
-        )
+        await _stop_and_record(client, store, workflow_id, chat.id, bound_s, log)
     return found
+
+
+async def _stop_and_record(
+    client: ChatClient,
+    store: StateStore,
+    workflow_id: str,
+    chat_id: str,
+    bound_s: float,
+    log: RunLogger,
+) -> None:
+    # Stopped, not interrupted once: an interrupt of a client-tool pause makes the
+    # server resume the model, which a single interrupt leaves running.
+    await stop_chat(client, chat_id, timeout=bound_s)
+    await store.stranded.record(workflow_id, chat_id, "orphan: no checkpoint names it")
+    log.warning(
+        "orphan chat %s of workflow %s interrupted, recorded for the archive",
+        chat_id,
+        workflow_id,
+    )

@@ -11,7 +11,10 @@ Walk of one turn (``execute_turn``):
 3. ``store.turns.begin`` (one transaction): load the checkpoint (chat id +
    optional cursor) and its chat's journal entry; on a checkpointed chat whose
    entry does not name this step's marker, journal "submitting" (marker,
-   attempt 0, time) — the write-ahead, BEFORE the send. Build the agent.
+   attempt 0, time) — the write-ahead, BEFORE the send. No checkpoint, and an
+   earlier hold of the lease may have left a chat: the orphan check adopts the
+   chat a crashed first attempt created (checkpointed now, recovered in 4 —
+   never sent again) and strands any other. Build the agent.
 4. If this step already sent before (the journal names its marker) run crash
    recovery first (``parts.unfinished_attempt``: settle-wait, tool ledger
    reconciliation, result recovery — a finished attempt's result is returned
@@ -40,6 +43,7 @@ from coder_chat.crash_safe import crash_point
 from coder_chat.errors import CoderAgentError
 from coder_chat.events import TransportEvent, WsDial
 from coder_chat.history import fetch_until
+from coder_chat.rest import ChatClient
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
@@ -48,7 +52,7 @@ from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.parts.live_progress import LiveProgress
 from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.orphan_check import may_have_orphans, strand_workflow_orphans
+from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans, may_have_orphans
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease, load_resources
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
@@ -362,6 +366,14 @@ async def execute_turn(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+async def _release_client(client: ChatClient, resources: TurnResources) -> None:
+    """Close a client built for this turn only; detach the shared one's events."""
+    if resources.client is None:
+        await client.aclose()
+    elif resources.router is not None:
+        resources.router.target = None
+
+
 async def _turn_under_lease(
     workflow_id: str,
     step: Step,
@@ -430,6 +442,28 @@ async def _turn_under_lease(
     async def journal_before_interrupt(cid: str) -> None:
         await journal_cut_short(client, store, cid)
 
+    if chat_id is None and orphans_possible:
+        # No checkpoint: an earlier attempt may have left an orphan chat. One that
+        # holds only this step's prompt is adopted (checkpointed with the send's
+        # write-ahead) and recovered below like any checkpointed chat; the rest are
+        # stranded (flows/parts/orphan_check.py).
+        try:
+            adopted = (
+                await adopt_or_strand_orphans(
+                    client, store, workflow_id, marker, turn_timeout=turn_timeout, logger=logger
+                )
+            ).adopted
+            if adopted is not None:
+                start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
+        except BaseException:
+            await _release_client(client, resources)
+            raise
+        if adopted is not None:
+            checkpoint = start.checkpoint
+            chat_id = adopted
+            eager.had_chat = True
+            observer.chat_id = adopted
+
     agent = creds.get_agent(
         client=client,
         chat_id=chat_id,
@@ -492,9 +526,6 @@ async def _turn_under_lease(
                 if await _prompt_was(agent, plan.result.user_message_id, reask):
                     raise StructuredAnswerError(step.name, step.output_model, chat_id, attempt)
                 reask_only = True
-        elif orphans_possible:
-            # No checkpoint: an earlier attempt may have left an orphan chat.
-            await strand_workflow_orphans(agent.client, store, workflow_id, logger=logger)
         started_at = time.time()
         # A followed attempt's time is the follow's (inside the recovery above).
         t0 = t_recovery if followed is not None else time.perf_counter()
@@ -582,10 +613,7 @@ async def _turn_under_lease(
         try:
             await agent.aclose()
         finally:
-            if shared is None:
-                await agent.client.aclose()
-            elif resources.router is not None:
-                resources.router.target = None
+            await _release_client(client, resources)
     observer.emit(
         "coder.turn.settled",
         {
