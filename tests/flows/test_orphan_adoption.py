@@ -14,10 +14,16 @@ import pytest
 from flow_helpers import emu_directive, say, user_messages
 
 from coder_chat.emulator import Emulator
-from coder_chat.models import ChatInputPart, CreateChatMessageRequest, CreateChatRequest
+from coder_chat.models import (
+    ChatInputPart,
+    CreateChatMessageRequest,
+    CreateChatRequest,
+    DynamicToolDefinition,
+)
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.leases import workflow_key
+from prefect_coder.flows.demo_tools import Note
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.recover_turn import recover_turn
 from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, chat_labels
@@ -26,15 +32,22 @@ from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 
 async def _create(
-    client: ChatClient, emu: Emulator, store: StateStore, wid: str, *texts: str
+    client: ChatClient,
+    emu: Emulator,
+    store: StateStore,
+    wid: str,
+    *texts: str,
+    tools: list[DynamicToolDefinition] | None = None,
 ) -> str:
     """A chat of the workflow as a crashed attempt left it: created with the first
-    text, then the others sent in turn (each after the previous turn settled)."""
+    text (declaring ``tools``), then the others sent in turn (each after the
+    previous turn settled)."""
     chat = await client.create_chat(
         CreateChatRequest(
             organization_id=str(emu.organization_id),
             content=[ChatInputPart.text_part(texts[0])],
             labels=chat_labels(store.tenant, wid),
+            unsafe_dynamic_tools=tools,
         )
     )
     for text in texts[1:]:
@@ -115,9 +128,7 @@ async def test_a_live_orphan_is_followed_to_its_end_by_the_next_run(
         # The crashed attempt: its chat, created with the step's prompt, still
         # generating; the attempt held the workflow's lease (an earlier hold).
         orphan = await _create(client, emu, store, workflow_id, f"{marker} {step.prompt}")
-    lease = await store.leases.acquire(workflow_key(workflow_id), "crashed-run", 30.0)
-    assert lease is not None
-    await store.leases.release(workflow_key(workflow_id), "crashed-run")
+    await _earlier_hold(store, workflow_id)
 
     results = await agent_workflow(
         workflow_id, [step], settings.model_copy(update={"keep_chat": True})
@@ -156,3 +167,80 @@ async def test_recover_turn_without_steps_adopts_the_step_the_orphan_names(
     assert user_messages(emu, orphan) == [f"{marker} write{say('drafted')}"]
     cp = await store.checkpoints.get(workflow_id)
     assert cp is not None and cp.chat_id == orphan
+
+
+async def _earlier_hold(store: StateStore, workflow_id: str) -> None:
+    """The crashed attempt held the workflow's lease: the next run's is not the first
+    hold ever, so its first turn looks for orphans (``may_have_orphans``)."""
+    assert await store.leases.acquire(workflow_key(workflow_id), "crashed-run", 30.0)
+    await store.leases.release(workflow_key(workflow_id), "crashed-run")
+
+
+async def test_a_paused_orphan_gets_its_call_run_once_and_the_turn_goes_on(
+    emu: Emulator,
+    coder_block: str,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+) -> None:
+    """The crashed attempt's chat paused on a client-tool call nobody ran (a tool
+    awaits the eager checkpoint first, so none of ours ran): the next run runs it
+    once, through the ledger, and the same model turn finishes."""
+    script = [
+        {"tool_calls": [{"name": "record_note", "args": {"title": "t", "body": "one two"}}]},
+        {"text": "noted"},
+    ]
+    step = Step(name="note", prompt="Note it." + emu_directive(script), tools=["record_note"])
+    marker = step_marker(workflow_id, "note")
+    tool = DynamicToolDefinition(
+        name="record_note", description="Record a note.", input_schema=Note.model_json_schema()
+    )
+    creds = await CoderCredentials.aload(coder_block)
+    async with creds.get_client() as client:
+        orphan = await _create(
+            client, emu, store, workflow_id, f"{marker} {step.prompt}", tools=[tool]
+        )
+    await emu.await_status(orphan, "requires_action", within=30)
+    await _earlier_hold(store, workflow_id)
+
+    results = await agent_workflow(
+        workflow_id, [step], settings.model_copy(update={"keep_chat": True})
+    )
+
+    assert [r.chat_id for r in results] == [orphan]
+    assert results[0].text.strip() == "noted"
+    assert user_messages(emu, orphan) == [f"{marker} {step.prompt}"]
+    assert not _interrupted(emu, orphan)
+    entries = await store.ledger.list(orphan)
+    assert [(e.tool_name, e.state) for e in entries] == [("record_note", "done")]
+
+
+async def test_an_errored_orphan_is_sent_again_on_its_own_chat(
+    emu: Emulator,
+    coder_block: str,
+    settings: WorkflowSettings,
+    store: StateStore,
+    workflow_id: str,
+) -> None:
+    """The crashed attempt's turn failed on the server: nothing to follow or read, so
+    the step is resubmitted — on the adopted chat, not in a fresh one."""
+    step = Step(name="plan", prompt="Plan it.")
+    marker = step_marker(workflow_id, "plan")
+    creds = await CoderCredentials.aload(coder_block)
+    emu.set_default_script({"fatal": {"message": "boom", "kind": "overloaded"}})
+    try:
+        async with creds.get_client() as client:
+            orphan = await _create(client, emu, store, workflow_id, f"{marker} {step.prompt}")
+        await emu.await_status(orphan, "error", within=30)
+    finally:
+        emu.set_default_script(None)
+    await _earlier_hold(store, workflow_id)
+
+    results = await agent_workflow(
+        workflow_id, [step], settings.model_copy(update={"keep_chat": True})
+    )
+
+    assert [r.chat_id for r in results] == [orphan]
+    assert results[0].text == f"Echo: {marker} {step.prompt}"
+    assert user_messages(emu, orphan) == [f"{marker} {step.prompt}"] * 2
+    assert results[0].attempt == 2
