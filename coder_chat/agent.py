@@ -278,6 +278,13 @@ class CoderAgent:
             there, so a later recovery never mistakes the truncated attempt for a
             finished one. If it raises, that interrupt is not sent (the run is
             left for the caller's recovery, which must then find it live).
+        before_send: awaited with the chat id (``None`` before a create) right
+            before every prompt the agent sends — a chat's creation or a user
+            message, never tool results. If it raises, nothing is sent and the
+            turn fails with that error. A durable caller proves there that it
+            still holds what it claimed before the turn began (a capacity slot
+            it may have lost while its process stalled): the window between
+            claiming and sending then shrinks to the request itself.
         leave_landed_runs: a segment that fails transiently (a transport error —
             e.g. a POST that landed but whose response was lost — or a 408/425/429/5xx
             answer) after its submission went out does NOT interrupt the chat: the
@@ -309,6 +316,7 @@ class CoderAgent:
         stream_options: StreamOptions | None = None,
         timings: AgentTimings | None = None,
         before_interrupt: Callable[[str], Awaitable[None]] | None = None,
+        before_send: Callable[[str | None], Awaitable[None]] | None = None,
         leave_landed_runs: bool = False,
     ) -> None:
         if last_seen_message_id is not None:
@@ -385,6 +393,7 @@ class CoderAgent:
         self._closed = False
         self._turn_deadline: float | None = None
         self._before_interrupt = before_interrupt
+        self._before_send = before_send
         self._leave_landed_runs = leave_landed_runs
         self._left_live: str | None = None
         # Server-assigned workspace/MCP of a chat this instance created (for is_retryable).
@@ -860,6 +869,9 @@ class CoderAgent:
             return after_id, None
         assert prompt is not None
         content = [ChatInputPart.text_part(prompt)]
+        if self._before_send is not None:
+            # Before the state says "sending": a refusal here sent nothing.
+            await self._before_send(self._chat_id)
         run.state = run.state.sending()
         if self._chat_id is None:
             chat = await self._client.create_chat(self._create_request(content))

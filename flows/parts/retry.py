@@ -25,6 +25,7 @@ from typing import Any
 from prefect.states import State
 
 from coder_chat.errors import CoderChatError, CoderStreamError, is_transient
+from prefect_coder.flows.parts.turn_slot import TurnSlotLostError
 
 __all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 
@@ -40,8 +41,10 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     archived-chat 400, the total deadline (a builtin ``TimeoutError``; an httpx
     timeout is a ``CoderTimeoutError``, the network's, and transient), a busy
     workflow and every programming error hit the same wall on every attempt.
+    A turn slot lost before the send (:class:`TurnSlotLostError`: nothing was sent)
+    is retried: the retry waits for a slot again.
     """
-    if is_transient(exc):
+    if is_transient(exc) or isinstance(exc, TurnSlotLostError):
         return True
     if isinstance(exc, CoderChatError):
         return exc.retryable

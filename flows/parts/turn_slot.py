@@ -32,18 +32,29 @@ run's logs in the UI), shows the task run as ``Running`` named
 wait is not worth an API call per queued turn: it was 17% of a fan-out's CPU),
 emits ``coder.turn.waiting_for_slot``
 and, when ``turn_slot_wait`` runs out, fails with :class:`TurnSlotUnavailableError`.
+
+Before the turn sends a prompt it calls :func:`confirm_turn_slot` (the agent's
+``before_send``): a holder whose process stalled past the ttl between claiming
+its slot and sending may have lost the slot to a waiter that saw its chats at
+rest (it had sent nothing yet), and sending then would run one turn over the
+cap. The check costs nothing while the background renewal is recent; after a
+stall it renews the slot in the store, and a slot taken over fails the turn with
+:class:`TurnSlotLostError` (nothing sent; Prefect retries the task, which waits
+for a slot again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import random
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prefect.client.orchestration import get_client
@@ -60,8 +71,10 @@ from prefect_coder.flows.parts.slot_takeover import Verdict, judge_dead_slot
 
 __all__ = [
     "SLOT_PREFIX",
+    "TurnSlotLostError",
     "TurnSlotUnavailableError",
     "busy_slots",
+    "confirm_turn_slot",
     "turn_slot",
 ]
 
@@ -91,6 +104,66 @@ class TurnSlotUnavailableError(RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.cap, self.waited_s))
+
+
+class TurnSlotLostError(RuntimeError):
+    """The turn's slot was taken over before the turn sent its prompt: its process
+    stalled past ``turn_slot_ttl`` after claiming it, and a waiter took it. Nothing
+    was sent; the task is retried (and waits for a slot again)."""
+
+    def __init__(self, index: int, stale_s: float) -> None:
+        self.index = index
+        self.stale_s = stale_s
+        super().__init__(
+            f"turn slot {index} was taken over before this turn sent anything (not "
+            f"renewed for {stale_s:.1f}s: the process stalled past "
+            "CoderCredentials.turn_slot_ttl); nothing was sent and the turn is retried. "
+            "If this repeats, the worker is starved: give it more CPU or raise "
+            "turn_slot_ttl."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.index, self.stale_s))
+
+
+@dataclass
+class _Held:
+    """The slot this context's turn holds, and when it was last known to be ours."""
+
+    store: StateStore
+    index: int
+    holder: str
+    ttl: float
+    #: ``time.monotonic()`` after the claim or the last renewal that returned the row.
+    last_ok: float
+
+
+_HELD: contextvars.ContextVar[_Held | None] = contextvars.ContextVar(
+    "prefect_coder_turn_slot", default=None
+)
+
+
+async def confirm_turn_slot(_chat_id: str | None = None) -> None:
+    """Prove the slot this turn holds is still its own, right before a send.
+
+    No-op outside :func:`turn_slot` (no cap). Free while the slot was renewed
+    less than half a ttl ago: the lease row then has at least half a ttl to run,
+    and nobody takes a live slot of a run that is not over. Otherwise (the
+    process stalled, or the renewals failed) the slot is renewed now; a row that
+    another holder took raises :class:`TurnSlotLostError`. The remaining window
+    is the send's own request — a stall between this check and the request
+    going out — which no client-side check closes.
+    """
+    held = _HELD.get()
+    if held is None:
+        return
+    stale = time.monotonic() - held.last_ok
+    if stale < held.ttl / 2:
+        return
+    renewed = await held.store.leases.renew(slot_key(held.index), held.holder, held.ttl)
+    if renewed is None:
+        raise TurnSlotLostError(held.index, stale)
+    held.last_ok = time.monotonic()
 
 
 def slot_key(index: int) -> str:
@@ -523,6 +596,7 @@ async def turn_slot(
     queued = gate.lock.locked()
     announced = False
     renewer: asyncio.Task[None] | None = None
+    held: _Held | None = None
     index = -1
     direct: int | None = None
     try:
@@ -578,10 +652,8 @@ async def turn_slot(
             if direct is not None:
                 # Called out of the queue and took its own workflow's slot.
                 index, waited = direct, True
-                renewer = asyncio.create_task(
-                    _renew(store, slot_key(index), holder, ttl, log),
-                    name=f"renew:{slot_key(index)}",
-                )
+                held = _Held(store, index, holder, ttl, time.monotonic())
+                renewer = asyncio.create_task(_renew(held, log), name=f"renew:{slot_key(index)}")
             else:
                 try:
                     index, waited = await _wait_for_slot(
@@ -600,9 +672,9 @@ async def turn_slot(
                     # awaited: the waiting state's API calls below (ui.stop) took longer
                     # than the ttl on a loaded Prefect server, the unrenewed slot lapsed
                     # and the next waiter took it while this turn ran (7 turns at cap 5).
+                    held = _Held(store, index, holder, ttl, time.monotonic())
                     renewer = asyncio.create_task(
-                        _renew(store, slot_key(index), holder, ttl, log),
-                        name=f"renew:{slot_key(index)}",
+                        _renew(held, log), name=f"renew:{slot_key(index)}"
                     )
                 finally:
                     gate.lock.release()
@@ -612,13 +684,15 @@ async def turn_slot(
         if renewer is not None:  # cancelled while the waiting state was put back
             await _let_go(renewer, store, index, holder, ttl, log, gate)
         raise
-    assert renewer is not None
+    assert renewer is not None and held is not None
     if announced or waited:
         log.info("got turn slot %d/%d after %.2fs", index, cap, time.monotonic() - started)
     if SLOT_TRACE is not None:
         now = time.monotonic()
         SLOT_TRACE.append(("acquire_waited" if waited else "acquire", now))
         SLOT_TRACE.append(("acquire_latency", now - started))
+    # The turn's sends confirm it (confirm_turn_slot); its own context only.
+    token = _HELD.set(held)
     try:
         yield index
     except (Exception, asyncio.CancelledError):
@@ -633,6 +707,9 @@ async def turn_slot(
     except BaseException:  # the generator closed, the interpreter exiting: give it up
         await _let_go(renewer, store, index, holder, ttl, log, gate)
         raise
+    finally:
+        with contextlib.suppress(ValueError):  # closed from another context
+            _HELD.reset(token)
     await _let_go(renewer, store, index, holder, ttl, log, gate)
 
 
@@ -668,20 +745,14 @@ async def _let_go(
         del gate.released[:-_HINTS]
 
 
-async def _renew(
-    store: StateStore,
-    key: str,
-    holder: str,
-    ttl: float,
-    log: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:
-    last_ok = time.monotonic()
+async def _renew(held: _Held, log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    key, ttl = slot_key(held.index), held.ttl
     while True:
         await asyncio.sleep(ttl / 3)
         try:
-            renewed = await store.leases.renew(key, holder, ttl)
+            renewed = await held.store.leases.renew(key, held.holder, ttl)
         except Exception as exc:
-            if time.monotonic() - last_ok < ttl:
+            if time.monotonic() - held.last_ok < ttl:
                 continue  # transient: retry until a whole ttl went by
             log.warning("turn slot %s could not be renewed (%s)", key, type(exc).__name__)
             return
@@ -690,7 +761,7 @@ async def _renew(
             # this one ends. Only a store stalled for a whole ttl gets here.
             log.warning("turn slot %s was lost (not renewed within %.0fs)", key, ttl)
             return
-        last_ok = time.monotonic()
+        held.last_ok = time.monotonic()
 
 
 class _Gate:

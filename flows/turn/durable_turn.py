@@ -46,7 +46,7 @@ from coder_chat.history import fetch_until
 from coder_chat.rest import ChatClient
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
 from prefect_coder.flows.parts.artifacts import publish_turn_artifact
 from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
@@ -59,7 +59,7 @@ from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result
 from prefect_coder.flows.parts.retry import is_retryable_failure, retry_if_retryable
 from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
-from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.parts.turn_slot import confirm_turn_slot, turn_slot
 from prefect_coder.flows.parts.unfinished_attempt import (
     journal_cut_short,
     journal_send,
@@ -351,6 +351,7 @@ async def execute_turn(
             logger=logger,
             credentials=creds,  # asks whether a dead holder's turn still runs
         ):
+            crash_point("turn.slot_held")  # test seam: a stall after the claim
             return await _turn_under_lease(
                 workflow_id,
                 step,
@@ -362,6 +363,7 @@ async def execute_turn(
                 retry_reason,
                 logger,
                 orphans_possible=may_have_orphans(held, retried=retry_reason is not None),
+                lease=held,
             )
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -386,6 +388,7 @@ async def _turn_under_lease(
     logger: RunLogger,
     *,
     orphans_possible: bool = True,
+    lease: HeldLease | None = None,
 ) -> TurnResult:
     store = resources.store
     creds = resources.credentials
@@ -442,6 +445,16 @@ async def _turn_under_lease(
     async def journal_before_interrupt(cid: str) -> None:
         await journal_cut_short(client, store, cid)
 
+    async def still_ours(_cid: str | None) -> None:
+        # Right before a prompt goes out: the workflow's lease and the turn's slot
+        # are still this run's. A process that stalled since it took them (a
+        # starved loop, a paused VM) may have lost them; sending then would run the
+        # workflow twice at once or a turn over the fleet's cap. Free unless the
+        # stall was long (flows/parts/turn_slot.py, confirm_turn_slot).
+        if lease is not None:
+            lease.raise_if_lost()
+        await confirm_turn_slot()
+
     if chat_id is None and orphans_possible:
         # No checkpoint: an earlier attempt may have left an orphan chat. One that
         # holds only this step's prompt is adopted (checkpointed with the send's
@@ -479,6 +492,7 @@ async def _turn_under_lease(
         # attempt off as finished), and a transient failure after a send landed
         # leaves the live run for recovery to follow (issue 11, items 1 and 6).
         before_interrupt=journal_before_interrupt,
+        before_send=still_ours,
         leave_landed_runs=True,
     )
     attempt = 1

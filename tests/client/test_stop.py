@@ -221,7 +221,9 @@ async def test_bound_exceeded_reports_unsettled(chatd_emulator: Emulator) -> Non
             poll_interval=POLL,
         )
         elapsed = time.monotonic() - started
-    assert 0.4 <= elapsed < 1.5
+    # It waited out its timeout, then gave up (the fields below say so; no upper
+    # bound on the wall clock, which a loaded machine stretches).
+    assert elapsed >= 0.4
     assert not result.settled and not result.archived
     assert result.status == "interrupting" and result.interrupts == 1
     assert journal.seen == ["running"]  # polls during the wind-down, no re-interrupt
