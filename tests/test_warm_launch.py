@@ -10,8 +10,10 @@ that differ from the warm process's get a fresh interpreter.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,3 +150,40 @@ def test_other_settings_or_no_warm_process_run_a_fresh_engine(
     assert int(out) == launcher.pid  # the launcher became the interpreter (exec)
     if "PREFECT_LOGGING_LEVEL" in env:
         assert "PREFECT_LOGGING_LEVEL" in err  # says why it did not fork
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["mid-request", "before-the-reply"])
+def test_a_launcher_gone_mid_exchange_leaves_the_warm_process_serving(
+    warm_python: WarmPython, whole: bool
+) -> None:
+    """A launcher killed while it hands over its request (a test kills a worker and its
+    launchers at once) must not end the warm process: every later flow run of the
+    session is forked from it. A fork already made for the vanished launcher dies."""
+    request = {
+        "argv": ["-c", "import time; time.sleep(120)"],
+        "env": _env(warm_python),
+        "cwd": os.getcwd(),
+    }
+    data = (json.dumps(request) + "\n").encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(warm_python.socket_path)
+    socket.send_fds(sock, [b"L"], [0, 1, 2])
+    sock.sendall(data if whole else data[: len(data) // 2])
+    sock.close()  # gone before the reply (or before the end of its request)
+    if whole:
+        # The warm process forked for it, found it gone, and killed the fork.
+        record = Path(warm_python.socket_path).with_name(f"launcher-{os.getpid()}")
+        deadline = time.monotonic() + 60
+        while not record.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(int(record.read_text())), "the vanished launcher's fork lives on"
+    # Still serving: the next launch is forked from it.
+    done = subprocess.run(
+        [sys.executable, LAUNCH, "-c", "import os; print(os.getppid())"],
+        env=_env(warm_python),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == warm_python.proc.pid

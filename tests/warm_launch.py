@@ -46,7 +46,10 @@ def _ask(path: str, argv: list[str]) -> tuple[socket.socket, BinaryIO, int] | No
         sock.sendall((json.dumps(request) + "\n").encode())
         reader = sock.makefile("rb")
         reply = json.loads(reader.readline() or b"{}")
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        # Said, so a log shows why a run was slow (a fresh interpreter) or a test
+        # that needs the fork failed: the warm process is gone or refused us.
+        print(f"warm_launch: no warm process at {path} ({exc!r}); a fresh engine", file=sys.stderr)
         return None
     pid = reply.get("pid")
     if not pid:

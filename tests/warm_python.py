@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,15 @@ class WarmPython:
         return self._ready.done() and self.wait_ready(0)
 
     def close(self) -> None:
+        early = self.proc.poll()
+        if early is not None:
+            # It should serve until its input closes (here): every fork the session
+            # asked for since then ran in a fresh interpreter instead. Say why.
+            warnings.warn(
+                f"the warm Python process ended early (status {early}): "
+                f"{self.server_stderr() or 'no stderr'}",
+                stacklevel=2,
+            )
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -422,6 +432,51 @@ def _fork(req: dict[str, Any], stdio: list[int] | None, close: list[int]) -> int
     return pid
 
 
+def _serve_launch(
+    conn: socket.socket, listener: socket.socket, own_env: dict[str, str], others: list[Any]
+) -> int | None:
+    """One launcher's request: fork its engine and answer with the pid (returned), or
+    answer why not (None). A launcher may die at any moment of this exchange (a test
+    kills a worker and its launchers at once): its connection is then closed and a
+    fork made for it killed — never an error that would end the warm process, which
+    every later flow run of the session relies on."""
+    fds: list[int] = []
+    pid: int | None = None
+    try:
+        req, fds = _read_launch(conn)
+        free = _launch_free(req["argv"])
+        theirs, own = _import_time_env(req["env"], free), _import_time_env(own_env, free)
+        if theirs != own:
+            differ = sorted(set(theirs.items()) ^ set(own.items()))
+            reply = {"pid": None, "differ": [k for k, _ in differ]}
+            conn.sendall((json.dumps(reply) + "\n").encode())
+            conn.close()
+            return None
+        pid = _fork(req, fds, [listener.fileno(), conn.fileno(), *(c.fileno() for c in others)])
+        # Who stands for whom, for tests that look a process up by its parent
+        # (warm_launch.behind): the launcher's pid from the socket.
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        launcher_pid = struct.unpack("3i", creds)[0]
+        Path(listener.getsockname()).with_name(f"launcher-{launcher_pid}").write_text(str(pid))
+        conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        return pid
+    except (OSError, ValueError):
+        if pid is not None:  # the launcher went away: what it stood for goes too
+            # Its group, and itself: it may not have made its own group yet.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        conn.close()
+        return None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _serve() -> int:
     # Everything heavy imported BEFORE any fork; no thread or event loop started.
     import anyio._backends._asyncio  # noqa: F401
@@ -474,38 +529,9 @@ def _serve() -> int:
                 out.flush()
         if listener in readable:
             conn, _ = listener.accept()
-            try:
-                req, fds = _read_launch(conn)
-            except (OSError, ValueError):
-                conn.close()
-            else:
-                free = _launch_free(req["argv"])
-                theirs, own = _import_time_env(req["env"], free), _import_time_env(own_env, free)
-                if theirs != own:
-                    for fd in fds:
-                        os.close(fd)
-                    differ = sorted(set(theirs.items()) ^ set(own.items()))
-                    conn.sendall(
-                        (
-                            json.dumps({"pid": None, "differ": [k for k, _ in differ]}) + "\n"
-                        ).encode()
-                    )
-                    conn.close()
-                else:
-                    pid = _fork(
-                        req, fds, [listener.fileno(), conn.fileno(), *(c.fileno() for c in by_conn)]
-                    )
-                    for fd in fds:
-                        os.close(fd)
-                    launched[pid], by_conn[conn] = conn, pid
-                    # Who stands for whom, for tests that look a process up by its
-                    # parent (warm_launch.behind): the launcher's pid from the socket.
-                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                    launcher_pid = struct.unpack("3i", creds)[0]
-                    Path(listener.getsockname()).with_name(f"launcher-{launcher_pid}").write_text(
-                        str(pid)
-                    )
-                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+            pid = _serve_launch(conn, listener, own_env, [*by_conn])
+            if pid is not None:
+                launched[pid], by_conn[conn] = conn, pid
         for conn in [c for c in by_conn if c in readable]:
             # The launcher only ever closes its end: it died (or was killed). The
             # engine it stood for goes with it, as it would in the launcher's process.
