@@ -265,9 +265,15 @@ def _one_or_none(stmt: Any, params: dict[str, Any], conn: sa.Connection) -> Any:
 class HeldLease:
     """The handle ``store.lease(...)`` yields while the lease is held and renewed."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(
+        self, lease: Lease, *, ttl: float | None = None, leases: Leases | None = None
+    ) -> None:
         self.lease = lease
         self.lost = False
+        self._ttl = ttl
+        self._leases = leases
+        #: ``time.monotonic()`` after the acquisition or the last renewal that kept it.
+        self.last_ok = time.monotonic()
 
     @property
     def key(self) -> str:
@@ -285,6 +291,26 @@ class HeldLease:
         """Raise LeaseLostError if a renewal found the lease gone (check before effects)."""
         if self.lost:
             raise LeaseLostError(self.key, self.holder)
+
+    async def confirm(self) -> None:
+        """Prove the lease is still held, right before an effect another holder must
+        not duplicate (a turn's send). :meth:`raise_if_lost` knows only what the
+        background renewal found; after a stall (a starved event loop, a paused VM)
+        that renewal has not run yet, while the lease may have lapsed and been taken
+        over. So when the last renewal is older than half a ttl this renews now, and
+        raises LeaseLostError if the row is gone or has another fence. Free
+        otherwise: a lease renewed less than half a ttl ago cannot have lapsed."""
+        self.raise_if_lost()
+        if self._leases is None or self._ttl is None:
+            return
+        if time.monotonic() - self.last_ok < self._ttl / 2:
+            return
+        renewed = await self._leases.renew(self.key, self.holder, self._ttl)
+        if renewed is None or renewed.fence != self.fence:
+            self.lost = True
+            raise LeaseLostError(self.key, self.holder)
+        self.lease = renewed
+        self.last_ok = time.monotonic()
 
 
 class Leases:
@@ -447,7 +473,7 @@ class Leases:
                     waited=max(0.0, wait),
                 )
             await asyncio.sleep(min(poll_interval, left))
-        handle = HeldLease(got)
+        handle = HeldLease(got, ttl=ttl, leases=self)
         renewer = asyncio.create_task(
             self._renew_loop(handle, ttl, renew_interval or ttl / 3), name=f"lease-renew:{key}"
         )
@@ -510,4 +536,4 @@ class Leases:
                 )
                 return
             handle.lease = renewed
-            last_ok = time.monotonic()
+            last_ok = handle.last_ok = time.monotonic()

@@ -448,11 +448,12 @@ async def _turn_under_lease(
     async def still_ours(_cid: str | None) -> None:
         # Right before a prompt goes out: the workflow's lease and the turn's slot
         # are still this run's. A process that stalled since it took them (a
-        # starved loop, a paused VM) may have lost them; sending then would run the
-        # workflow twice at once or a turn over the fleet's cap. Free unless the
-        # stall was long (flows/parts/turn_slot.py, confirm_turn_slot).
+        # starved loop, a paused VM) may have lost them; sending then would drive
+        # the chat next to the run that took the workflow over, or run a turn over
+        # the fleet's cap. Free unless the last renewal is old (HeldLease.confirm,
+        # flows/parts/turn_slot.py confirm_turn_slot).
         if lease is not None:
-            lease.raise_if_lost()
+            await lease.confirm()
         await confirm_turn_slot()
 
     if chat_id is None and orphans_possible:

@@ -15,6 +15,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events import emit_event
 from prefect.states import State
 
+from prefect_coder.blocks import LeaseLostError
 from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.parts.resources import TurnResources, load_resources
@@ -46,7 +47,9 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
     failed run retires its chat (abandoned runs must not accumulate live chats).
 
     Not when the run never drove the chat: bad parameters or a busy workflow
-    must not archive a chat that an earlier or a concurrent run still uses.
+    must not archive a chat that an earlier or a concurrent run still uses. Nor
+    when it lost the workflow's lease (it stalled past the ttl and another run
+    took the workflow over): that run drives the chat now.
     Not when the failure was transient (a reset connection, an httpx timeout, a
     5xx — only the retries ran out): the checkpointed chat is continued by a
     rerun of the same ``workflow_id`` or by ``recover-turn``, which an archive
@@ -60,6 +63,9 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
         failure = None
     if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
         logger.info("the run failed before driving the chat (%s): not archiving", failure)
+        return
+    if isinstance(failure, LeaseLostError):
+        logger.warning("another run took the workflow over (%s): not archiving", failure)
         return
     params = flow_run.parameters or {}
     try:

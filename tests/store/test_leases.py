@@ -172,3 +172,30 @@ async def test_hold_takes_over_from_a_holder_known_gone(store: StateStore) -> No
             async with store.lease("k", holder="C", ttl=5, wait=0.2, holder_gone=gone):
                 pytest.fail("took a lease whose holder is alive")
     assert "B" in asked
+
+
+async def test_confirm_is_free_while_renewed_and_renews_after_a_stall(store: StateStore) -> None:
+    async with store.lease("k3", holder="A", ttl=30, renew_interval=60) as held:
+        first = held.lease.expires_at
+        await held.confirm()  # renewed (taken) less than half a ttl ago: no store trip
+        assert held.lease.expires_at == first
+    # A renewer that has not run for over half a ttl (a stalled process): renewed now.
+    async with store.lease("k4", holder="A", ttl=0.4, renew_interval=60) as held:
+        first = held.lease.expires_at
+        await asyncio.sleep(0.25)
+        await held.confirm()
+        assert held.lease.expires_at > first and not held.lost
+
+
+async def test_confirm_finds_a_lease_taken_over_while_stalled(store: StateStore) -> None:
+    from prefect_coder.blocks import LeaseLostError
+
+    async with store.lease("k5", holder="A", ttl=0.2, renew_interval=60) as held:
+        await asyncio.sleep(0.25)  # lapsed, no renewal ran...
+        assert await store.leases.acquire("k5", "B", ttl=5) is not None  # ...and taken
+        assert not held.lost  # nothing has looked yet
+        with pytest.raises(LeaseLostError, match="k5"):
+            await held.confirm()
+        assert held.lost
+    live = await store.leases.get("k5")
+    assert live is not None and live[0].holder == "B"
