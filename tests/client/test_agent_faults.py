@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from sample_tools import Add, add
 
 from coder_chat import (
     AgentTimings,
@@ -80,16 +80,6 @@ async def started(agent: CoderAgent) -> str:
             return agent.chat_id
         await asyncio.sleep(0.005)
     raise AssertionError("no chat")
-
-
-class Add(BaseModel):
-    a: int
-    b: int
-
-
-@client_tool(description="Add two integers")
-async def add(args: Add, ctx: ToolContext) -> int:
-    return args.a + args.b
 
 
 def text_script(text: str = LONG_TEXT, deltas: int = 30, lead_s: float = 0.0) -> Script:

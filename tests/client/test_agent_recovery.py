@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from sample_tools import add
 
-from coder_chat import AgentTimings, CoderAgent, StreamOptions, ToolContext, client_tool
+from coder_chat import AgentTimings, CoderAgent, StreamOptions
 from coder_chat.emulator.script import Script
 from coder_chat.emulator.server import Emulator
 
@@ -130,16 +130,6 @@ def _frame(b0: int, payload: bytes) -> bytes:
     if n < 65536:
         return bytes([b0, 126]) + struct.pack("!H", n) + payload
     return bytes([b0, 127]) + struct.pack("!Q", n) + payload
-
-
-class Add(BaseModel):
-    a: int
-    b: int
-
-
-@client_tool(description="Add two integers")
-async def add(args: Add, ctx: ToolContext) -> int:
-    return args.a + args.b
 
 
 # The emulator runs on its own loop in another thread (the chatd_emulator fixture),

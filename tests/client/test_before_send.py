@@ -9,24 +9,14 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from sample_tools import add
 
-from coder_chat import AgentTimings, CoderAgent, ToolContext, client_tool
+from coder_chat import AgentTimings, CoderAgent
 from coder_chat.emulator.script import Script
 from coder_chat.emulator.server import Emulator
 from coder_chat.stream import StreamOptions
 
 pytestmark = pytest.mark.chatd_emulator(delta_delay=0.0005)
-
-
-class Add(BaseModel):
-    a: int
-    b: int
-
-
-@client_tool(description="Add two integers")
-async def add(args: Add, ctx: ToolContext) -> int:
-    return args.a + args.b
 
 
 class SlotGone(RuntimeError):
