@@ -1121,6 +1121,23 @@ class CoderAgent:
         self._assigned_mcp = []
         self._close_reader_nowait()
 
+    def resume(self, chat_id: str, *, last_seen_message_id: int | None = None) -> None:
+        """Point the session at an existing chat (no I/O): what constructing the agent
+        with ``chat_id`` does, for an agent that already exists — e.g. one whose
+        checkpointed chat was archived, when recovery finds the step's chat elsewhere.
+        The previous session is reset first (:meth:`reset_session`)."""
+        if not isinstance(chat_id, str) or not chat_id:
+            raise CoderAgentError("chat_id must be a non-empty string")
+        if last_seen_message_id is not None and (
+            isinstance(last_seen_message_id, bool)
+            or not isinstance(last_seen_message_id, int)
+            or last_seen_message_id <= 0
+        ):
+            raise CoderAgentError("last_seen_message_id must be a positive integer")
+        self.reset_session()
+        self._chat_id = self._last_known_chat_id = chat_id
+        self._cursor = last_seen_message_id or 0
+
     async def interrupt(self, *, timeout: float | None = None) -> InterruptResult:
         """Interrupt the session's chat (or the last known one).
 

@@ -56,7 +56,7 @@ from coder_chat.results import GenerateResult
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
 from prefect_coder.flows.parts.artifacts import artifact_key
-from prefect_coder.flows.parts.orphan_check import strand_workflow_orphans
+from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans
 from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
 from prefect_coder.flows.parts.run_log import run_logger
@@ -129,6 +129,10 @@ class SendPlan:
     #: The checkpointed chat is archived and holds no finished attempt of the
     #: step: send it in a fresh chat (which becomes the checkpoint).
     fresh_chat: bool = False
+    #: With ``fresh_chat``: an earlier fresh attempt's chat, created but never
+    #: checkpointed, holds only this step — adopted (now the checkpoint): recover
+    #: the step there instead of creating another chat.
+    adopted: str | None = None
 
 
 def turn_fields(messages: Iterable[Any], user_message_id: int) -> tuple[list[int], dict[str, Any]]:
@@ -498,15 +502,32 @@ async def _on_archived(
             why = "its attempt holds no valid structured answer (no re-ask on an archived chat)"
     decisions.append(RecoveryDecision("archived", seen, "fresh chat", why))
     log = run_logger(__name__)
-    # A crash after the fresh chat was created but before it was checkpointed left
-    # an orphan: retire it (the archived chat is not listed, it is at rest).
-    orphans = await strand_workflow_orphans(
-        send.client, send.store, send.workflow_id, bound_s=send.timings.probe_bound, logger=log
+    # A crash after an earlier fresh chat was created but before it was checkpointed
+    # left an orphan holding this step: adopt it (flows/parts/orphan_check.py), as a
+    # first turn does, instead of running the step in yet another chat; strand any
+    # other (the archived chat is not listed, it is at rest).
+    found = await adopt_or_strand_orphans(
+        send.client,
+        send.store,
+        send.workflow_id,
+        marker,
+        turn_timeout=send.timings.settle_budget,
+        bound_s=send.timings.probe_bound,
+        logger=log,
     )
-    if orphans:
+    if found.stranded:
         decisions.append(
             RecoveryDecision(
-                "archived", f"orphans {orphans}", "stranded", "no checkpoint names them"
+                "archived", f"orphans {found.stranded}", "stranded", "no checkpoint names them"
+            )
+        )
+    if found.adopted is not None:
+        decisions.append(
+            RecoveryDecision(
+                "archived",
+                f"orphan {found.adopted}",
+                "adopted",
+                "an earlier fresh attempt's chat holds only this step: recovered there",
             )
         )
     # The archived chat's records guard nothing now (nothing can run on it); the
@@ -521,11 +542,16 @@ async def _on_archived(
         cut_short=True,
         attempts=where.attempts,
         recovered=None,
-        reason=f"the chat is archived; the step continues in a fresh chat: {why}",
+        reason=(
+            f"the chat is archived; the step continues in a fresh chat: {why}"
+            if found.adopted is None
+            else f"the chat is archived ({why}); the step continues on chat "
+            f"{found.adopted}, which an earlier fresh attempt created"
+        ),
         decisions=decisions,
     )
     await publish_recovery(send.workflow_id, send.step.name, outcome, artifacts=send.artifacts)
-    return SendPlan(attempt=1, outcome=outcome, fresh_chat=True)
+    return SendPlan(attempt=1, outcome=outcome, fresh_chat=True, adopted=found.adopted)
 
 
 async def _look_in_history(

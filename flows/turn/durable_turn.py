@@ -61,6 +61,7 @@ from prefect_coder.flows.parts.run_log import RunLogger, run_logger
 from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.parts.turn_slot import confirm_turn_slot, turn_slot
 from prefect_coder.flows.parts.unfinished_attempt import (
+    SendPlan,
     journal_cut_short,
     journal_send,
     note_failed_attempt,
@@ -509,22 +510,34 @@ async def _turn_under_lease(
             # and recorded no result, first settles the chat (ledger reconcile before
             # any interrupt), follows the crashed attempt if it is still running, and
             # recovers a finished attempt instead of resubmitting.
-            plan = await recover_before_send(
-                client=agent.client,
-                store=store,
-                workflow_id=workflow_id,
-                step=step,
-                chat_id=chat_id,
-                tools=tools,
-                answer=answer,
-                timings=recovery_timings(settings, request_timeout, turn_timeout),
-                known_failure=retry_reason is not None,
-                artifacts=settings.artifacts,
-                follower=agent,
-                entry=start.journal,
-                journaled=start.journaled,
-                replaced=start.replaced,
-            )
+            async def recover(on: str) -> SendPlan:
+                return await recover_before_send(
+                    client=agent.client,
+                    store=store,
+                    workflow_id=workflow_id,
+                    step=step,
+                    chat_id=on,
+                    tools=tools,
+                    answer=answer,
+                    timings=recovery_timings(settings, request_timeout, turn_timeout),
+                    known_failure=retry_reason is not None,
+                    artifacts=settings.artifacts,
+                    follower=agent,
+                    entry=start.journal,
+                    journaled=start.journaled,
+                    replaced=start.replaced,
+                )
+
+            plan = await recover(chat_id)
+            if plan.fresh_chat and plan.adopted is not None:
+                # The checkpointed chat is archived, and an earlier fresh attempt's
+                # chat (created, never checkpointed) holds this step: it is the
+                # checkpoint now, and the step is recovered there.
+                chat_id = plan.adopted
+                agent.resume(chat_id)
+                observer.chat_id = chat_id
+                start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
+                plan = await recover(chat_id)
             attempt = plan.attempt
             followed = plan.followed
             if plan.fresh_chat:

@@ -356,6 +356,23 @@ async def test_interrupt_archive_reset(emu: Emulator) -> None:
     await other.aclose()
 
 
+async def test_resume_points_the_session_at_another_chat(emu: Emulator) -> None:
+    async with make(emu) as first, make(emu) as agent:
+        elsewhere = (await first.generate("on another chat")).chat_id
+        own = (await agent.generate("one")).chat_id
+        assert own != elsewhere
+        agent.resume(elsewhere)
+        assert agent.chat_id == agent.last_known_chat_id == elsewhere
+        second = await agent.generate("two")  # sent on the resumed chat, not a new one
+        assert second.chat_id == elsewhere
+        with pytest.raises(CoderAgentError):
+            agent.resume("")
+        with pytest.raises(CoderAgentError):
+            agent.resume(elsewhere, last_seen_message_id=0)
+    users = [m for m in emu.messages(elsewhere, include_system=False) if m["role"] == "user"]
+    assert len(users) == 2
+
+
 async def test_archive_stops_a_live_run_then_archives(emu: Emulator) -> None:
     agent = make(emu)
     task = asyncio.create_task(agent.generate(directive(Script.long_running(5))))

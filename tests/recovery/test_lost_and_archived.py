@@ -193,3 +193,38 @@ async def test_a_step_cut_short_by_the_archive_continues_in_a_fresh_chat(
     resources = await load_resources(settings)
     checkpoint = await resources.store.checkpoints.get(workflow_id)
     assert checkpoint is not None and checkpoint.chat_id == new
+
+
+async def test_a_fresh_chat_lost_before_its_checkpoint_is_adopted_not_made_again(
+    fork_server: ForkServer,
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+    baseline: list[str],
+) -> None:
+    """As above, but the rerun that creates pay's fresh chat is SIGKILLed right after
+    the create response, before the chat is checkpointed: the next rerun finds the
+    checkpoint still naming the archived chat, and adopts the fresh chat (which holds
+    only pay's prompt) instead of creating a third one."""
+    spec = child_spec(workflow_id, settings)
+    old = await crash_to_chat(
+        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
+    await retire_workflow_chat(workflow_id, await load_resources(settings))
+    # plan's result is stored, so the rerun's first create is pay's fresh chat
+    await crash(fork_server, "turn.after_create:1", spec)
+    chats = [c["id"] for c in chats_of(emu, workflow_id)]
+    assert len(chats) == 2, chats
+    [fresh] = [c for c in chats if c != old]
+
+    results = await run_workflow(workflow_id, STEPS, settings)
+
+    assert [r.text for r in results] == baseline
+    assert results[1].chat_id == fresh
+    assert sorted(c["id"] for c in chats_of(emu, workflow_id)) == sorted([old, fresh])
+    assert _turns(emu, fresh, workflow_id, "pay") == 1  # its one send, never repeated
+    assert sorted(_effects(payments, fresh).values()) == [1]  # pay's charge, once
+    resources = await load_resources(settings)
+    checkpoint = await resources.store.checkpoints.get(workflow_id)
+    assert checkpoint is not None and checkpoint.chat_id == fresh
