@@ -12,12 +12,14 @@ finished one read from history. The design seed interrupts the orphan and
 sends the step again in a fresh chat: the model ran the turn twice, and a
 turn cut mid-generation was wasted. Adoption closes that on every build, with
 no empty create (B1 refuses one). Every other orphan is interrupted and
-recorded stranded (the workflow's archive retires it), as
-:func:`strand_workflow_orphans` does for ``recover-turn`` and an archived
-chat's fresh start.
+recorded stranded (the workflow's archive retires it).
 
 The turn runs the check on a workflow without a checkpoint — unless
-:func:`may_have_orphans` proves there can be none.
+:func:`may_have_orphans` proves there can be none — and when its checkpointed
+chat was archived before the step finished (the fresh chat an earlier attempt
+made); ``recover-turn`` runs it on a workflow without a checkpoint. With a
+checkpoint, ``recover-turn`` strands every other chat of the workflow
+(:func:`strand_workflow_orphans`).
 """
 
 from __future__ import annotations
