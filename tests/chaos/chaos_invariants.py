@@ -16,9 +16,12 @@ recorded: the emulator's stored rows and event log, and the payments service.
   crashes that cut a live attempt: SIGKILLs (or failed runs) that left a live
   attempt behind, plus every fault that fired (a lost response, a 5xx, a dropped
   stream, a restart: each can fail the turn's task attempt, whose retry or rerun
-  then finds the attempt live and unowned — the matrix's documented window). A
-  chat orphaned before its checkpoint (lost create response, kill after create)
-  may carry only the first step's prompt; it is archived like every other chat.
+  then finds the attempt live and unowned — the matrix's documented window). Any
+  other chat of the workflow may carry only the first step's prompt, and counts
+  as one extra turn of it: a chat orphaned before its checkpoint (lost create
+  response, kill after create) is adopted by the next attempt, so one is left
+  beside the workflow's chat only when the SDK discarded it (its stream failed
+  on create: a fault) or when several crashes each left one.
 * ``recovery-finished`` — recovery reached the end of the workflow (a clean rerun
   after the schedule succeeds) and returns the stored results unchanged.
 """
@@ -207,6 +210,7 @@ def _extra_turns(ev: Evidence) -> list[Violation]:
                         f"{len(users)} user turns: {[u[:50] for u in users]}",
                     )
                 )
+            extra += 1  # the first step sent again, in another chat
             continue
         for marker, _ in ev.steps.values():
             n = sum(marker in u for u in users)
@@ -215,8 +219,9 @@ def _extra_turns(ev: Evidence) -> list[Violation]:
         out.append(
             Violation(
                 "extra-turns",
-                f"{extra} extra user turns on chat {main}, but only {ev.cuts} crashes left "
-                f"a live attempt and {ev.fired} faults fired",
+                f"{extra} extra user turns (on chat {main} and as other chats of the "
+                f"workflow), but only {ev.cuts} crashes left a live attempt and {ev.fired} "
+                "faults fired",
             )
         )
     return out

@@ -104,3 +104,15 @@ def test_extra_user_turns_beyond_the_crashes_are_caught() -> None:
     assert _names(ev) == ["extra-turns"]
     ev.cuts = 1  # one kill left a live attempt: one resubmission is the documented window
     assert _names(ev) == []
+
+
+def test_a_second_chat_with_the_first_prompt_counts_as_an_extra_turn() -> None:
+    """A chat created before a crash is adopted, not left beside a fresh one: another
+    chat carrying the first step's prompt is that step sent again."""
+    other = "chat-2"
+    ev = _evidence()
+    first_prompt = next(m for m in ev.messages[CHAT] if m["role"] == "user")
+    ev.messages[other] = [first_prompt]
+    assert _names(ev) == ["extra-turns"]
+    ev.fired = 1  # a stream refused on create: the SDK discarded that chat
+    assert _names(ev) == []
