@@ -143,7 +143,7 @@ _HELD: contextvars.ContextVar[_Held | None] = contextvars.ContextVar(
 )
 
 
-async def confirm_turn_slot(_chat_id: str | None = None) -> None:
+async def confirm_turn_slot() -> None:
     """Prove the slot this turn holds is still its own, right before a send.
 
     No-op outside :func:`turn_slot` (no cap). Free while the slot was renewed
