@@ -158,6 +158,20 @@ async def test_an_archived_chat_with_lost_results_gives_them_back(
     assert sorted(_effects(payments, chat["id"]).values()) == [1, 1]
 
 
+async def _paused_then_archived(
+    server: ForkServer, spec: str, emu: Emulator, workflow_id: str, settings: WorkflowSettings
+) -> str:
+    """pay is SIGKILLed mid-stream (its call never ran); then the operator retires the
+    workflow's chat (archive-workflow-chat): the archive stops the paused attempt —
+    journaled cut-short first — and archives the chat. Returns the chat's id."""
+    old = await crash_to_chat(
+        server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
+    )
+    archived = await retire_workflow_chat(workflow_id, await load_resources(settings))
+    assert archived.archived_chat_ids == [old]
+    return old
+
+
 async def test_a_step_cut_short_by_the_archive_continues_in_a_fresh_chat(
     fork_server: ForkServer,
     settings: WorkflowSettings,
@@ -167,14 +181,7 @@ async def test_a_step_cut_short_by_the_archive_continues_in_a_fresh_chat(
     baseline: list[str],
 ) -> None:
     spec = child_spec(workflow_id, settings)
-    # pay is SIGKILLed mid-stream (its call never ran); then the operator retires
-    # the workflow's chat (archive-workflow-chat): the archive stops the paused
-    # attempt — journaled cut-short first — and archives the chat.
-    old = await crash_to_chat(
-        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
-    )
-    archived = await retire_workflow_chat(workflow_id, await load_resources(settings))
-    assert archived.archived_chat_ids == [old]
+    old = await _paused_then_archived(fork_server, spec, emu, workflow_id, settings)
     # The rerun: plan's result is stored; pay's attempt on the archived chat was cut
     # short, so pay runs again — in a fresh chat, which becomes the checkpoint.
     results = await run_workflow(workflow_id, STEPS, settings)
@@ -208,10 +215,7 @@ async def test_a_fresh_chat_lost_before_its_checkpoint_is_adopted_not_made_again
     checkpoint still naming the archived chat, and adopts the fresh chat (which holds
     only pay's prompt) instead of creating a third one."""
     spec = child_spec(workflow_id, settings)
-    old = await crash_to_chat(
-        fork_server, "turn.mid_stream:2", spec, emu, workflow_id, status="requires_action"
-    )
-    await retire_workflow_chat(workflow_id, await load_resources(settings))
+    old = await _paused_then_archived(fork_server, spec, emu, workflow_id, settings)
     # plan's result is stored, so the rerun's first create is pay's fresh chat
     await crash(fork_server, "turn.after_create:1", spec)
     chats = [c["id"] for c in chats_of(emu, workflow_id)]
