@@ -231,6 +231,23 @@ class _SegmentRun:
     follow: FollowPlan | None = None
 
 
+def _check_session(chat_id: str | None, last_seen_message_id: int | None) -> None:
+    """The session a constructor or :meth:`CoderAgent.resume` is given: a non-empty
+    chat id, and a cursor only with it, a positive JSON-safe integer."""
+    if last_seen_message_id is not None:
+        if (
+            isinstance(last_seen_message_id, bool)
+            or not isinstance(last_seen_message_id, int)
+            or last_seen_message_id <= 0
+            or last_seen_message_id > 2**53 - 1
+        ):
+            raise CoderAgentError("last_seen_message_id must be a positive integer")
+        if not chat_id:
+            raise CoderAgentError("last_seen_message_id requires chat_id")
+    if chat_id is not None and (not isinstance(chat_id, str) or not chat_id):
+        raise CoderAgentError("chat_id must be a non-empty string")
+
+
 def _read_state(tr: TurnTranslator) -> ReadState:
     return ReadState(
         reached_terminal=tr.reached_terminal,
@@ -319,18 +336,7 @@ class CoderAgent:
         before_send: Callable[[str | None], Awaitable[None]] | None = None,
         leave_landed_runs: bool = False,
     ) -> None:
-        if last_seen_message_id is not None:
-            if (
-                isinstance(last_seen_message_id, bool)
-                or not isinstance(last_seen_message_id, int)
-                or last_seen_message_id <= 0
-                or last_seen_message_id > 2**53 - 1
-            ):
-                raise CoderAgentError("last_seen_message_id must be a positive integer")
-            if not chat_id:
-                raise CoderAgentError("last_seen_message_id requires chat_id")
-        if chat_id is not None and (not isinstance(chat_id, str) or not chat_id):
-            raise CoderAgentError("chat_id must be a non-empty string")
+        _check_session(chat_id, last_seen_message_id)
         if max_steps < 1:
             raise CoderAgentError("max_steps must be >= 1")
         self._tools: dict[str, ClientTool[Any]] = {}
@@ -1126,14 +1132,9 @@ class CoderAgent:
         with ``chat_id`` does, for an agent that already exists — e.g. one whose
         checkpointed chat was archived, when recovery finds the step's chat elsewhere.
         The previous session is reset first (:meth:`reset_session`)."""
-        if not isinstance(chat_id, str) or not chat_id:
+        if chat_id is None:
             raise CoderAgentError("chat_id must be a non-empty string")
-        if last_seen_message_id is not None and (
-            isinstance(last_seen_message_id, bool)
-            or not isinstance(last_seen_message_id, int)
-            or last_seen_message_id <= 0
-        ):
-            raise CoderAgentError("last_seen_message_id must be a positive integer")
+        _check_session(chat_id, last_seen_message_id)
         self.reset_session()
         self._chat_id = self._last_known_chat_id = chat_id
         self._cursor = last_seen_message_id or 0

@@ -265,9 +265,7 @@ def _one_or_none(stmt: Any, params: dict[str, Any], conn: sa.Connection) -> Any:
 class HeldLease:
     """The handle ``store.lease(...)`` yields while the lease is held and renewed."""
 
-    def __init__(
-        self, lease: Lease, *, ttl: float | None = None, leases: Leases | None = None
-    ) -> None:
+    def __init__(self, lease: Lease, *, ttl: float, leases: Leases) -> None:
         self.lease = lease
         self.lost = False
         self._ttl = ttl
@@ -301,8 +299,6 @@ class HeldLease:
         raises LeaseLostError if the row is gone or has another fence. Free
         otherwise: a lease renewed less than half a ttl ago cannot have lapsed."""
         self.raise_if_lost()
-        if self._leases is None or self._ttl is None:
-            return
         if time.monotonic() - self.last_ok < self._ttl / 2:
             return
         renewed = await self._leases.renew(self.key, self.holder, self._ttl)

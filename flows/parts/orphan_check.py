@@ -57,8 +57,6 @@ class OrphanCheck:
     adopted: str | None = None
     #: The chats stopped and recorded stranded.
     stranded: list[str] = field(default_factory=list)
-    #: The marker of the step the adopted chat holds.
-    marker: str | None = None
 
 
 def may_have_orphans(lease: HeldLease, *, retried: bool) -> bool:
@@ -252,7 +250,7 @@ async def _adopt(
         adopted,
         workflow_id,
     )
-    return OrphanCheck(adopted=adopted, stranded=left, marker=marker)
+    return OrphanCheck(adopted=adopted, stranded=left)
 
 
 async def _strand(
