@@ -101,9 +101,9 @@ from prefect.settings import (  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
 from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
+from prefect_coder.flows.common.params import Step, WorkflowSettings  # noqa: E402
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout  # noqa: E402
-from prefect_coder.flows.parts import turn_slot  # noqa: E402
-from prefect_coder.flows.parts.params import Step, WorkflowSettings  # noqa: E402
+from prefect_coder.flows.fleet import slots as turn_slot  # noqa: E402
 
 TOKEN = f"bench-{uuid.uuid4().hex}"
 

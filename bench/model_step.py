@@ -43,9 +43,9 @@ from prefect.utilities.annotations import quote  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
 from coder_chat.gateway import GatewayClient  # noqa: E402
 from prefect_coder.blocks import CoderCredentials, StateStore  # noqa: E402
+from prefect_coder.flows.common.params import Step, WorkflowSettings  # noqa: E402
+from prefect_coder.flows.common.resources import TurnResources  # noqa: E402
 from prefect_coder.flows.demo_tools import FixPlan  # noqa: E402
-from prefect_coder.flows.parts.params import Step, WorkflowSettings  # noqa: E402
-from prefect_coder.flows.parts.resources import TurnResources  # noqa: E402
 from prefect_coder.flows.turn.model_step import model_step  # noqa: E402
 
 TOKEN = f"bench-{uuid.uuid4().hex}"

@@ -85,9 +85,9 @@ async def main(args: argparse.Namespace) -> None:
     from coder_chat.recovery import RecoveryTimings, TurnRecovery
     from coder_chat.rest import ChatClient
     from prefect_coder.blocks import ChatStateStore, CoderCredentials, JournalEntry, StateStore
+    from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+    from prefect_coder.flows.common.results import TurnResult
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-    from prefect_coder.flows.parts.results import TurnResult
 
     logging.getLogger("coder_chat").setLevel(logging.WARNING)
 

@@ -235,7 +235,7 @@ class Bench:
         self.spare = 0
 
     def result_file(self, workflow_id: str, step: str) -> Path:
-        from prefect_coder.flows.parts.results import result_key
+        from prefect_coder.flows.common.results import result_key
 
         return self.env.results_dir / result_key(workflow_id, step)
 

@@ -6,7 +6,7 @@
 Sets up the chatd emulator (in this process, its own thread) with ``--chats`` chats
 carrying this collection's labels, and a real SQLite state store (a temp file; or
 PostgreSQL with ``--pg``) that checkpoints all but ``--orphans`` of them. Then runs
-the orphan sweep itself (``prefect_coder.flows.parts.sweep_run.run_orphan_sweep``: list every page of
+the orphan sweep itself (``prefect_coder.flows.sweeps.run.run_orphan_sweep``: list every page of
 both archived states, read the store, decide, retire each orphan with bounded
 concurrency — interrupt, archive, forget) and prints chats/s and the total time.
 Then runs it again (nothing left to retire) to show the steady-state cost of a
@@ -28,9 +28,9 @@ from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.labels import chat_labels
-from prefect_coder.flows.parts.sweep_options import SweepOptions
-from prefect_coder.flows.parts.sweep_run import run_orphan_sweep
+from prefect_coder.flows.common.labels import chat_labels
+from prefect_coder.flows.sweeps.options import SweepOptions
+from prefect_coder.flows.sweeps.run import run_orphan_sweep
 
 TENANT = "bench"
 

@@ -182,7 +182,7 @@ class CrashSafeTool(ClientTool[M]):
             running the effect again under the new call id's key. Needs a ledger
             whose ``begin`` takes ``match_earlier_attempts`` (``blocks``' does; it
             scopes calls by the chat's send journal). Durable workflows turn it on
-            (``prefect_coder.flows.parts.toolset.bind_crash_safe``).
+            (``prefect_coder.flows.common.toolset.bind_crash_safe``).
     """
 
     def __init__(

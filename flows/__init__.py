@@ -13,9 +13,9 @@ The public names, imported lazily from their layer (see docs/architecture.md):
 * :func:`agent_fanout` — many workflows in parallel within the turn cap (flow)
 * :func:`expire_approvals` — failure handler for timed-out approvals (flow)
 * :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult` — parameters and results
-* :mod:`prefect_coder.flows.parts.registry` — client tools and output models by name
+* :mod:`prefect_coder.flows.common.registry` — client tools and output models by name
 
-Lazy, so that ``prefect_coder.flows.parts.params`` and ``.parts.registry`` stay
+Lazy, so that ``prefect_coder.flows.common.params`` and ``.parts.registry`` stay
 usable without importing Prefect's engine.
 """
 
@@ -41,9 +41,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Step": "prefect_coder.flows.parts.params",
-    "WorkflowSettings": "prefect_coder.flows.parts.params",
-    "TurnResult": "prefect_coder.flows.parts.results",
+    "Step": "prefect_coder.flows.common.params",
+    "WorkflowSettings": "prefect_coder.flows.common.params",
+    "TurnResult": "prefect_coder.flows.common.results",
     "run_turn": "prefect_coder.flows.turn.durable_turn",
     "model_step": "prefect_coder.flows.turn.model_step",
     "agent_workflow": "prefect_coder.flows.deployments.agent_workflow",

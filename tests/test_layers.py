@@ -26,11 +26,19 @@ PACKAGES = {
     "blocks": "prefect_coder.blocks",
 }
 
-#: The flows' layers, bottom first. A module may import its own layer and the
-#: layers below it, never one above.
-FLOW_LAYERS = ("parts", "turn", "workflow", "deployments")
-#: Flows modules outside the layer packages, and the layer they count as.
-FLOW_LOOSE = {"prefect_coder.flows.demo_tools": "parts"}
+#: The flows' layers, bottom first, each a tuple of rooms (sub-packages of
+#: ``prefect_coder.flows``). A module may import its own layer and the layers below
+#: it, never one above; rooms of one layer may import each other one way only.
+FLOW_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("observe", "common", "fleet", "recovery", "sweeps"),
+    ("turn",),
+    ("workflow",),
+    ("deployments",),
+)
+#: Every room, and the layer it is in.
+FLOW_ROOMS = {room: rank for rank, rooms in enumerate(FLOW_LAYERS) for room in rooms}
+#: Flows modules outside the rooms, and the room they count as.
+FLOW_LOOSE = {"prefect_coder.flows.demo_tools": "common"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +182,20 @@ def describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
     return "cycle of " + ", ".join(component) + ":\n" + "\n".join(lines)
 
 
-def flow_layer(module: str) -> int | None:
-    """The layer rank of a ``prefect_coder.flows`` module (None: not in a layer)."""
+def flow_room(module: str) -> str | None:
+    """The room of a ``prefect_coder.flows`` module (None: not in a room)."""
     if module in FLOW_LOOSE:
-        return FLOW_LAYERS.index(FLOW_LOOSE[module])
+        return FLOW_LOOSE[module]
     parts = module.split(".")
     if parts[:2] != ["prefect_coder", "flows"] or len(parts) < 3:
         return None
-    return FLOW_LAYERS.index(parts[2]) if parts[2] in FLOW_LAYERS else None
+    return parts[2] if parts[2] in FLOW_ROOMS else None
+
+
+def flow_layer(module: str) -> int | None:
+    """The layer rank of a ``prefect_coder.flows`` module (None: not in a layer)."""
+    room = flow_room(module)
+    return None if room is None else FLOW_ROOMS[room]
 
 
 def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
@@ -195,10 +209,24 @@ def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
             above = flow_layer(target)
             if above is not None and above > rank:
                 bad.append(
-                    f"{module} (layer {FLOW_LAYERS[rank]}) imports {target} "
-                    f"(layer {FLOW_LAYERS[above]}) at line {line}"
+                    f"{module} (room {flow_room(module)}, layer {rank}) imports {target} "
+                    f"(room {flow_room(target)}, layer {above}) at line {line}"
                 )
     return bad
+
+
+def room_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
+    """The flows' rooms as a graph: room → {room it imports: one import that shows it}."""
+    rooms: dict[str, dict[str, str]] = {room: {} for room in FLOW_ROOMS}
+    for module, targets in sorted(graph.items()):
+        source = flow_room(module)
+        if source is None:
+            continue
+        for target, line in sorted(targets.items()):
+            dest = flow_room(target)
+            if dest is not None and dest != source:
+                rooms[source].setdefault(dest, f"{module} -> {target} (line {line})")
+    return rooms
 
 
 def imports_matching(parsed: Parsed, importer_prefix: str, forbidden: Iterable[str]) -> list[str]:
@@ -231,8 +259,8 @@ def test_the_tree_is_read(tree: Tree) -> None:
     # Guards against a checker that sees nothing (a wrong root or package map).
     for folder, name in PACKAGES.items():
         assert name in modules, f"{folder}/__init__.py not found under {ROOT}"
-    for layer in FLOW_LAYERS:
-        assert f"prefect_coder.flows.{layer}" in modules
+    for room in FLOW_ROOMS:
+        assert f"prefect_coder.flows.{room}" in modules
     assert sum(len(t) for t in graph.values()) > 100
 
 
@@ -292,6 +320,22 @@ def test_flows_layers_import_only_downward(
     assert not bad, "a flows layer imports a layer above it:\n" + "\n".join(bad)
 
 
+def test_sibling_rooms_never_import_each_other_both_ways(
+    tree: Tree,
+) -> None:
+    # A circle between rooms is a circle of ideas even when no module circle closes
+    # it: each room must be readable knowing only the rooms below it.
+    _, graph = tree
+    rooms = room_graph(graph)
+    found = cycles({room: dict.fromkeys(targets, 0) for room, targets in rooms.items()})
+    assert not found, "flows rooms import each other in a circle:\n" + "\n".join(
+        ", ".join(c)
+        + ":\n"
+        + "\n".join(f"    {rooms[a][b]}" for a in c for b in rooms[a] if b in c)
+        for c in found
+    )
+
+
 # --------------------------------------------------------------------------- the checker
 
 
@@ -335,12 +379,33 @@ def test_checker_sees_a_package_init_cycle(tmp_path: Path) -> None:
 
 def test_checker_flags_an_upward_flows_import() -> None:
     graph = {
-        "prefect_coder.flows.parts.a": {"prefect_coder.flows.turn.b": 7},
-        "prefect_coder.flows.turn.b": {"prefect_coder.flows.parts.a": 3},
+        "prefect_coder.flows.common.a": {"prefect_coder.flows.turn.b": 7},
+        "prefect_coder.flows.turn.b": {"prefect_coder.flows.common.a": 3},
         "prefect_coder.flows.deployments.c": {"prefect_coder.flows.workflow.d": 1},
         "prefect_coder.flows.workflow.d": {},
     }
     assert upward_imports(graph) == [
-        "prefect_coder.flows.parts.a (layer parts) imports prefect_coder.flows.turn.b "
-        "(layer turn) at line 7"
+        "prefect_coder.flows.common.a (room common, layer 0) imports "
+        "prefect_coder.flows.turn.b (room turn, layer 1) at line 7"
     ]
+
+
+def test_checker_flags_sibling_rooms_in_a_circle() -> None:
+    graph = {
+        "prefect_coder.flows.fleet.a": {"prefect_coder.flows.sweeps.b": 4},
+        "prefect_coder.flows.sweeps.b": {"prefect_coder.flows.sweeps.c": 2},
+        # A function-level import back (the graph counts it) closes the room circle
+        # although no module imports its own importer.
+        "prefect_coder.flows.sweeps.c": {"prefect_coder.flows.fleet.d": 9},
+        "prefect_coder.flows.fleet.d": {},
+        "prefect_coder.flows.observe.e": {},
+    }
+    rooms = room_graph(graph)
+    assert rooms["fleet"] == {
+        "sweeps": "prefect_coder.flows.fleet.a -> prefect_coder.flows.sweeps.b (line 4)"
+    }
+    assert rooms["sweeps"] == {
+        "fleet": "prefect_coder.flows.sweeps.c -> prefect_coder.flows.fleet.d (line 9)"
+    }
+    assert not cycles(graph)  # no module circle
+    assert cycles({r: dict.fromkeys(t, 0) for r, t in rooms.items()}) == [["fleet", "sweeps"]]

@@ -324,7 +324,7 @@ class Leases:
         RETURNING the row; no row back means someone else holds it.
         ``released_only``: not a lease that *lapsed* — only one its holder released
         (or that never existed): what a lapsed lease guarded may still be going on,
-        and the caller judges that itself (turn slots: ``flows/parts/turn_slot.py``).
+        and the caller judges that itself (turn slots: ``flows/fleet/slots.py``).
         """
         _check_ttl(ttl)
         if not key or not holder:
@@ -392,7 +392,7 @@ class Leases:
         The row stays so the fence keeps growing across holders, with its expiry set
         to :data:`RELEASED`: a waiter can tell a lease its holder gave up from one that
         *lapsed* (its holder stopped renewing — dead, or stalled — while what it
-        guarded may still be going on; see ``flows/parts/slot_takeover.py``).
+        guarded may still be going on; see ``flows/fleet/takeover.py``).
         """
         row = await _run(
             self._ops, "release", {"p_tenant": self._ops.tenant, "p_key": key, "p_holder": holder}

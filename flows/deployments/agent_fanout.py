@@ -2,7 +2,7 @@
 
 Three modes, one contract (each workflow keeps its own workflow id, chat,
 checkpoint, lease and stored step results; running turns stay within the
-turn-slot cap of :mod:`prefect_coder.flows.parts.turn_slot`):
+turn-slot cap of :mod:`prefect_coder.flows.fleet.slots`):
 
 * **shards** (a deployment run with ``shard_size`` > 1, the default): the
   workflows are split into shards of ``shard_size``, each an
@@ -51,14 +51,14 @@ from prefect.logging import get_run_logger
 from prefect.runtime import deployment as current_deployment
 from pydantic import BaseModel
 
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.fanout_shard import (
     FanoutItem,
     FanoutOutcome,
     run_in_process,
     run_many_in_process,
 )
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import WorkflowSettings
 
 __all__ = [
     "FanoutItem",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.parts.background import drain as drain_background
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.results import TurnResult
-from prefect_coder.flows.parts.toolset import Toolset
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.results import TurnResult
+from prefect_coder.flows.common.toolset import Toolset
+from prefect_coder.flows.observe.background import drain as drain_background
 from prefect_coder.flows.turn.durable_turn import run_turn
 from prefect_coder.flows.workflow.steps import prepare
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.workflow.end_of_life import archive_on_failure
 from prefect_coder.flows.workflow.steps import StepResult, prepare, run_steps
 

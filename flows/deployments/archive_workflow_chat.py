@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
-from prefect_coder.flows.parts.resources import load_resources
-from prefect_coder.flows.parts.retire import ArchiveOutcome
+from prefect_coder.flows.common.params import WorkflowSettings, validate_workflow_id
+from prefect_coder.flows.common.resources import load_resources
+from prefect_coder.flows.recovery.retire import ArchiveOutcome
 from prefect_coder.flows.workflow.end_of_life import archive_chat
 
 __all__ = ["archive_workflow_chat"]

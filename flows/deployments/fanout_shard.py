@@ -26,16 +26,16 @@ from prefect.exceptions import PrefectHTTPStatusError
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import (
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import (
     Step,
     WorkflowSettings,
     validate_steps,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.resources import TurnResources, load_resources, shared_client
-from prefect_coder.flows.parts.retire import retire_workflow_chat
+from prefect_coder.flows.common.resources import TurnResources, load_resources, shared_client
+from prefect_coder.flows.recovery.retire import retire_workflow_chat
 from prefect_coder.flows.workflow.steps import run_steps
 
 __all__ = [

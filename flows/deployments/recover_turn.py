@@ -22,29 +22,29 @@ from coder_chat.history import fetch_turn
 from coder_chat.recovery import TurnRecovery, timeline_origin
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry
-from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans, strand_workflow_orphans
-from prefect_coder.flows.parts.params import (
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.params import (
     Step,
     WorkflowSettings,
     step_marker,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.resources import (
+from prefect_coder.flows.common.resources import (
     TurnResources,
     hold_workflow_lease,
     load_resources,
 )
-from prefect_coder.flows.parts.results import TurnResult
-from prefect_coder.flows.parts.run_log import RunLogger, run_logger, run_started_at
-from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
-from prefect_coder.flows.parts.unfinished_attempt import (
+from prefect_coder.flows.common.results import TurnResult
+from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.observe.run_log import RunLogger, run_logger, run_started_at
+from prefect_coder.flows.recovery.before_send import (
     publish_recovery,
     recovered_result,
     recovery_timings,
     turn_history,
 )
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, strand_workflow_orphans
 from prefect_coder.flows.turn.durable_turn import run_turn, turn_result
 
 __all__ = ["RecoverTurnReport", "recover_turn"]

@@ -5,15 +5,15 @@ from __future__ import annotations
 from prefect import flow
 
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings
-from prefect_coder.flows.parts.run_log import run_logger
-from prefect_coder.flows.parts.sweep_options import SweepOptions
-from prefect_coder.flows.parts.sweep_reconcile import reconcile_with_ledger
-from prefect_coder.flows.parts.sweep_report import (
+from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.sweeps.options import SweepOptions
+from prefect_coder.flows.sweeps.reconcile import reconcile_with_ledger
+from prefect_coder.flows.sweeps.report import (
     SweepReport,
     emit_sweep_summary,
     publish_sweep_artifact,
 )
-from prefect_coder.flows.parts.sweep_run import (
+from prefect_coder.flows.sweeps.run import (
     check_seconds,
     default_grace_s,
     load_sweep_resources,

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 __all__ = ["SweepSettings"]
 

@@ -1,4 +1,4 @@
 """The step tasks: the durable agent turn, the model-only step, the approval wait.
 
-Imports only :mod:`prefect_coder.flows.parts` (``tests/test_layers.py`` checks it).
+Imports only the rooms of layer 1 (``common``, ``observe``, ``fleet``, ``recovery``, ``sweeps``) (``tests/test_layers.py`` checks it).
 """

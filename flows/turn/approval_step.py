@@ -52,9 +52,9 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
-from prefect_coder.flows.parts.params import Step
-from prefect_coder.flows.parts.results import result_key
-from prefect_coder.flows.parts.run_log import RunLogger
+from prefect_coder.flows.common.params import Step
+from prefect_coder.flows.common.results import result_key
+from prefect_coder.flows.observe.run_log import RunLogger
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -47,20 +47,23 @@ from coder_chat.rest import ChatClient
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
-from prefect_coder.flows.parts.artifacts import publish_turn_artifact
-from prefect_coder.flows.parts.eager_checkpoint import EagerCheckpoint
-from prefect_coder.flows.parts.labels import chat_labels, current_flow_run_id
-from prefect_coder.flows.parts.live_progress import LiveProgress
-from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans, may_have_orphans
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease, load_resources
-from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from prefect_coder.flows.parts.retry import is_retryable_failure, retry_if_retryable
-from prefect_coder.flows.parts.run_log import RunLogger, run_logger
-from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
-from prefect_coder.flows.parts.turn_slot import confirm_turn_slot, turn_slot
-from prefect_coder.flows.parts.unfinished_attempt import (
+from prefect_coder.flows.common.labels import chat_labels, current_flow_run_id
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease, load_resources
+from prefect_coder.flows.common.results import (
+    ToolCallRecord,
+    TurnResult,
+    result_key,
+    turn_cache_key,
+)
+from prefect_coder.flows.common.retry import is_retryable_failure, retry_if_retryable
+from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.fleet.slots import confirm_turn_slot, turn_slot
+from prefect_coder.flows.observe.artifacts import publish_turn_artifact
+from prefect_coder.flows.observe.live_progress import LiveProgress
+from prefect_coder.flows.observe.observer import TurnObserver
+from prefect_coder.flows.observe.run_log import RunLogger, run_logger
+from prefect_coder.flows.recovery.before_send import (
     SendPlan,
     journal_cut_short,
     journal_send,
@@ -68,6 +71,8 @@ from prefect_coder.flows.parts.unfinished_attempt import (
     recover_before_send,
     recovery_timings,
 )
+from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, may_have_orphans
 
 __all__ = [
     "StructuredAnswerError",
@@ -314,7 +319,7 @@ async def execute_turn(
     """Run one step's turn durably (the body of :func:`run_turn`).
 
     ``toolset`` is the workflow's whole tool set (declared when the first step
-    creates the chat; see :mod:`prefect_coder.flows.parts.toolset`); the step's own tools are always
+    creates the chat; see :mod:`prefect_coder.flows.common.toolset`); the step's own tools are always
     included. ``retry_reason`` is set when Prefect retries the task.
     """
     logger = run_logger(__name__)
@@ -341,7 +346,7 @@ async def execute_turn(
                 logger.info("step %s finished in another run meanwhile; nothing sent", step.name)
                 return stored
         creds = resources.credentials
-        # Fleet quota (flows/parts/turn_slot.py): a deployment-wide cap on running turns.
+        # Fleet quota (flows/fleet/slots.py): a deployment-wide cap on running turns.
         async with turn_slot(
             store,
             creds.max_concurrent_turns,
@@ -402,7 +407,7 @@ async def _turn_under_lease(
     start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
     checkpoint = start.checkpoint
     chat_id = checkpoint.chat_id if checkpoint else None
-    # The live artifact (flows/parts/live_progress.py): fed by the observer, published
+    # The live artifact (flows/observe/live_progress.py): fed by the observer, published
     # off the hot path, finished by the observer's settled/failed event.
     progress = (
         LiveProgress(
@@ -414,7 +419,7 @@ async def _turn_under_lease(
     observer = TurnObserver(
         workflow_id=workflow_id, step=step.name, logger=logger, chat_id=chat_id, progress=progress
     )
-    # Crash recovery (flows/parts/eager_checkpoint.py, orphan_check.py): a first turn's chat is checkpointed as
+    # Crash recovery (flows/recovery/eager_checkpoint.py, orphan_check.py): a first turn's chat is checkpointed as
     # soon as it exists, crash-safe tools write the ledger, chats carry the
     # workflow label so orphans are findable.
     eager = EagerCheckpoint(
@@ -452,7 +457,7 @@ async def _turn_under_lease(
         # starved loop, a paused VM) may have lost them; sending then would drive
         # the chat next to the run that took the workflow over, or run a turn over
         # the fleet's cap. Free unless the last renewal is old (HeldLease.confirm,
-        # flows/parts/turn_slot.py confirm_turn_slot).
+        # flows/fleet/slots.py confirm_turn_slot).
         if lease is not None:
             await lease.confirm()
         await confirm_turn_slot()
@@ -461,7 +466,7 @@ async def _turn_under_lease(
         # No checkpoint: an earlier attempt may have left an orphan chat. One that
         # holds only this step's prompt is adopted (checkpointed with the send's
         # write-ahead) and recovered below like any checkpointed chat; the rest are
-        # stranded (flows/parts/orphan_check.py).
+        # stranded (flows/recovery/orphans.py).
         try:
             adopted = (
                 await adopt_or_strand_orphans(

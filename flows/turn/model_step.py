@@ -27,10 +27,10 @@ from prefect.states import State
 from pydantic import BaseModel, Field
 
 from coder_chat.gateway import GatewayClient, GatewayError
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
-from prefect_coder.flows.parts.results import result_key
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.resources import TurnResources, load_resources
+from prefect_coder.flows.common.results import result_key
 
 __all__ = ["ModelStepResult", "model_result_key", "model_step", "render_prompt"]
 

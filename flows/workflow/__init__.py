@@ -1,5 +1,5 @@
 """The workflow: validate, run the steps in order on one chat, own the chat's end of life.
 
-Imports only :mod:`prefect_coder.flows.parts` and :mod:`prefect_coder.flows.turn`
+Imports only the rooms of layer 1 (``common``, ``observe``, ``fleet``, ``recovery``, ``sweeps``) and :mod:`prefect_coder.flows.turn`
 (``tests/test_layers.py`` checks it).
 """

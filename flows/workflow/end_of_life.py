@@ -16,12 +16,12 @@ from prefect.events import emit_event
 from prefect.states import State
 
 from prefect_coder.blocks import LeaseLostError
-from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
-from prefect_coder.flows.parts.params import WorkflowSettings, validate_workflow_id
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
-from prefect_coder.flows.parts.retire import ArchiveOutcome, retire_workflow_chat
-from prefect_coder.flows.parts.retry import is_transient_failure
-from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.common.params import WorkflowSettings, validate_workflow_id
+from prefect_coder.flows.common.resources import TurnResources, load_resources
+from prefect_coder.flows.common.retry import is_transient_failure
+from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.retire import ArchiveOutcome, retire_workflow_chat
 
 __all__ = ["archive_chat", "archive_on_failure"]
 

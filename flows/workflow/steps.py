@@ -18,9 +18,9 @@ from typing import Any, cast
 
 from prefect.utilities.annotations import quote
 
-from prefect_coder.flows.parts import background, registry
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import (
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import (
     Step,
     WorkflowSettings,
     step_marker,
@@ -28,16 +28,17 @@ from prefect_coder.flows.parts.params import (
     validate_toolset,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.resources import (
+from prefect_coder.flows.common.resources import (
     TurnResources,
     hold_workflow_lease,
     load_resources,
     shared_client,
 )
-from prefect_coder.flows.parts.results import TurnResult
-from prefect_coder.flows.parts.retire import retire_workflow_chat
-from prefect_coder.flows.parts.toolset import Toolset
-from prefect_coder.flows.parts.unfinished_attempt import earlier_steps
+from prefect_coder.flows.common.results import TurnResult
+from prefect_coder.flows.common.toolset import Toolset
+from prefect_coder.flows.observe import background
+from prefect_coder.flows.recovery.before_send import earlier_steps
+from prefect_coder.flows.recovery.retire import retire_workflow_chat
 from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
 from prefect_coder.flows.turn.durable_turn import run_turn
 from prefect_coder.flows.turn.model_step import ModelStepResult, model_step
@@ -56,7 +57,7 @@ async def prepare(
     extra_tools: Toolset | None = None,
 ) -> TurnResources:
     """Validate every parameter and load the blocks; raises
-    :class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` before any chat is created."""
+    :class:`~prefect_coder.flows.common.errors.WorkflowParameterError` before any chat is created."""
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
     tool_names, model_names = registry.tool_names(), registry.output_model_names()

@@ -32,9 +32,9 @@ from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE, expire_approvals
-from prefect_coder.flows.parts.params import WorkflowSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

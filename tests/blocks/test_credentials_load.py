@@ -61,8 +61,8 @@ async def test_a_workflow_with_an_invalid_block_fails_naming_field_and_fix(
     prefect_server: Path,
 ) -> None:
     # What a run meets: the workflow's credentials loader, not "no block named ...".
-    from prefect_coder.flows.parts.params import WorkflowSettings
-    from prefect_coder.flows.parts.resources import load_credentials
+    from prefect_coder.flows.common.params import WorkflowSettings
+    from prefect_coder.flows.common.resources import load_credentials
 
     name = await _saved_with({"base_url": "file:///etc/passwd"})
     with pytest.raises(Exception) as info:

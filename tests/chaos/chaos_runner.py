@@ -30,9 +30,9 @@ from pydantic import SecretStr
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.sweeps.options import SweepOptions
 
 if TYPE_CHECKING:
     from warm_python import WarmPython

@@ -8,7 +8,7 @@ from typing import Any
 
 from chaos_invariants import Evidence, check
 
-from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.common.results import TurnResult
 
 CHAT = "c-main"
 MARK = "[wf/s0-deposit]"

@@ -33,11 +33,11 @@ from prefect.deployments.runner import EntrypointType
 from prefect.events import DeploymentEventTrigger
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.fanout_shard import agent_fanout_shard
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 # ``tests/`` for ``support``: bench/fanout.py imports this module outside pytest.
 _TESTS = str(Path(__file__).resolve().parents[1])

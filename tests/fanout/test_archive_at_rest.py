@@ -15,9 +15,9 @@ from fanout_env import fanout_items, fanout_settings
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
 from prefect_coder.blocks import JournalEntry
+from prefect_coder.flows.common.resources import load_resources
 from prefect_coder.flows.deployments.agent_fanout import agent_fanout
-from prefect_coder.flows.parts.resources import load_resources
-from prefect_coder.flows.parts.retire import retire_workflow_chat
+from prefect_coder.flows.recovery.retire import retire_workflow_chat
 
 
 def _requests(emu: Emulator, chat_id: str) -> list[tuple[str, str]]:

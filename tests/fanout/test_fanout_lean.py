@@ -26,8 +26,8 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.deployments.agent_fanout import agent_fanout
-from prefect_coder.flows.parts import turn_slot as slot_module
-from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.fleet import slots as slot_module
+from prefect_coder.flows.fleet.slots import turn_slot
 
 WAITING = "waiting for a turn slot"
 

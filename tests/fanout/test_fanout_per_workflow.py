@@ -61,9 +61,9 @@ from prefect.client.schemas.objects import StateType
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, step_marker
 from prefect_coder.flows.deployments.agent_fanout import WORKFLOW_DEPLOYMENT, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, step_marker
 
 #: Two workflows on one turn slot: the fewest that show each workflow as its own run
 #: (the killed one and one that is not) and a cap the workflows contend for — the
@@ -139,7 +139,7 @@ async def test_shard_size_one_runs_each_workflow_as_its_own_run_and_recovers_a_k
 
             # … whether or not its chat is checkpointed yet: a kill between the create
             # response and the eager checkpoint leaves a chat no checkpoint names, which
-            # the restart adopts (flows/parts/orphan_check.py) — one user message per
+            # the restart adopts (flows/recovery/orphans.py) — one user message per
             # step either way. (Before adoption, a loaded run that killed there sent the
             # step twice; the test then waited for the checkpoint.)
             async def victim_process() -> tuple[Any, int] | None:

@@ -81,6 +81,7 @@ from prefect.states import Cancelled, Completed, Crashed
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.common.params import step_marker
 from prefect_coder.flows.deployments.agent_fanout import (
     SHARD_DEPLOYMENT,
     WORKFLOW_DEPLOYMENT,
@@ -88,8 +89,7 @@ from prefect_coder.flows.deployments.agent_fanout import (
     live_runs,
     shard_idempotency_key,
 )
-from prefect_coder.flows.parts.params import step_marker
-from prefect_coder.flows.parts.turn_slot import WAITING_STATE_NAME, slot_key
+from prefect_coder.flows.fleet.slots import WAITING_STATE_NAME, slot_key
 
 CAP = 1
 MAX_PARALLEL = 1

@@ -84,8 +84,8 @@ from prefect.states import Crashed
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.params import step_marker
-from prefect_coder.flows.parts.turn_slot import slot_key
+from prefect_coder.flows.common.params import step_marker
+from prefect_coder.flows.fleet.slots import slot_key
 
 CAP = 3
 #: Issue 15 asks for 50; CI runs 6 (the waits below scale with it).

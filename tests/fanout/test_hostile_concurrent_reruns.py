@@ -32,13 +32,13 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments.runner import EntrypointType
 from prefect.states import Completed, Crashed, Failed
 
+from prefect_coder.flows.common.params import Step
 from prefect_coder.flows.deployments.agent_fanout import (
     FanoutItem,
     agent_fanout,
     fanout_idempotency_key,
 )
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step
 
 MAX_PARALLEL = 2
 #: How long the playing worker lets a run live before it ends it.

@@ -3,12 +3,12 @@ the shards' real runs on process workers are in test_fanout_workers.py)."""
 
 from __future__ import annotations
 
+from prefect_coder.flows.common.params import Step
 from prefect_coder.flows.deployments.agent_fanout import (
     FanoutItem,
     cut_shards,
     shard_idempotency_key,
 )
-from prefect_coder.flows.parts.params import Step
 
 
 def _items(n: int) -> list[FanoutItem]:

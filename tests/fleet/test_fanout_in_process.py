@@ -20,10 +20,10 @@ from fleet_env import TOKEN
 from support.prefect_blocks import emulator_credentials, save_settings
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, step_marker
+from prefect_coder.flows.common.results import result_key
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, step_marker
-from prefect_coder.flows.parts.results import result_key
 
 
 def _step(workflow_id: str, name: str, seconds: float) -> Step:

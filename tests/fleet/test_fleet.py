@@ -23,10 +23,10 @@ from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, StateStore
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import (
+from prefect_coder.flows.fleet.slots import (
     WAITING_STATE_NAME,
     TurnSlotUnavailableError,
     busy_slots,
@@ -174,7 +174,7 @@ async def test_two_steps_each_take_and_return_a_slot(
 _HOLDER = """
 import asyncio, sys
 from prefect_coder.blocks.state import StateStore
-from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.fleet.slots import turn_slot
 
 async def main():
     store = StateStore(sys.argv[1])
@@ -280,7 +280,7 @@ async def test_a_workflow_past_its_slot_wait_fails_clearly(
 _FANOUT_CHILD = """
 import asyncio, json, logging, sys
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 # The turns' INFO lines ("waiting for a turn slot") into a file the test reads while
 # this runs. The level is set here, at run time: a PREFECT_LOGGING_LEVEL of its own

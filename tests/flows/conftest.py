@@ -22,7 +22,7 @@ from flow_helpers import ROOT, TOKEN
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 
 @dataclass(frozen=True)

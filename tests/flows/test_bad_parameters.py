@@ -7,10 +7,10 @@ from flow_helpers import say
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
 GOOD = Step(name="s", prompt="hello" + say("hi"))
 

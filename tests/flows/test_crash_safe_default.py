@@ -24,10 +24,10 @@ from coder_chat.crash_safe import CrashSafeTool, PureTool
 from coder_chat.emulator import Emulator
 from coder_chat.tools import ToolContext
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.toolset import bind_crash_safe
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.toolset import bind_crash_safe
 
 HERE = Path(__file__).resolve().parent
 TOOL_MODULES = ["prefect_coder.flows.demo_tools", "effect_tools"]

@@ -10,19 +10,24 @@ from pydantic import BaseModel
 
 from coder_chat.errors import CoderApiError, CoderChatError, CoderStreamError
 from coder_chat.events import HttpRequest, SegmentSettle, WsRedial
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.artifacts import artifact_key, render_turn_markdown
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.observe import chat_resource, describe
-from prefect_coder.flows.parts.params import (
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import (
     Step,
     step_marker,
     validate_base_url,
     validate_steps,
     validate_workflow_id,
 )
-from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult, result_key, turn_cache_key
-from prefect_coder.flows.parts.retry import is_retryable_failure
+from prefect_coder.flows.common.results import (
+    ToolCallRecord,
+    TurnResult,
+    result_key,
+    turn_cache_key,
+)
+from prefect_coder.flows.common.retry import is_retryable_failure
+from prefect_coder.flows.observe.artifacts import artifact_key, render_turn_markdown
+from prefect_coder.flows.observe.observer import chat_resource, describe
 
 TOOLS = {"lookup_build"}
 MODELS = {"fix_plan"}

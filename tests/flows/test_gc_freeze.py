@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 
-from prefect_coder.flows.parts.resources import FREEZE_ENV
+from prefect_coder.flows.common.resources import FREEZE_ENV
 
 _CHILD = """
 import gc, os
-from prefect_coder.flows.parts import resources
+from prefect_coder.flows.common import resources
 os.environ[resources.FREEZE_ENV] = "0"
 assert resources.freeze_startup_heap() is False and gc.get_freeze_count() == 0
 del os.environ[resources.FREEZE_ENV]

@@ -10,7 +10,7 @@ from typing import Any
 
 from coder_chat.events import WsEvent
 from coder_chat.models import parse_frame
-from prefect_coder.flows.parts.live_progress import LiveProgress
+from prefect_coder.flows.observe.live_progress import LiveProgress
 
 CHAT = "4d31ccf2-f137-4049-aa6e-fcc272fd8c4d"
 

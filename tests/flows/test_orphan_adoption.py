@@ -1,4 +1,4 @@
-"""A first turn's orphan is adopted, not sent again (``flows/parts/orphan_check.py``).
+"""A first turn's orphan is adopted, not sent again (``flows/recovery/orphans.py``).
 
 A crash after the first turn's chat was created (with the step's prompt) but
 before its id was checkpointed leaves a chat no checkpoint names. The next
@@ -23,12 +23,12 @@ from coder_chat.models import (
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.leases import workflow_key
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW, chat_labels
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.demo_tools import Note
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, chat_labels
-from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans
 
 
 async def _create(

@@ -10,8 +10,8 @@ from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderApiError
 from coder_chat.models import ChatInputPart, CreateChatRequest
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.flows.parts.labels import chat_labels
-from prefect_coder.flows.parts.orphan_check import RETRY_BACKOFF_S, strand_workflow_orphans
+from prefect_coder.flows.common.labels import chat_labels
+from prefect_coder.flows.recovery.orphans import RETRY_BACKOFF_S, strand_workflow_orphans
 
 
 async def _orphan(creds: CoderCredentials, emu: Emulator, store: StateStore, wid: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from flow_helpers import say
 
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 
 
 async def _events(body: dict[str, Any], want: int) -> list[dict[str, Any]]:

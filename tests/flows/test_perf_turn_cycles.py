@@ -19,8 +19,8 @@ from flow_helpers import say
 
 from coder_chat.agent import CoderAgent
 from coder_chat.stream import ChatStreamReader
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
 
 def _alive(kind: type) -> list[object]:

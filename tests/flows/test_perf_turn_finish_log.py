@@ -1,5 +1,5 @@
 """Prefect's routine "Finished in state Completed()" line of a ``run-turn`` task run is
-dropped (``flows/parts/turn_finish_log.py``, docs/performance.md round 9); every other
+dropped (``flows/observe/finish_log.py``, docs/performance.md round 9); every other
 finish line stays, and ``PREFECT_CODER_TURN_FINISHED_LOG=1`` keeps it.
 
 End to end through a real workflow flow run: the records are caught by a handler on
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from flow_helpers import say
 
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_finish_log import (
+from prefect_coder.flows.observe.finish_log import (
     KEEP_ENV,
     RoutineTurnFinish,
     quiet_routine_turn_finish,

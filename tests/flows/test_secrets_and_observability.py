@@ -12,8 +12,8 @@ from prefect.client.schemas.sorting import LogSort
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore
-from prefect_coder.flows.parts.artifacts import artifact_key
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.observe.artifacts import artifact_key
 
 
 def _read_all(root: Path, pattern: str) -> list[str]:

@@ -18,14 +18,14 @@ from typing import Any
 from flow_helpers import emu_directive, run_child, user_messages
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import WorkflowSettings, step_marker
 
 HERE = Path(__file__).resolve().parent
 
 SHARED_MODULE = """
 from pydantic import BaseModel
 from coder_chat.tools import ToolContext
-from prefect_coder.flows.parts.registry import registered_tool
+from prefect_coder.flows.common.registry import registered_tool
 
 
 class Shout(BaseModel):
@@ -40,9 +40,9 @@ async def shout(args: Shout, ctx: ToolContext) -> str:
 CHILD = """
 import asyncio, json, os
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 
 spec = json.loads(os.environ["SPEC"])
 steps = [Step.model_validate(s) for s in spec["steps"]]

@@ -12,12 +12,12 @@ from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, workflow_key
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.results import TurnResult
 
 CHILD = """
 import asyncio, sys
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 settings = WorkflowSettings.model_validate_json(sys.argv[1])
 steps = [Step.model_validate_json(s) for s in sys.argv[3:]]

@@ -26,12 +26,12 @@ from flow_helpers import say, user_messages
 from coder_chat.crash_safe import add_crash_hook
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, LeaseLostError, StateStore, workflow_key
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.resources import TurnResources
+from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.resources import TurnResources
-from prefect_coder.flows.parts.retry import is_retryable_failure
-from prefect_coder.flows.parts.turn_slot import (
+from prefect_coder.flows.fleet.slots import (
     TurnSlotLostError,
     confirm_turn_slot,
     slot_key,

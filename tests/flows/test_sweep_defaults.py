@@ -18,7 +18,7 @@ from prefect.client.schemas.schedules import CronSchedule
 
 from coder_chat.emulator.config import Config
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
-from prefect_coder.flows.parts.sweep_run import DEFAULT_ACTION_BUDGET_S
+from prefect_coder.flows.sweeps.run import DEFAULT_ACTION_BUDGET_S
 
 #: chatd's requires_action timeout (spec: ``requiresActionTimeout = 5*time.Minute``).
 CHATD_PAUSE_TIMEOUT_S = 300.0

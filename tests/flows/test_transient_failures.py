@@ -21,9 +21,9 @@ from flow_helpers import TOKEN, say, user_messages
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderTimeoutError, CoderTransportError
 from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.retry import is_retryable_failure
 
 
 @pytest.fixture(autouse=True)

@@ -11,11 +11,11 @@ from flow_helpers import emu_directive, run_child, say, user_messages
 from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderChatError, CoderStreamError
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.resources import load_resources
+from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.resources import load_resources
-from prefect_coder.flows.parts.results import TurnResult
 from prefect_coder.flows.turn.durable_turn import execute_turn
 
 
@@ -125,7 +125,7 @@ async def test_next_step_resumes_in_a_new_process_from_the_checkpoint_only(
     second_prompt = "second" + say("second answer")
     code = f"""
 import asyncio
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 settings = WorkflowSettings.model_validate_json({settings.model_dump_json()!r})
 step = Step(name="two", prompt={second_prompt!r})

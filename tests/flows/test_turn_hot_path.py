@@ -25,9 +25,9 @@ from flow_helpers import say, user_messages
 from coder_chat.emulator import Emulator
 from coder_chat.events import HttpRequest, TransportEvent
 from prefect_coder.blocks import ChatStateStore, StateStore
-from prefect_coder.flows.parts import background
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.resources import hold_workflow_lease, load_resources
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.resources import hold_workflow_lease, load_resources
+from prefect_coder.flows.observe import background
 from prefect_coder.flows.turn.durable_turn import execute_turn
 
 

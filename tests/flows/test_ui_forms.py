@@ -11,6 +11,7 @@ import yaml
 from flow_helpers import ROOT
 from prefect.utilities.callables import parameter_schema
 
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.expire_approvals import expire_approvals
@@ -18,7 +19,6 @@ from prefect_coder.flows.deployments.recover_turn import recover_turn
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
 SWEEPS = (sweep_orphans, sweep_stuck_turns)
 TURN_ONLY = {"keep_chat", "retries", "retry_delay_s", "artifacts", "eager_checkpoint"}

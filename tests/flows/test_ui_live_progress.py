@@ -17,11 +17,11 @@ from pydantic import BaseModel
 
 from coder_chat.emulator import Emulator
 from coder_chat.tools import ToolContext
-from prefect_coder.flows.parts.artifacts import artifact_key
-from prefect_coder.flows.parts.live_progress import INTERVAL_ENV
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.registry import registered_tool
-from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.registry import registered_tool
+from prefect_coder.flows.common.results import TurnResult
+from prefect_coder.flows.observe.artifacts import artifact_key
+from prefect_coder.flows.observe.live_progress import INTERVAL_ENV
 
 INTERVAL_S = 0.3
 FIRST = "The first half of a long answer streams in many small deltas, " * 3

@@ -8,10 +8,10 @@ from flow_helpers import emu_directive, say, user_messages
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.archive_workflow_chat import archive_workflow_chat
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
 
 
 def _archive_events(emu: Emulator, chat_id: str) -> list[dict]:

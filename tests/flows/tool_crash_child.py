@@ -18,8 +18,8 @@ import sys
 
 def main() -> int:
     from coder_chat.crash_safe import add_crash_hook
+    from prefect_coder.flows.common.params import Step, WorkflowSettings
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
     point = os.environ.get("CRASH_AT", "")
 

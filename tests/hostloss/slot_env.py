@@ -19,10 +19,10 @@ from warm_python import Child, WarmPython
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state.schema import leases as lease_table
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import slot_key
+from prefect_coder.flows.fleet.slots import slot_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FANOUT_CHILD = """
 import asyncio, json, sys
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 
 args = json.loads(sys.argv[1])
 items = [FanoutItem.model_validate(i) for i in args["items"]]

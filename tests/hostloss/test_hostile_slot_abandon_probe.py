@@ -30,7 +30,7 @@ from support.prefect_blocks import save_settings
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials
-from prefect_coder.flows.parts.slot_takeover import PROBE_TIMEOUT_ENV
+from prefect_coder.flows.fleet.takeover import PROBE_TIMEOUT_ENV
 
 #: The probe's bound in this test (with the default, 5 s, the test waited about twice as
 #: long: the times below all follow from it).

@@ -36,9 +36,9 @@ from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.flows.common.holders import holder_run_id, holder_workflow_id
+from prefect_coder.flows.common.params import Step
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
-from prefect_coder.flows.parts.params import Step
 
 # The model calls the (pure) demo tool, then answers.
 _PAUSING = json.dumps(

@@ -18,9 +18,9 @@ from test_takeover import _holder_flow, _kill, _start_holder
 from warm_python import WarmPython
 
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore, workflow_key
+from prefect_coder.flows.common.holders import holder_run_id
+from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.holders import holder_run_id
-from prefect_coder.flows.parts.params import WorkflowSettings
 
 
 async def test_recover_turn_takes_over_a_crashed_runs_lease(

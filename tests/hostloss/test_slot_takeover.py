@@ -30,11 +30,11 @@ from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.flows.common.holders import holder_run_id, holder_workflow_id
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW
+from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
-from prefect_coder.flows.parts.holders import holder_run_id, holder_workflow_id
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.turn_slot import SLOT_PREFIX
+from prefect_coder.flows.fleet.slots import SLOT_PREFIX
 
 CAP = 2
 TTL = 60.0  # the dead slots' ttl: the test is over long before it could lapse

@@ -25,8 +25,8 @@ from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
-from prefect_coder.flows.parts.errors import WorkflowBusyError
-from prefect_coder.flows.parts.holders import (
+from prefect_coder.flows.common.errors import TurnSlotUnavailableError, WorkflowBusyError
+from prefect_coder.flows.common.holders import (
     RUN_MARK,
     WORKFLOW_MARK,
     holder_run_id,
@@ -34,9 +34,9 @@ from prefect_coder.flows.parts.holders import (
     holder_workflow_id,
     run_holder,
 )
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.resources import hold_workflow_lease
-from prefect_coder.flows.parts.turn_slot import TurnSlotUnavailableError, slot_key, turn_slot
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.common.resources import hold_workflow_lease
+from prefect_coder.flows.fleet.slots import slot_key, turn_slot
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 600.0  # far longer than the test: only a takeover can free the rows in time
@@ -44,9 +44,9 @@ TTL = 600.0  # far longer than the test: only a takeover can free the rows in ti
 _HOLDER = """
 import asyncio, sys
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.resources import hold_workflow_lease
-from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.common.resources import hold_workflow_lease
+from prefect_coder.flows.fleet.slots import turn_slot
 
 async def main():
     url, tenant, wf, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

@@ -14,9 +14,9 @@ from model_env import TOKEN
 from coder_chat.emulator import Emulator
 from coder_chat.gateway import GatewayAuthError
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-from prefect_coder.flows.parts.params import Step, WorkflowSettings
-from prefect_coder.flows.parts.results import TurnResult
 from prefect_coder.flows.turn.approval_step import ApprovalResult
 from prefect_coder.flows.turn.model_step import ModelStepResult
 

@@ -37,7 +37,7 @@ from recovery_env import FAST_ENV, TOKEN, PrefectEnv, api_ca_bundle  # noqa: E40
 
 from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore  # noqa: E402
-from prefect_coder.flows.parts.params import WorkflowSettings  # noqa: E402
+from prefect_coder.flows.common.params import WorkflowSettings  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -30,8 +30,8 @@ from typing import Any
 
 def run_once(crash_at: str, spec: dict[str, Any]) -> int:
     from coder_chat.crash_safe import add_crash_hook
+    from prefect_coder.flows.common.params import Step, WorkflowSettings
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
     name, _, nth = crash_at.partition(":")
     # "<point>:<n>+<seconds>": SIGKILL that long AFTER the point (e.g. with a request

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
@@ -220,8 +220,8 @@ async def run_workflow(
     workflow_id: str, steps: list[Step], settings: WorkflowSettings
 ) -> list[Any]:
     """``agent_workflow`` whose steps are all agent turns: their ``TurnResult`` list."""
+    from prefect_coder.flows.common.results import TurnResult
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow
-    from prefect_coder.flows.parts.results import TurnResult
 
     results = await agent_workflow(workflow_id, steps, settings)
     assert all(isinstance(r, TurnResult) for r in results), results
@@ -484,7 +484,7 @@ async def check(
         allowed = 1 + case.extra_turns if s.name in case.may_resubmit else 1
         assert 1 <= on_main <= allowed, (s.name, user_texts(emu, main))
     # The crashed first attempt's chat is the one the workflow ends on
-    # (flows/parts/orphan_check.py adopts it), never an orphan beside a fresh chat.
+    # (flows/recovery/orphans.py adopts it), never an orphan beside a fresh chat.
     assert ids == [main], [(c["id"], user_texts(emu, c["id"])) for c in chats]
     for _ in range(100):
         live = [c["id"] for c in chats_of(emu, workflow_id) if c["status"] in LIVE]

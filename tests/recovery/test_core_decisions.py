@@ -341,7 +341,7 @@ def _msg(mid: int, role: str, text: str) -> dict[str, object]:
 
 
 def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() -> None:
-    from prefect_coder.flows.parts.unfinished_attempt import locate_step
+    from prefect_coder.flows.recovery.before_send import locate_step
 
     history = [
         _msg(1, "user", "[w/a] first"),
@@ -365,7 +365,7 @@ def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() 
 
 def test_an_archived_chats_newest_attempt_is_trusted_only_on_positive_evidence() -> None:
     from prefect_coder.blocks import JournalEntry
-    from prefect_coder.flows.parts.unfinished_attempt import archived_tail_finished
+    from prefect_coder.flows.recovery.before_send import archived_tail_finished
 
     def e(state: str, attempt: int, marker: str = "[w/s]") -> JournalEntry:
         return JournalEntry(state=state, marker=marker, attempt=attempt)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ from payments import Payments
 
 from coder_chat.emulator import Emulator
 from coder_chat.recovery import ToolOutcomeLostError
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.turn.durable_turn import StructuredAnswerError
 
 #: How long the scripted model keeps generating after the crash: long enough that the

@@ -19,7 +19,7 @@ from payments import Payments
 from recovery_env import PrefectEnv
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 MODES = ["recover-turn"]
 

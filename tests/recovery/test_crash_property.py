@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from payments import Payments
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings
 
 FIRST = [
     "turn.before_create:1",

@@ -65,11 +65,11 @@ from recovery_env import ROOT, PrefectEnv
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.common.toolset import Toolset
 from prefect_coder.flows.deployments.agent_turn import agent_turn
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.toolset import Toolset
 
 FINAL = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]
 

@@ -8,7 +8,7 @@ import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 
 HORIZON_S = 6.0
 LATE_COMMIT_S = 3.0

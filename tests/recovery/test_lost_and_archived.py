@@ -36,9 +36,9 @@ from recovery_env import PrefectEnv
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
-from prefect_coder.flows.parts.resources import load_resources
-from prefect_coder.flows.parts.retire import retire_workflow_chat
+from prefect_coder.flows.common.params import WorkflowSettings, step_marker
+from prefect_coder.flows.common.resources import load_resources
+from prefect_coder.flows.recovery.retire import retire_workflow_chat
 
 
 def _turns(emu: Emulator, chat_id: str, workflow_id: str, step: str) -> int:

@@ -19,7 +19,7 @@ from payments import Payments
 from test_crash_followups import _charge, _interrupts, _pay, _transcript, assert_finished_once
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import WorkflowSettings, step_marker
 
 #: The continuation's model work after the lost response: longer than the failed
 #: run's exit and the rerun's start, so the rerun finds it live; shorter than the

@@ -10,8 +10,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.params import WorkflowSettings, step_marker
 from prefect_coder.flows.deployments.recover_turn import recover_turn
-from prefect_coder.flows.parts.params import WorkflowSettings, step_marker
 
 
 async def test_nothing_to_recover(settings: WorkflowSettings, workflow_id: str) -> None:

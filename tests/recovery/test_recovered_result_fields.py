@@ -16,7 +16,7 @@ from __future__ import annotations
 from crash_matrix import STEPS, ForkServer, child_spec, crash_to_chat, run_workflow, turn_record
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 
 async def test_a_recovered_result_has_the_turns_message_ids_and_usage(

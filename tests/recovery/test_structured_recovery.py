@@ -8,7 +8,7 @@ import pytest
 from crash_matrix import ForkServer, child_spec, directive, run_workflow, user_texts
 
 from coder_chat.emulator import Emulator
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 
 PLAN = {"summary": "Pin the date parser.", "files": ["dates.py"], "risk": "low"}
 STEPS = [

@@ -363,8 +363,8 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
     # the journal naming an earlier step proves this one never sent. Against a
     # server that is not there, any read would fail.
     from coder_chat.errors import CoderTransportError
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-    from prefect_coder.flows.parts.unfinished_attempt import (
+    from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+    from prefect_coder.flows.recovery.before_send import (
         earlier_steps,
         recover_before_send,
         recovery_timings,

@@ -28,7 +28,7 @@ from recovery_env import TOKEN
 
 from coder_chat.emulator import Emulator, Script
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 
 #: The step's turn deadline: the first attempt's model sleeps far past it.
 TURN_S = 3.0

@@ -24,7 +24,7 @@ from sqlalchemy import event
 
 from prefect_coder.blocks import StateStore, workflow_key
 from prefect_coder.blocks.state.records import JournalEntry
-from prefect_coder.flows.parts.turn_slot import turn_slot
+from prefect_coder.flows.fleet.slots import turn_slot
 
 
 def _trace(store: StateStore) -> list[str]:

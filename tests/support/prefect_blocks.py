@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.parts.params import WorkflowSettings
+from prefect_coder.flows.common.params import WorkflowSettings
 
 __all__ = ["QUICK_SETTINGS", "emulator_credentials", "save_settings"]
 

@@ -18,8 +18,8 @@ import pytest
 
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import ChatStateStore, StateStore
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.sweeps.options import SweepOptions
 
 _FLOWS_TESTS = Path(__file__).resolve().parents[1] / "flows"
 if str(_FLOWS_TESTS) not in sys.path:

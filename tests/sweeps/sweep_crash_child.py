@@ -29,8 +29,8 @@ def main() -> int:
 
     add_crash_hook(hook)
 
+    from prefect_coder.flows.common.params import Step, WorkflowSettings
     from prefect_coder.flows.deployments.agent_turn import agent_turn
-    from prefect_coder.flows.parts.params import Step, WorkflowSettings
 
     spec = json.loads(os.environ["SWEEP_SPEC"])
     asyncio.run(

@@ -9,7 +9,7 @@ from typing import Any
 from coder_chat.models import ChatInputPart, CreateChatRequest, DynamicToolDefinition
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.labels import chat_labels
+from prefect_coder.flows.common.labels import chat_labels
 
 ORG_FIELD = "organization_id"
 

@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefect_coder.flows.parts.labels import (
+from prefect_coder.flows.common.labels import (
     COLLECTION,
     LABEL_COLLECTION,
     LABEL_FLOW_RUN,

@@ -15,18 +15,18 @@ from coder_chat.errors import CoderStreamError
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore, workflow_key
-from prefect_coder.flows.deployments.agent_turn import agent_turn
-from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
-from prefect_coder.flows.parts.labels import (
+from prefect_coder.flows.common.labels import (
     COLLECTION,
     LABEL_COLLECTION,
     LABEL_FLOW_RUN,
     LABEL_WORKFLOW,
     chat_labels,
 )
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.sweep_options import SweepOptions
-from prefect_coder.flows.parts.sweep_run import run_orphan_sweep
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.deployments.agent_turn import agent_turn
+from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+from prefect_coder.flows.sweeps.options import SweepOptions
+from prefect_coder.flows.sweeps.run import run_orphan_sweep
 
 # Long enough to still be running after a sweep on a loaded machine; every test
 # retires its SLOW chats, so the length costs no time.

@@ -8,10 +8,10 @@ from sweep_helpers import new_chat, ours, wait_status
 
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import ChatStateStore, StateStore, workflow_key
+from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.sweep_options import SweepOptions
+from prefect_coder.flows.sweeps.options import SweepOptions
 
 
 @pytest.fixture

@@ -60,18 +60,18 @@ from test_crash_followups import (  # noqa: E402
 
 from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, StateStore  # noqa: E402
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker  # noqa: E402
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings  # noqa: E402
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns  # noqa: E402
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker  # noqa: E402
-from prefect_coder.flows.parts.sweep_options import SweepOptions  # noqa: E402
-from prefect_coder.flows.parts.sweep_plan import (  # noqa: E402
+from prefect_coder.flows.sweeps.options import SweepOptions  # noqa: E402
+from prefect_coder.flows.sweeps.plan import (  # noqa: E402
     Action,
     SweepDecision,
     crashed_attempt_left,
     crashed_attempt_refinement,
     step_turn_s,
 )
-from prefect_coder.flows.parts.sweep_report import SweepReport, SweepRow  # noqa: E402
+from prefect_coder.flows.sweeps.report import SweepReport, SweepRow  # noqa: E402
 
 #: The continuation the kill leaves running: long enough that the sweep (after the
 #: dead run's 1 s lease lapses) and the rerun find it live on a loaded machine.

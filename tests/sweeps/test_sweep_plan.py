@@ -3,8 +3,8 @@ period, stuck-turn budgets, and the paused/busy refinements."""
 
 from __future__ import annotations
 
-from prefect_coder.flows.parts.labels import chat_labels
-from prefect_coder.flows.parts.sweep_plan import (
+from prefect_coder.flows.common.labels import chat_labels
+from prefect_coder.flows.sweeps.plan import (
     Accounting,
     Action,
     ChatFacts,

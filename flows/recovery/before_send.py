@@ -55,11 +55,11 @@ from coder_chat.rest import ChatClient
 from coder_chat.results import GenerateResult
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import JournalEntry, StateStore
-from prefect_coder.flows.parts.artifacts import artifact_key
-from prefect_coder.flows.parts.orphan_check import adopt_or_strand_orphans
-from prefect_coder.flows.parts.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.parts.results import ToolCallRecord, TurnResult
-from prefect_coder.flows.parts.run_log import run_logger
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.results import ToolCallRecord, TurnResult
+from prefect_coder.flows.observe.artifacts import artifact_key
+from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans
 
 __all__ = [
     "SendPlan",
@@ -503,7 +503,7 @@ async def _on_archived(
     decisions.append(RecoveryDecision("archived", seen, "fresh chat", why))
     log = run_logger(__name__)
     # A crash after an earlier fresh chat was created but before it was checkpointed
-    # left an orphan holding this step: adopt it (flows/parts/orphan_check.py), as a
+    # left an orphan holding this step: adopt it (flows/recovery/orphans.py), as a
     # first turn does, instead of running the step in yet another chat; strand any
     # other (the archived chat is not listed, it is at rest).
     found = await adopt_or_strand_orphans(

@@ -64,8 +64,8 @@ from coder_chat.errors import CoderApiError
 from coder_chat.models import AT_REST_STATUSES, Chat
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import CoderCredentials, StateStore
-from prefect_coder.flows.parts.holders import holder_over, holder_workflow_id
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.common.holders import holder_over, holder_workflow_id
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 
 __all__ = [
     "BUSY_RECHECK_S",

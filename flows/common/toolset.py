@@ -27,8 +27,8 @@ from coder_chat.crash_safe import (
     needs_ledger,
 )
 from coder_chat.tools import STRUCTURED_OUTPUT_TOOL, ClientTool, StructuredOutput, structured_output
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.params import Step
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.params import Step
 
 __all__ = ["ResolvedTools", "Toolset", "bind_crash_safe"]
 

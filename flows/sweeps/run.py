@@ -34,14 +34,14 @@ from coder_chat.errors import CoderApiError
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.errors import WorkflowParameterError
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.resources import TurnResources, load_resources
-from prefect_coder.flows.parts.run_log import RunLogger, run_logger
-from prefect_coder.flows.parts.sweep_acting import SweepActor
-from prefect_coder.flows.parts.sweep_listing import list_owned_chats, store_accounting
-from prefect_coder.flows.parts.sweep_options import SweepOptions
-from prefect_coder.flows.parts.sweep_plan import (
+from prefect_coder.flows.common.errors import WorkflowParameterError
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.common.resources import TurnResources, load_resources
+from prefect_coder.flows.observe.run_log import RunLogger, run_logger
+from prefect_coder.flows.sweeps.acting import SweepActor
+from prefect_coder.flows.sweeps.listing import list_owned_chats, store_accounting
+from prefect_coder.flows.sweeps.options import SweepOptions
+from prefect_coder.flows.sweeps.plan import (
     Accounting,
     Action,
     ChatFacts,
@@ -49,8 +49,8 @@ from prefect_coder.flows.parts.sweep_plan import (
     plan_orphan,
     plan_stuck,
 )
-from prefect_coder.flows.parts.sweep_reconcile import Reconciler, reconcile_unavailable
-from prefect_coder.flows.parts.sweep_report import SweepReport
+from prefect_coder.flows.sweeps.reconcile import Reconciler, reconcile_unavailable
+from prefect_coder.flows.sweeps.report import SweepReport
 
 __all__ = [
     "DEFAULT_ACTION_BUDGET_S",

@@ -8,7 +8,7 @@ one worker-wide setting shared by every deployment — the ``prefect_coder.tools
 entry-point group of installed packages, or ``PREFECT_CODER_TOOL_MODULES`` —
 merged with a run's own ``WorkflowSettings.tool_modules``
 (:func:`load_tool_modules`). Unknown names fail in
-:func:`prefect_coder.flows.parts.params.validate_steps` before any chat exists.
+:func:`prefect_coder.flows.common.params.validate_steps` before any chat exists.
 
 Every registered tool runs behind the write-ahead tool ledger in a durable
 workflow (crash-safe by default); ``pure=True`` declares one side-effect free.
@@ -16,7 +16,7 @@ workflow (crash-safe by default); ``pure=True`` declares one side-effect free.
 Usage::
 
     from pydantic import BaseModel
-    from prefect_coder.flows.parts.registry import output_model, registered_tool
+    from prefect_coder.flows.common.registry import output_model, registered_tool
 
     class Args(BaseModel):
         build_id: str
@@ -44,7 +44,7 @@ from pydantic import BaseModel
 
 from coder_chat import crash_safe
 from coder_chat.tools import ClientTool, client_tool
-from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.common.errors import WorkflowParameterError
 
 __all__ = [
     "TOOLS_ENTRY_POINT_GROUP",
@@ -95,7 +95,7 @@ def registered_tool(
     """Decorator: build a client tool with ``coder_chat.tools.client_tool`` and register it.
 
     In a durable workflow every registered tool runs behind the write-ahead tool
-    ledger (crash-safe by default; see :func:`prefect_coder.flows.parts.toolset.bind_crash_safe`):
+    ledger (crash-safe by default; see :func:`prefect_coder.flows.common.toolset.bind_crash_safe`):
     ``ctx.idempotency_key`` is the ledger key and stays the same when recovery
     re-drives a call whose process died after the effect. Pass ``pure=True`` for a
     side-effect-free tool (a lookup, a computation): it skips the ledger, and

@@ -36,9 +36,9 @@ from coder_chat.models import Chat, ChatMessage
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
-from prefect_coder.flows.parts.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
-from prefect_coder.flows.parts.retry import is_retryable_failure
-from prefect_coder.flows.parts.run_log import RunLogger, run_logger
+from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.common.retry import is_retryable_failure
+from prefect_coder.flows.observe.run_log import RunLogger, run_logger
 
 __all__ = ["OrphanCheck", "adopt_or_strand_orphans", "may_have_orphans", "strand_workflow_orphans"]
 

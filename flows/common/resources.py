@@ -2,7 +2,7 @@
 
 Both are loaded once per flow run and handed to every turn. Every way this can
 go wrong (missing block, bad URL, no credentials in the environment) becomes a
-:class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` naming the settings field — before
+:class:`~prefect_coder.flows.common.errors.WorkflowParameterError` naming the settings field — before
 any chat is created.
 """
 
@@ -30,11 +30,11 @@ from prefect_coder.blocks import (
     workflow_key,
 )
 from prefect_coder.blocks.state.store import StateStore
-from prefect_coder.flows.parts.errors import WorkflowBusyError, WorkflowParameterError
-from prefect_coder.flows.parts.holders import holder_run_over, run_holder
-from prefect_coder.flows.parts.observe import TransportRouter, TurnObserver
-from prefect_coder.flows.parts.params import WorkflowSettings, validate_base_url
-from prefect_coder.flows.parts.turn_finish_log import quiet_routine_turn_finish
+from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.common.holders import holder_run_over, run_holder
+from prefect_coder.flows.common.params import WorkflowSettings, validate_base_url
+from prefect_coder.flows.observe.finish_log import quiet_routine_turn_finish
+from prefect_coder.flows.observe.observer import TransportRouter, TurnObserver
 
 __all__ = [
     "FREEZE_ENV",
@@ -169,7 +169,7 @@ async def load_resources(settings: WorkflowSettings) -> TurnResources:
     """Credentials and store for a workflow run (the first load of a process freezes
     its start-up heap: :func:`freeze_startup_heap`, and drops Prefect's routine
     "Finished in state Completed()" line of its turns:
-    :func:`~prefect_coder.flows.parts.turn_finish_log.quiet_routine_turn_finish`)."""
+    :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`)."""
     freeze_startup_heap()
     quiet_routine_turn_finish()
     return TurnResources(await load_credentials(settings), await load_store(settings))

@@ -8,9 +8,9 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.events import emit_event
 from pydantic import BaseModel, Field
 
-from prefect_coder.flows.parts.observe import chat_resource
-from prefect_coder.flows.parts.run_log import RunLogger
-from prefect_coder.flows.parts.sweep_plan import Action, SweepDecision
+from prefect_coder.flows.observe.observer import chat_resource
+from prefect_coder.flows.observe.run_log import RunLogger
+from prefect_coder.flows.sweeps.plan import Action, SweepDecision
 
 __all__ = [
     "SweepReport",

@@ -11,13 +11,16 @@ import hashlib
 import json
 import re
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.artifacts import MarkdownArtifact
 from prefect.utilities.context import get_task_and_flow_run_ids
 
-from prefect_coder.flows.parts.background import defer
-from prefect_coder.flows.parts.results import TurnResult
+from prefect_coder.flows.observe.background import defer
+
+if TYPE_CHECKING:
+    # Type-only: observe sits below common (common.resources wires the observers).
+    from prefect_coder.flows.common.results import TurnResult
 
 __all__ = ["artifact_key", "chat_web_url", "publish_turn_artifact", "render_turn_markdown"]
 
@@ -106,7 +109,7 @@ def render_turn_markdown(result: TurnResult, prompt: str, *, base_url: str | Non
 
 def publish_turn_artifact(result: TurnResult, prompt: str, *, base_url: str | None = None) -> None:
     """Create the turn's markdown artifact for the current task run, in this loop's
-    next background batch (see :mod:`prefect_coder.flows.parts.background`): the
+    next background batch (see :mod:`prefect_coder.flows.observe.background`): the
     rendering and the API call both happen off the turn's path."""
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
 

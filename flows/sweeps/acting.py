@@ -20,9 +20,10 @@ from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
-from prefect_coder.flows.parts.run_log import RunLogger
-from prefect_coder.flows.parts.sweep_options import SweepOptions
-from prefect_coder.flows.parts.sweep_plan import (
+from prefect_coder.flows.observe.run_log import RunLogger
+from prefect_coder.flows.recovery.before_send import journal_cut_short
+from prefect_coder.flows.sweeps.options import SweepOptions
+from prefect_coder.flows.sweeps.plan import (
     CRASHED_ATTEMPT_STATUSES,
     Action,
     SweepDecision,
@@ -32,9 +33,8 @@ from prefect_coder.flows.parts.sweep_plan import (
     paused_refinement,
     step_turn_s,
 )
-from prefect_coder.flows.parts.sweep_reconcile import Reconciler, ReconcileRequest
-from prefect_coder.flows.parts.sweep_report import SweepReport, emit_chat_event
-from prefect_coder.flows.parts.unfinished_attempt import journal_cut_short
+from prefect_coder.flows.sweeps.reconcile import Reconciler, ReconcileRequest
+from prefect_coder.flows.sweeps.report import SweepReport, emit_chat_event
 
 __all__ = ["ChatNotArchivedError", "SweepActor", "bring_to_rest"]
 

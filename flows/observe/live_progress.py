@@ -1,7 +1,7 @@
 """Live progress of a running turn: one markdown artifact, updated at a bounded rate.
 
 A real turn runs for minutes and its finished-turn artifact
-(:mod:`prefect_coder.flows.parts.artifacts`) appears only at the end. While the
+(:mod:`prefect_coder.flows.observe.artifacts`) appears only at the end. While the
 turn runs, :class:`LiveProgress` keeps a small picture of it — the text streamed
 so far (its tail), each tool call and its state, retries and redials, the chat's
 status — and publishes it as one markdown artifact of the task run, created once
@@ -39,8 +39,8 @@ from prefect.utilities.context import get_task_and_flow_run_ids
 
 from coder_chat.core.fields import field
 from coder_chat.events import SegmentSettle, TransportEvent, WsEvent, WsRedial
-from prefect_coder.flows.parts.artifacts import chat_web_url
-from prefect_coder.flows.parts.background import spawn
+from prefect_coder.flows.observe.artifacts import chat_web_url
+from prefect_coder.flows.observe.background import spawn
 
 __all__ = ["INTERVAL_ENV", "LiveProgress", "ToolState", "progress_interval_s"]
 

@@ -9,8 +9,8 @@ from coder_chat.errors import is_transient
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.labels import scope_labels
-from prefect_coder.flows.parts.sweep_plan import Accounting
+from prefect_coder.flows.common.labels import scope_labels
+from prefect_coder.flows.sweeps.plan import Accounting
 
 __all__ = ["LISTING_RETRY_BACKOFF_S", "list_owned_chats", "store_accounting"]
 

@@ -18,11 +18,11 @@ from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.params import WorkflowSettings
-from prefect_coder.flows.parts.resources import TurnResources, hold_workflow_lease
-from prefect_coder.flows.parts.run_log import run_logger
-from prefect_coder.flows.parts.unfinished_attempt import journal_cut_short
+from prefect_coder.flows.common.params import WorkflowSettings
+from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease
+from prefect_coder.flows.observe.observer import TurnObserver
+from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.before_send import journal_cut_short
 
 __all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
 
@@ -196,7 +196,7 @@ async def retire_workflow_chat(
                 # The checkpoint still names the chat: keep its journal entry. A
                 # rerun whose step results were lost recovers them from the archived
                 # chat's history, and the entry is what says whether its newest
-                # attempt finished (flows/parts/unfinished_attempt.py). The ledger
+                # attempt finished (flows/recovery/before_send.py). The ledger
                 # guards nothing on a chat that can never pause again.
                 await store.turns.forget_tools(chat_id)
             else:

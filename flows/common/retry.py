@@ -3,7 +3,7 @@
 ``retryable`` means the *failure* is transient, not that a re-run is free: a
 re-run resubmits the prompt as a new user turn. So only transient failures are
 retried, and every resubmission on a checkpointed chat first goes through
-:func:`prefect_coder.flows.parts.unfinished_attempt.recover_before_send` (settle-wait,
+:func:`prefect_coder.flows.recovery.before_send.recover_before_send` (settle-wait,
 ledger reconcile, result recovery) — never straight back onto a possibly live run.
 
 Network failures (:class:`~coder_chat.errors.CoderTransportError`: a reset
@@ -25,7 +25,7 @@ from typing import Any
 from prefect.states import State
 
 from coder_chat.errors import CoderChatError, CoderStreamError, is_transient
-from prefect_coder.flows.parts.turn_slot import TurnSlotLostError
+from prefect_coder.flows.common.errors import TurnSlotLostError
 
 __all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from prefect.events import emit_event
 
 from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
-from prefect_coder.flows.parts import background
+from prefect_coder.flows.observe import background
 
 if TYPE_CHECKING:
-    from prefect_coder.flows.parts.live_progress import LiveProgress
+    from prefect_coder.flows.observe.live_progress import LiveProgress
 
 __all__ = ["OperatorNote", "TransportRouter", "TurnObserver", "chat_resource", "describe"]
 
@@ -170,7 +170,7 @@ class TurnObserver:
         """Emit a Prefect event about this turn (errors are logged, never raised).
 
         ``deferred``: build and queue it in the loop's next background batch
-        (:func:`prefect_coder.flows.parts.background.defer`) instead of now, off the
+        (:func:`prefect_coder.flows.observe.background.defer`) instead of now, off the
         turn's path; it keeps the time it happened and the run context it happened
         in (its task run stays a related resource), and the flow's end flushes it.
         """

@@ -65,14 +65,13 @@ from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state.leases import RELEASED, acquire_direct
 from prefect_coder.blocks.state.schema import leases as lease_table
 from prefect_coder.blocks.state.sqlite_pool import driver_rows
-from prefect_coder.flows.parts.holders import holder_workflow_id, holders_over, run_holder
-from prefect_coder.flows.parts.observe import TurnObserver
-from prefect_coder.flows.parts.slot_takeover import Verdict, judge_dead_slot
+from prefect_coder.flows.common.errors import TurnSlotLostError, TurnSlotUnavailableError
+from prefect_coder.flows.common.holders import holder_workflow_id, holders_over, run_holder
+from prefect_coder.flows.fleet.takeover import Verdict, judge_dead_slot
+from prefect_coder.flows.observe.observer import TurnObserver
 
 __all__ = [
     "SLOT_PREFIX",
-    "TurnSlotLostError",
-    "TurnSlotUnavailableError",
     "busy_slots",
     "confirm_turn_slot",
     "turn_slot",
@@ -87,43 +86,6 @@ WAITING_STATE_NAME = "WaitingForTurnSlot"
 SHOW_WAITING_AFTER_S = 1.0
 #: Private: the global ``random`` is shared with (and reseeded by) other code.
 _rng = random.Random()
-
-
-class TurnSlotUnavailableError(RuntimeError):
-    """No turn slot became free within ``turn_slot_wait`` (the fleet is at its cap)."""
-
-    def __init__(self, cap: int, waited_s: float) -> None:
-        self.cap = cap
-        self.waited_s = waited_s
-        super().__init__(
-            f"no turn slot became free in {waited_s:.1f}s: all {cap} slots of "
-            "CoderCredentials.max_concurrent_turns stayed busy. Raise turn_slot_wait, raise "
-            "max_concurrent_turns (within the deployment's chat capacity), or start fewer "
-            "workflows at once."
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.cap, self.waited_s))
-
-
-class TurnSlotLostError(RuntimeError):
-    """The turn's slot was taken over before the turn sent its prompt: its process
-    stalled past ``turn_slot_ttl`` after claiming it, and a waiter took it. Nothing
-    was sent; the task is retried (and waits for a slot again)."""
-
-    def __init__(self, index: int, stale_s: float) -> None:
-        self.index = index
-        self.stale_s = stale_s
-        super().__init__(
-            f"turn slot {index} was taken over before this turn sent anything (not "
-            f"renewed for {stale_s:.1f}s: the process stalled past "
-            "CoderCredentials.turn_slot_ttl); nothing was sent and the turn is retried. "
-            "If this repeats, the worker is starved: give it more CPU or raise "
-            "turn_slot_ttl."
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.index, self.stale_s))
 
 
 @dataclass

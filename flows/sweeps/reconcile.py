@@ -6,7 +6,7 @@ crash-recovery code a workflow's own recovery uses.
 
 When the pause is a checkpointed step's crashed attempt within its turn deadline
 (``ReconcileRequest.run_unstarted``, decided by
-:func:`prefect_coder.flows.parts.sweep_plan.crashed_attempt_refinement`), a call
+:func:`prefect_coder.flows.sweeps.plan.crashed_attempt_refinement`), a call
 with no ledger entry (it never ran) is run through the ledger too, not cut
 short — the rule the workflow's own recovery follows
 (:func:`coder_chat.core.follow.crashed_pause_budget`). Cutting it short made the
@@ -26,9 +26,9 @@ from coder_chat.history import fetch_turn
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import JournalEntry, StateStore
-from prefect_coder.flows.parts import registry
-from prefect_coder.flows.parts.run_log import run_logger
-from prefect_coder.flows.parts.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.common import registry
+from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
+from prefect_coder.flows.observe.run_log import run_logger
 
 __all__ = ["ReconcileRequest", "Reconciler", "reconcile_unavailable", "reconcile_with_ledger"]
 

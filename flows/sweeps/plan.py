@@ -1,6 +1,6 @@
 """What the sweeps do with each chat, and why — pure decisions, no I/O.
 
-The shell (:mod:`prefect_coder.flows.parts.sweep_run`) lists the chats this collection
+The shell (:mod:`prefect_coder.flows.sweeps.run`) lists the chats this collection
 labelled, reads the state store once, and asks these functions what to do with every chat; each
 answer carries its reason, which ends up in the run's table artifact.
 
@@ -51,7 +51,7 @@ from enum import StrEnum
 from typing import Any
 
 from coder_chat.core.follow import crashed_pause_budget
-from prefect_coder.flows.parts.labels import owned_by, workflow_of
+from prefect_coder.flows.common.labels import owned_by, workflow_of
 
 __all__ = [
     "BUSY_STATUSES",

@@ -3,7 +3,7 @@
 The models are plain pydantic so Prefect renders them as typed forms in the UI
 and stores them as JSON parameters. Semantic checks (registry look-ups, empty
 step lists, duplicate names) live in :func:`validate_steps` so that every
-failure becomes a :class:`~prefect_coder.flows.parts.errors.WorkflowParameterError` naming the field
+failure becomes a :class:`~prefect_coder.flows.common.errors.WorkflowParameterError` naming the field
 and the fix — raised before any chat exists.
 """
 
@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prefect_coder.flows.parts.errors import WorkflowParameterError
+from prefect_coder.flows.common.errors import WorkflowParameterError
 
 __all__ = [
     "Step",
@@ -268,7 +268,7 @@ def validate_steps(
                     f"{where}.tools[{j}]",
                     f"no client tool named {tool!r} is registered "
                     f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
-                    "register it with @prefect_coder.flows.parts.registry.registered_tool in a tool "
+                    "register it with @prefect_coder.flows.common.registry.registered_tool in a tool "
                     "module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a "
                     "'prefect_coder.tools' entry point), or fix the name",
                 )
@@ -277,7 +277,7 @@ def validate_steps(
                 f"{where}.output_model",
                 f"no output model named {step.output_model!r} is registered "
                 f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
-                "register it with @prefect_coder.flows.parts.registry.output_model in a tool module "
+                "register it with @prefect_coder.flows.common.registry.output_model in a tool module "
                 "(settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a 'prefect_coder.tools' "
                 "entry point), or fix the name",
             )
@@ -290,7 +290,7 @@ def validate_toolset(
     output_model_names: set[str],
     field: str = "workflow_tools",
 ) -> None:
-    """Check a workflow tool set (``prefect_coder.flows.parts.toolset.Toolset``) against the registry."""
+    """Check a workflow tool set (``prefect_coder.flows.common.toolset.Toolset``) against the registry."""
     for j, tool in enumerate(getattr(toolset, "tools", [])):
         if tool not in tool_names:
             raise WorkflowParameterError(

@@ -7,7 +7,12 @@ parameters, so they must be actionable without reading code.
 
 from __future__ import annotations
 
-__all__ = ["WorkflowBusyError", "WorkflowParameterError"]
+__all__ = [
+    "TurnSlotLostError",
+    "TurnSlotUnavailableError",
+    "WorkflowBusyError",
+    "WorkflowParameterError",
+]
 
 
 class WorkflowParameterError(ValueError):
@@ -47,3 +52,40 @@ class WorkflowBusyError(RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.workflow_id, self.waited_s))
+
+
+class TurnSlotUnavailableError(RuntimeError):
+    """No turn slot became free within ``turn_slot_wait`` (the fleet is at its cap)."""
+
+    def __init__(self, cap: int, waited_s: float) -> None:
+        self.cap = cap
+        self.waited_s = waited_s
+        super().__init__(
+            f"no turn slot became free in {waited_s:.1f}s: all {cap} slots of "
+            "CoderCredentials.max_concurrent_turns stayed busy. Raise turn_slot_wait, raise "
+            "max_concurrent_turns (within the deployment's chat capacity), or start fewer "
+            "workflows at once."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.cap, self.waited_s))
+
+
+class TurnSlotLostError(RuntimeError):
+    """The turn's slot was taken over before the turn sent its prompt: its process
+    stalled past ``turn_slot_ttl`` after claiming it, and a waiter took it. Nothing
+    was sent; the task is retried (and waits for a slot again)."""
+
+    def __init__(self, index: int, stale_s: float) -> None:
+        self.index = index
+        self.stale_s = stale_s
+        super().__init__(
+            f"turn slot {index} was taken over before this turn sent anything (not "
+            f"renewed for {stale_s:.1f}s: the process stalled past "
+            "CoderCredentials.turn_slot_ttl); nothing was sent and the turn is retried. "
+            "If this repeats, the worker is starved: give it more CPU or raise "
+            "turn_slot_ttl."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.index, self.stale_s))

@@ -1,0 +1,7 @@
+"""Bringing a crashed or unfinished attempt of a step to an end before anything new is
+sent, and retiring a workflow's chats at its end.
+
+Open first: ``before_send.py`` (recover_before_send: follow, read or resubmit an earlier
+attempt), ``orphans.py`` (adopt a first turn's orphan), ``eager_checkpoint.py``,
+``retire.py``.
+"""
