@@ -235,7 +235,8 @@ async def store_work(url: str, mode: str, n: int = 200) -> tuple[float, float]:
     turns on one checkpointed chat: ``four`` = the single-purpose calls the turn made
     before ``store.turns`` (checkpoint get, journal get, journal set, checkpoint set),
     ``turns`` = ``store.turns.begin`` + ``store.turns.record``."""
-    from prefect_coder.blocks import JournalEntry, StateStore
+    from prefect_coder.blocks import StateStore
+    from prefect_coder.blocks.state import JournalEntry
 
     store = StateStore(url, tenant=f"micro-{uuid.uuid4().hex[:8]}")
 

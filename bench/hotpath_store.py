@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prefect_coder.blocks import StateStore, workflow_key  # noqa: E402
+from prefect_coder.blocks import StateStore  # noqa: E402
+from prefect_coder.blocks.state import workflow_key  # noqa: E402
 from prefect_coder.flows.fleet.slots import turn_slot  # noqa: E402
 from prefect_coder.flows.recovery import retire as retire_mod  # noqa: E402
 from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint  # noqa: E402

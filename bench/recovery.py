@@ -84,7 +84,8 @@ async def main(args: argparse.Namespace) -> None:
     from coder_chat.models import ChatInputPart, CreateChatRequest
     from coder_chat.recovery import RecoveryTimings, TurnRecovery
     from coder_chat.rest import ChatClient
-    from prefect_coder.blocks import ChatStateStore, CoderCredentials, JournalEntry, StateStore
+    from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+    from prefect_coder.blocks.state import JournalEntry
     from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
     from prefect_coder.flows.common.results import TurnResult
     from prefect_coder.flows.deployments.agent_workflow import agent_workflow

@@ -1,9 +1,9 @@
 """Prefect blocks of prefect-coder: ``CoderCredentials`` and ``ChatStateStore``.
 
 Imported by the ``prefect.collections`` entry point and by
-``prefect block register -m blocks``.
+``prefect block register -m prefect_coder.blocks``.
 
-The state store's names (``StateStore``, ``HeldLease``, ``workflow_key`` …) are
+``StateStore`` (what ``ChatStateStore.get_store()`` returns) is
 imported on first access, not with this package: Prefect imports every installed
 collection in every process that looks a block or worker type up — each
 ``prefect worker start``, ``prefect deploy``, CLI call — and the store brings
@@ -17,49 +17,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .chat_state_store import ChatStateStore
-from .credentials import CoderCredentials
+from .credentials import CoderCredentials, InvalidCoderCredentialsError
 
 if TYPE_CHECKING:
-    from .state import (
-        Checkpoint,
-        HeldLease,
-        JournalEntry,
-        Lease,
-        LeaseLostError,
-        LeaseUnavailableError,
-        LedgerEntry,
-        SchemaVersionError,
-        StateStore,
-        StateStoreConfigError,
-        StateStoreError,
-        StoreTransaction,
-        StrandedChat,
-        chat_key,
-        workflow_key,
-    )
+    from .state import StateStore
 
-__all__ = [
-    "ChatStateStore",
-    "Checkpoint",
-    "CoderCredentials",
-    "HeldLease",
-    "JournalEntry",
-    "Lease",
-    "LeaseLostError",
-    "LeaseUnavailableError",
-    "LedgerEntry",
-    "SchemaVersionError",
-    "StateStore",
-    "StateStoreConfigError",
-    "StateStoreError",
-    "StoreTransaction",
-    "StrandedChat",
-    "chat_key",
-    "workflow_key",
-]
+#: The public names: the two blocks, what ``ChatStateStore.get_store()`` returns and
+#: the error a bad credentials block raises. The store's records, leases and keys are
+#: internal (``prefect_coder.blocks.state``); the product's errors are gathered in
+#: :mod:`prefect_coder.errors`.
+__all__ = ["ChatStateStore", "CoderCredentials", "InvalidCoderCredentialsError", "StateStore"]
 
 #: Names re-exported from ``.state``, imported on first access (see above).
-_FROM_STATE = frozenset(__all__) - {"ChatStateStore", "CoderCredentials"}
+_FROM_STATE = frozenset({"StateStore"})
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import StateType
 from prefect.context import FlowRunContext
 
-from prefect_coder.blocks import Lease
+from prefect_coder.blocks.state import Lease
 from prefect_coder.blocks.state.leases import default_holder
 
 __all__ = [

@@ -22,13 +22,8 @@ from pydantic import ValidationError
 
 from coder_chat.events import TransportEvent
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import (
-    ChatStateStore,
-    CoderCredentials,
-    HeldLease,
-    LeaseUnavailableError,
-    workflow_key,
-)
+from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.blocks.state import HeldLease, LeaseUnavailableError, workflow_key
 from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.common.holders import holder_run_over, run_holder

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from coder_chat.history import fetch_turn
 from coder_chat.recovery import TurnRecovery, timeline_origin
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry
+from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.params import (
     Step,

@@ -54,7 +54,8 @@ from coder_chat.recovery import Follower, RecoveryOutcome, RecoveryTimings, Turn
 from coder_chat.rest import ChatClient
 from coder_chat.results import GenerateResult
 from coder_chat.tools import ClientTool, StructuredOutput
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.common.results import ToolCallRecord, TurnResult
 from prefect_coder.flows.observe.artifacts import artifact_key

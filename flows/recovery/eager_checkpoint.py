@@ -19,7 +19,8 @@ from collections.abc import Callable
 from coder_chat.crash_safe import crash_point
 from coder_chat.events import HttpRequest, HttpResponse, TransportEvent, WsDial, WsEvent
 from coder_chat.tools import ToolContext
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 __all__ = ["EagerCheckpoint"]
 

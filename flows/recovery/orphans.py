@@ -35,7 +35,8 @@ from coder_chat.history import fetch_until
 from coder_chat.models import Chat, ChatMessage
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import HeldLease, JournalEntry
 from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
 from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger

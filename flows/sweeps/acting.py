@@ -19,7 +19,8 @@ from coder_chat.history import count_marker_attempts, fetch_until
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import LeaseUnavailableError, workflow_key
 from prefect_coder.flows.observe.run_log import RunLogger
 from prefect_coder.flows.recovery.before_send import journal_cut_short
 from prefect_coder.flows.sweeps.options import SweepOptions

@@ -25,7 +25,8 @@ from coder_chat.core.translator import pending_client_calls
 from coder_chat.history import fetch_turn
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.observe.run_log import run_logger

@@ -46,7 +46,8 @@ from coder_chat.history import fetch_until
 from coder_chat.rest import ChatClient
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
-from prefect_coder.blocks import HeldLease, JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import HeldLease, JournalEntry
 from prefect_coder.flows.common.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease, load_resources

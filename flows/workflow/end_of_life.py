@@ -15,7 +15,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events import emit_event
 from prefect.states import State
 
-from prefect_coder.blocks import LeaseLostError
+from prefect_coder.blocks.state import LeaseLostError
 from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.common.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.common.resources import TurnResources, load_resources

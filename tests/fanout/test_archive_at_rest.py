@@ -14,7 +14,7 @@ from fanout_env import fanout_items, fanout_settings
 
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
-from prefect_coder.blocks import JournalEntry
+from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common.resources import load_resources
 from prefect_coder.flows.deployments.agent_fanout import agent_fanout
 from prefect_coder.flows.recovery.retire import retire_workflow_chat

@@ -18,7 +18,8 @@ from support.prefect_blocks import emulator_credentials, save_settings
 
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
-from prefect_coder.blocks import CoderCredentials, StateStore, workflow_key
+from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common.labels import chat_labels
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -11,7 +11,8 @@ from flow_helpers import ROOT, emu_directive, user_messages
 from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import ChatStateStore, workflow_key
+from prefect_coder.blocks import ChatStateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.common.results import TurnResult
 

@@ -25,7 +25,8 @@ from flow_helpers import say, user_messages
 
 from coder_chat.crash_safe import add_crash_hook
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import CoderCredentials, LeaseLostError, StateStore, workflow_key
+from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks.state import LeaseLostError, workflow_key
 from prefect_coder.flows.common.labels import LABEL_WORKFLOW
 from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.common.resources import TurnResources

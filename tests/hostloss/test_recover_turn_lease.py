@@ -17,7 +17,8 @@ from prefect.states import Crashed, Running
 from test_takeover import _holder_flow, _kill, _start_holder
 from warm_python import WarmPython
 
-from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore, workflow_key
+from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common.holders import holder_run_id
 from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.recover_turn import recover_turn

@@ -24,7 +24,8 @@ from prefect.states import Cancelled, Crashed, Failed, Running
 from warm_python import Child, WarmPython
 
 from coder_chat.emulator import Emulator
-from prefect_coder.blocks import CoderCredentials, LeaseUnavailableError, StateStore, workflow_key
+from prefect_coder.blocks import CoderCredentials, StateStore
+from prefect_coder.blocks.state import LeaseUnavailableError, workflow_key
 from prefect_coder.flows.common.errors import TurnSlotUnavailableError, WorkflowBusyError
 from prefect_coder.flows.common.holders import (
     RUN_MARK,

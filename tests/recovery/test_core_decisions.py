@@ -364,7 +364,7 @@ def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() 
 
 
 def test_an_archived_chats_newest_attempt_is_trusted_only_on_positive_evidence() -> None:
-    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.blocks.state import JournalEntry
     from prefect_coder.flows.recovery.before_send import archived_tail_finished
 
     def e(state: str, attempt: int, marker: str = "[w/s]") -> JournalEntry:

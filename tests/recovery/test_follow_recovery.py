@@ -19,7 +19,8 @@ from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 #: Turn budget of these tests (the follow's bound); the scripted runs are shorter or
 #: far longer than it, never close to it.

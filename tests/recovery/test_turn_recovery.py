@@ -25,7 +25,8 @@ from coder_chat.models import (
 from coder_chat.recovery import RecoveryStore, RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from coder_chat.tools import ClientTool, ToolContext, client_tool, structured_output
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 FAST = RecoveryTimings(probe_bound=5.0, settle_budget=10.0, poll_interval=0.02, commit_horizon=0.5)
 

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from support.pg_databases import fresh_database
 
-from prefect_coder.blocks import JournalEntry, StateStore
-from prefect_coder.blocks.state import SCHEMA_VERSION
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import SCHEMA_VERSION, JournalEntry
 
 MARKER = "[wf/pay]"
 

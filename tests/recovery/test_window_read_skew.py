@@ -26,7 +26,8 @@ from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatMessageRequest
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 FAST = RecoveryTimings(probe_bound=5.0, settle_budget=10.0, poll_interval=0.02, commit_horizon=0.5)
 LATE_ANSWER = "The late answer."

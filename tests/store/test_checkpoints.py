@@ -82,7 +82,7 @@ async def test_concurrent_sets_leave_one_whole_checkpoint(store: StateStore) -> 
 
 
 async def test_transaction_commits_together_or_not_at_all(store: StateStore) -> None:
-    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.blocks.state import JournalEntry
 
     async with store.transaction() as tx:
         await tx.checkpoints.set("wf", "chat", 3)

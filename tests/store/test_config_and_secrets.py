@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from prefect_coder.blocks import JournalEntry, StateStore, StateStoreConfigError
-from prefect_coder.blocks.state import default_sqlite_path
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry, StateStoreConfigError, default_sqlite_path
 from prefect_coder.blocks.state.schema import ALL_TABLES
 
 

@@ -4,7 +4,8 @@ transaction), never inherited by an entry written without one — on both backen
 
 from __future__ import annotations
 
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 
 async def test_journal_set_get_round_trips_the_deadline_and_never_inherits_it(

@@ -7,7 +7,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 
 async def test_journal_get_set_supersede_clear(store: StateStore) -> None:

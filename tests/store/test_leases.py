@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from prefect_coder.blocks import Lease, LeaseUnavailableError, StateStore, chat_key, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import Lease, LeaseUnavailableError, chat_key, workflow_key
 
 
 async def test_acquire_renew_release(store: StateStore) -> None:
@@ -126,7 +127,7 @@ async def test_background_renewal_keeps_lease_past_ttl(store: StateStore) -> Non
 
 
 async def test_lost_lease_flag_set_by_renewal(store: StateStore) -> None:
-    from prefect_coder.blocks import LeaseLostError
+    from prefect_coder.blocks.state import LeaseLostError
 
     async with store.lease("k2", holder="A", ttl=0.15, renew_interval=0.25) as held:
         await asyncio.sleep(0.17)  # renewal too slow: the lease lapses...
@@ -188,7 +189,7 @@ async def test_confirm_is_free_while_renewed_and_renews_after_a_stall(store: Sta
 
 
 async def test_confirm_finds_a_lease_taken_over_while_stalled(store: StateStore) -> None:
-    from prefect_coder.blocks import LeaseLostError
+    from prefect_coder.blocks.state import LeaseLostError
 
     async with store.lease("k5", holder="A", ttl=0.2, renew_interval=60) as held:
         await asyncio.sleep(0.25)  # lapsed, no renewal ran...

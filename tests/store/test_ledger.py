@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from prefect_coder.blocks import LedgerEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import LedgerEntry
 
 
 async def test_begin_is_write_ahead_and_never_overwrites(store: StateStore) -> None:

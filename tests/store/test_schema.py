@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from support.pg_databases import fresh_database
 
-from prefect_coder.blocks import SchemaVersionError, StateStore
-from prefect_coder.blocks.state import SCHEMA_VERSION
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import SCHEMA_VERSION, SchemaVersionError
 from prefect_coder.blocks.state.schema import ALL_TABLES
 
 
@@ -127,7 +127,7 @@ _V1 = (
 async def test_a_version_1_database_gains_the_journal_deadline_and_keeps_its_rows(
     fresh_url: str, backend: str
 ) -> None:
-    from prefect_coder.blocks import JournalEntry
+    from prefect_coder.blocks.state import JournalEntry
     from prefect_coder.blocks.state import store as store_mod
 
     if backend == "sqlite":

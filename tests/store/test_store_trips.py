@@ -22,7 +22,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from prefect_coder.blocks import StateStore, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.blocks.state.records import JournalEntry
 from prefect_coder.flows.fleet.slots import turn_slot
 

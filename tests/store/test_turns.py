@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from prefect_coder.blocks import JournalEntry, StateStore
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry
 
 
 async def test_begin_without_checkpoint_writes_nothing(store: StateStore) -> None:

@@ -14,7 +14,8 @@ from coder_chat.emulator import Emulator
 from coder_chat.errors import CoderStreamError
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
-from prefect_coder.blocks import StateStore, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common.labels import (
     COLLECTION,
     LABEL_COLLECTION,

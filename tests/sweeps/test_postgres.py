@@ -7,7 +7,8 @@ import pytest
 from sweep_helpers import new_chat, ours, wait_status
 
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import ChatStateStore, StateStore, workflow_key
+from prefect_coder.blocks import ChatStateStore, StateStore
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns

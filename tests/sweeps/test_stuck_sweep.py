@@ -10,7 +10,8 @@ from sweep_helpers import new_chat, ours, snapshot, wait_status
 
 from coder_chat.emulator import Emulator
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks import JournalEntry, StateStore, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import JournalEntry, workflow_key
 from prefect_coder.flows.common.params import WorkflowSettings, step_marker
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
