@@ -12,6 +12,7 @@ from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .credentials_env import ENV_NAMES, read_coder_env
+from .errors import PrefectCoderError
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import BlockDocument
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from coder_chat.rest import ChatClient
 
 
-class InvalidCoderCredentialsError(RuntimeError):
+class InvalidCoderCredentialsError(PrefectCoderError, RuntimeError):
     """A saved ``CoderCredentials`` block holds values the block rejects (e.g. a
     ``base_url`` saved through the REST API or an older UI form with an ``ftp://``
     scheme). The message names each field and its fix, never the rejected value.

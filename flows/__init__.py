@@ -13,7 +13,7 @@ The public names, imported lazily from their layer (see docs/architecture.md):
 * :func:`agent_fanout` — many workflows in parallel within the turn cap (flow)
 * :func:`expire_approvals` — failure handler for timed-out approvals (flow)
 * :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult` — parameters and results
-* :mod:`prefect_coder.flows.common.registry` — client tools and output models by name
+* :mod:`prefect_coder.tools` — register client tools and output models by name
 
 Lazy, so that ``prefect_coder.flows.common.params`` and ``.parts.registry`` stay
 usable without importing Prefect's engine.

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from coder_chat.tools import ToolContext
-from prefect_coder.flows.common.registry import output_model, registered_tool
+from prefect_coder.tools import output_model, registered_tool
 
 __all__ = ["BuildQuery", "FixPlan", "Note", "lookup_build", "record_note"]
 

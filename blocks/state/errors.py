@@ -5,8 +5,10 @@ Every message names what to fix; none ever carries a password or token.
 
 from __future__ import annotations
 
+from ..errors import PrefectCoderError
 
-class StateStoreError(Exception):
+
+class StateStoreError(PrefectCoderError):
     """Base class for every state-store failure."""
 
 

@@ -1,4 +1,5 @@
-"""Errors raised by the Prefect layer itself (the client's errors live in ``coder_chat.errors``).
+"""Errors raised by the flows (all :class:`PrefectCoderError`; the client's errors live in
+``coder_chat.errors``, and :mod:`prefect_coder.errors` gathers the product's).
 
 Every message names the offending field and says how to fix it: these errors are
 what a person sees in the Prefect UI when a deployment is started with bad
@@ -6,6 +7,8 @@ parameters, so they must be actionable without reading code.
 """
 
 from __future__ import annotations
+
+from prefect_coder.blocks.errors import PrefectCoderError
 
 __all__ = [
     "TurnSlotLostError",
@@ -15,7 +18,7 @@ __all__ = [
 ]
 
 
-class WorkflowParameterError(ValueError):
+class WorkflowParameterError(PrefectCoderError, ValueError):
     """A flow/deployment parameter is invalid. Raised before any chat is created.
 
     ``field`` is the dotted parameter path (e.g. ``steps[1].tools[0]``) and
@@ -32,7 +35,7 @@ class WorkflowParameterError(ValueError):
         return (type(self), (self.field, self.problem, self.fix))
 
 
-class WorkflowBusyError(RuntimeError):
+class WorkflowBusyError(PrefectCoderError, RuntimeError):
     """Another run holds the workflow's lease for longer than this run may wait.
 
     Two flow runs that target the same workflow never run turns at the same time
@@ -54,7 +57,7 @@ class WorkflowBusyError(RuntimeError):
         return (type(self), (self.workflow_id, self.waited_s))
 
 
-class TurnSlotUnavailableError(RuntimeError):
+class TurnSlotUnavailableError(PrefectCoderError, RuntimeError):
     """No turn slot became free within ``turn_slot_wait`` (the fleet is at its cap)."""
 
     def __init__(self, cap: int, waited_s: float) -> None:
@@ -71,10 +74,12 @@ class TurnSlotUnavailableError(RuntimeError):
         return (type(self), (self.cap, self.waited_s))
 
 
-class TurnSlotLostError(RuntimeError):
+class TurnSlotLostError(PrefectCoderError, RuntimeError):
     """The turn's slot was taken over before the turn sent its prompt: its process
     stalled past ``turn_slot_ttl`` after claiming it, and a waiter took it. Nothing
     was sent; the task is retried (and waits for a slot again)."""
+
+    retryable = True
 
     def __init__(self, index: int, stale_s: float) -> None:
         self.index = index

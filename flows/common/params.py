@@ -268,7 +268,7 @@ def validate_steps(
                     f"{where}.tools[{j}]",
                     f"no client tool named {tool!r} is registered "
                     f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
-                    "register it with @prefect_coder.flows.common.registry.registered_tool in a tool "
+                    "register it with @prefect_coder.tools.registered_tool in a tool "
                     "module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a "
                     "'prefect_coder.tools' entry point), or fix the name",
                 )
@@ -277,7 +277,7 @@ def validate_steps(
                 f"{where}.output_model",
                 f"no output model named {step.output_model!r} is registered "
                 f"(registered: {', '.join(sorted(output_model_names)) or 'none'})",
-                "register it with @prefect_coder.flows.common.registry.output_model in a tool module "
+                "register it with @prefect_coder.tools.output_model in a tool module "
                 "(settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a 'prefect_coder.tools' "
                 "entry point), or fix the name",
             )

@@ -25,7 +25,7 @@ from typing import Any
 from prefect.states import State
 
 from coder_chat.errors import CoderChatError, CoderStreamError, is_transient
-from prefect_coder.flows.common.errors import TurnSlotLostError
+from prefect_coder.blocks.errors import PrefectCoderError
 
 __all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 
@@ -41,11 +41,14 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     archived-chat 400, the total deadline (a builtin ``TimeoutError``; an httpx
     timeout is a ``CoderTimeoutError``, the network's, and transient), a busy
     workflow and every programming error hit the same wall on every attempt.
-    A turn slot lost before the send (:class:`TurnSlotLostError`: nothing was sent)
-    is retried: the retry waits for a slot again.
+    The product's own errors say it themselves (:attr:`PrefectCoderError.retryable`):
+    a turn slot lost before the send (``TurnSlotLostError``: nothing was sent) is
+    retried, and the retry waits for a slot again.
     """
-    if is_transient(exc) or isinstance(exc, TurnSlotLostError):
+    if is_transient(exc):
         return True
+    if isinstance(exc, PrefectCoderError):
+        return exc.retryable
     if isinstance(exc, CoderChatError):
         return exc.retryable
     if isinstance(exc, CoderStreamError):

@@ -16,7 +16,7 @@ import sqlite3
 from pydantic import BaseModel
 
 from coder_chat.tools import ToolContext
-from prefect_coder.flows.common.registry import registered_tool
+from prefect_coder.tools import registered_tool
 
 __all__ = ["Bump", "bump_counter", "effect_rows"]
 

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 SHARED_MODULE = """
 from pydantic import BaseModel
 from coder_chat.tools import ToolContext
-from prefect_coder.flows.common.registry import registered_tool
+from prefect_coder.tools import registered_tool
 
 
 class Shout(BaseModel):

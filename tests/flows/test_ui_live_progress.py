@@ -18,10 +18,10 @@ from pydantic import BaseModel
 from coder_chat.emulator import Emulator
 from coder_chat.tools import ToolContext
 from prefect_coder.flows.common.params import Step, WorkflowSettings
-from prefect_coder.flows.common.registry import registered_tool
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.observe.artifacts import artifact_key
 from prefect_coder.flows.observe.live_progress import INTERVAL_ENV
+from prefect_coder.tools import registered_tool
 
 INTERVAL_S = 0.3
 FIRST = "The first half of a long answer streams in many small deltas, " * 3

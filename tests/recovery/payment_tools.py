@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from coder_chat.crash_safe import EffectContext, crash_safe_tool
 from coder_chat.rest import shared_ssl_context
-from prefect_coder.flows.common.registry import register_tool
+from prefect_coder.tools import register_tool
 
 
 class Charge(BaseModel):

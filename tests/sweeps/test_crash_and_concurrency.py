@@ -19,12 +19,12 @@ from coder_chat.tools import ToolContext, client_tool
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.common.labels import LABEL_FLOW_RUN, LABEL_WORKFLOW
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.common.registry import register_tool
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
 from prefect_coder.flows.sweeps.options import SweepOptions
 from prefect_coder.flows.sweeps.report import SweepReport
+from prefect_coder.tools import register_tool
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,0 +1,39 @@
+"""Every error prefect-coder raises, under one root: :class:`PrefectCoderError`.
+
+``except PrefectCoderError`` catches the product's own failures (bad parameters, a
+busy workflow, the fleet at its cap, the state store); the chatd client's errors
+derive from :class:`coder_chat.errors.CoderError`. Each error says whether running
+the same step again may succeed in one attribute, ``retryable``.
+"""
+
+from __future__ import annotations
+
+from prefect_coder.blocks.credentials import InvalidCoderCredentialsError
+from prefect_coder.blocks.errors import PrefectCoderError
+from prefect_coder.blocks.state.errors import (
+    LeaseLostError,
+    LeaseUnavailableError,
+    SchemaVersionError,
+    StateStoreConfigError,
+    StateStoreError,
+)
+from prefect_coder.flows.common.errors import (
+    TurnSlotLostError,
+    TurnSlotUnavailableError,
+    WorkflowBusyError,
+    WorkflowParameterError,
+)
+
+__all__ = [
+    "InvalidCoderCredentialsError",
+    "LeaseLostError",
+    "LeaseUnavailableError",
+    "PrefectCoderError",
+    "SchemaVersionError",
+    "StateStoreConfigError",
+    "StateStoreError",
+    "TurnSlotLostError",
+    "TurnSlotUnavailableError",
+    "WorkflowBusyError",
+    "WorkflowParameterError",
+]
