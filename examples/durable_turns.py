@@ -29,8 +29,7 @@ print(use_prefect_server())
 
 from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, CoderCredentials  # noqa: E402
-from prefect_coder.flows.common.params import Step, WorkflowSettings  # noqa: E402
-from prefect_coder.flows.common.results import result_key  # noqa: E402
+from prefect_coder.flows import Step, WorkflowSettings, result_key  # noqa: E402
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow  # noqa: E402
 
 

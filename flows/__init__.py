@@ -12,19 +12,35 @@ The public names, imported lazily from their layer (see docs/architecture.md):
 * :func:`sweep_stuck_turns` — interrupt turns nobody finishes (flow)
 * :func:`agent_fanout` — many workflows in parallel within the turn cap (flow)
 * :func:`expire_approvals` — failure handler for timed-out approvals (flow)
-* :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult` — parameters and results
+* :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult`, :class:`FanoutItem` — parameters and results;
+  :func:`result_key` — where a step's result is stored
 * :mod:`prefect_coder.tools` — register client tools and output models by name
 
-Lazy, so that ``prefect_coder.flows.common.params`` and ``.parts.registry`` stay
+Lazy, so that ``prefect_coder.flows.common.params`` and ``prefect_coder.tools`` stay
 usable without importing Prefect's engine.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prefect_coder.flows.common.params import Step, WorkflowSettings
+    from prefect_coder.flows.common.results import TurnResult, result_key
+    from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
+    from prefect_coder.flows.deployments.agent_turn import agent_turn
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+    from prefect_coder.flows.deployments.archive_workflow_chat import archive_workflow_chat
+    from prefect_coder.flows.deployments.expire_approvals import expire_approvals
+    from prefect_coder.flows.deployments.recover_turn import recover_turn
+    from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+    from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns
+    from prefect_coder.flows.turn.durable_turn import run_turn
+    from prefect_coder.flows.turn.model_step import model_step
 
 __all__ = [
+    "FanoutItem",
     "Step",
     "TurnResult",
     "WorkflowSettings",
@@ -35,6 +51,7 @@ __all__ = [
     "expire_approvals",
     "model_step",
     "recover_turn",
+    "result_key",
     "run_turn",
     "sweep_orphans",
     "sweep_stuck_turns",
@@ -44,6 +61,8 @@ _LAZY = {
     "Step": "prefect_coder.flows.common.params",
     "WorkflowSettings": "prefect_coder.flows.common.params",
     "TurnResult": "prefect_coder.flows.common.results",
+    "result_key": "prefect_coder.flows.common.results",
+    "FanoutItem": "prefect_coder.flows.deployments.agent_fanout",
     "run_turn": "prefect_coder.flows.turn.durable_turn",
     "model_step": "prefect_coder.flows.turn.model_step",
     "agent_workflow": "prefect_coder.flows.deployments.agent_workflow",
