@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 
+from .engines import db_now
 from .records import Checkpoint, JournalEntry, TurnStart, from_epoch
 from .sqlite_pool import driver_execute, driver_rows
 
 if TYPE_CHECKING:
     from .store import StateStore
 
-_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_PG_NOW = "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
+# The database clock of every other store write (engines.db_now), as the SQL text these
+# fixed statements embed: compiled once by each backend's own dialect.
+_SQLITE_NOW = str(db_now("sqlite").compile(dialect=sqlite_dialect.dialect()))
 
 _RESUME_COLUMNS = (
     "c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at, "
@@ -67,10 +71,24 @@ _SQLITE_CHECKPOINT = (
     f"VALUES (?, ?, ?, ?, {_SQLITE_NOW}) {_CHECKPOINT_SET} RETURNING updated_at"
 )
 
-# The write-ahead only when the chat's entry does not carry this marker (IS DISTINCT
-# FROM: also when there is no entry). One statement: read and write are atomic
-# together, as the transaction they replace was.
-_PG_BEGIN = f"""
+
+class _PgStatements(NamedTuple):
+    begin: str
+    checkpoint: str
+    checkpoint_and_journal: str
+
+
+@cache
+def _pg() -> _PgStatements:
+    """The PostgreSQL statements, built on first use: compiling ``db_now`` loads the
+    PostgreSQL dialect, which a SQLite store never imports."""
+    from sqlalchemy.dialects import postgresql
+
+    pg_now = str(db_now("postgresql").compile(dialect=postgresql.dialect()))
+    # The write-ahead only when the chat's entry does not carry this marker (IS DISTINCT
+    # FROM: also when there is no entry). One statement: read and write are atomic
+    # together, as the transaction they replace was.
+    begin = f"""
 WITH cp AS (
     SELECT c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at,
            j.state AS j_state, j.marker AS j_marker, j.attempt AS j_attempt, j.at AS j_at,
@@ -81,7 +99,7 @@ WITH cp AS (
     INSERT INTO coder_state_journal
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
     SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision,
-           $5::double precision, {_PG_NOW}
+           $5::double precision, {pg_now}
     FROM cp WHERE cp.j_marker IS DISTINCT FROM $3::text
     {_JOURNAL_SET}
     RETURNING updated_at
@@ -91,33 +109,33 @@ SELECT cp.workflow_id, cp.chat_id, cp.last_seen_message_id, cp.updated_at,
        (SELECT updated_at FROM written) AS written_at
 FROM cp
 """
-_PG_CHECKPOINT = (
-    "INSERT INTO coder_state_checkpoints "
-    "(tenant, workflow_id, chat_id, last_seen_message_id, updated_at) "
-    f"VALUES ($1::text, $2::text, $3::text, $4::bigint, {_PG_NOW}) {_CHECKPOINT_SET} "
-    "RETURNING updated_at"
-)
-
-
-# A first turn's checkpoint and its journaled send in ONE statement (autocommit): both
-# data-modifying CTEs run, atomically, or neither does.
-_PG_CHECKPOINT_AND_JOURNAL = f"""
+    checkpoint = (
+        "INSERT INTO coder_state_checkpoints "
+        "(tenant, workflow_id, chat_id, last_seen_message_id, updated_at) "
+        f"VALUES ($1::text, $2::text, $3::text, $4::bigint, {pg_now}) {_CHECKPOINT_SET} "
+        "RETURNING updated_at"
+    )
+    # A first turn's checkpoint and its journaled send in ONE statement (autocommit): both
+    # data-modifying CTEs run, atomically, or neither does.
+    checkpoint_and_journal = f"""
 WITH j AS (
     INSERT INTO coder_state_journal
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
     VALUES ($1::text, $3::text, $5::text, $6::text, $7::integer, $8::double precision,
-            $9::double precision, {_PG_NOW})
+            $9::double precision, {pg_now})
     {_JOURNAL_SET}
     RETURNING updated_at
 ), c AS (
     INSERT INTO coder_state_checkpoints
         (tenant, workflow_id, chat_id, last_seen_message_id, updated_at)
-    VALUES ($1::text, $2::text, $3::text, $4::bigint, {_PG_NOW})
+    VALUES ($1::text, $2::text, $3::text, $4::bigint, {pg_now})
     {_CHECKPOINT_SET}
     RETURNING updated_at
 )
 SELECT c.updated_at, (SELECT updated_at FROM j) FROM c
 """
+    return _PgStatements(begin, checkpoint, checkpoint_and_journal)
+
 
 # The archive's read: the checkpoint and the workflow's stranded chats (oldest first),
 # in one statement — a checkpoint row (kind 0) and one row per stranded chat (kind 1).
@@ -256,7 +274,7 @@ class Turns:
             async with self._store.autocommit() as conn:
                 row = (
                     await conn.exec_driver_sql(
-                        _PG_BEGIN, (tenant, workflow_id, marker, entry.at, entry.deadline)
+                        _pg().begin, (tenant, workflow_id, marker, entry.at, entry.deadline)
                     )
                 ).first()
             written_at = None if row is None else row[10]
@@ -318,12 +336,12 @@ class Turns:
             updated_at = await self._store.run_direct(body)
         elif journal is None:
             async with self._store.autocommit() as conn:
-                updated_at = (await conn.exec_driver_sql(_PG_CHECKPOINT, params)).scalar_one()
+                updated_at = (await conn.exec_driver_sql(_pg().checkpoint, params)).scalar_one()
         else:
             async with self._store.autocommit() as conn:
                 updated_at = (
                     await conn.exec_driver_sql(
-                        _PG_CHECKPOINT_AND_JOURNAL,
+                        _pg().checkpoint_and_journal,
                         (
                             *params,
                             journal.state,
