@@ -2,6 +2,11 @@
 
 Mirrors the in-process handle (faults, scripts, introspection, restart) for clients in
 other processes or languages. The prefix cannot collide with any Coder route.
+
+This module and ``server.py`` are one idea: the control API *is* the ``Emulator``
+handle, spoken over HTTP (every route calls the handle method of the same name). The
+handle serves these routes, and the routes need the whole handle, so the type-only
+import of ``Emulator`` below stays; a Protocol would only copy the handle's signature.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Two ways to run it:
 
 Every handle method is thread-safe: it runs on the server loop (directly when called from
 that loop, otherwise marshalled with ``run_coroutine_threadsafe``).
+
+``control.py`` is this handle's HTTP face (``/__emulator__/…``, one route per handle
+method); the two are one idea kept in two files, which is why ``control.py`` names
+``Emulator`` for its types.
 """
 
 from __future__ import annotations

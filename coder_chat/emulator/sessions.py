@@ -2,6 +2,10 @@
 
 A session owns its socket: it syncs its cursor against the chat whenever the core hints a
 change, frames the events, sends pings, and honours the stream faults (drop, stall).
+
+``routes.py`` opens the sessions; what a session needs from it is ``SessionHost`` (the
+core, and the registry of open streams that the drop faults walk), so this module never
+imports ``routes.py``.
 """
 
 from __future__ import annotations
@@ -10,23 +14,34 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .core import WatchSub
+from .core import Core, WatchSub
 from .httpserver import WebSocket
 from .store import ChatRec, User
 from .stream import StreamCursor, frames
 
-if TYPE_CHECKING:
-    from .routes import Api
-
 _LOG = logging.getLogger("coder_chat.emulator.sessions")
+
+
+class SessionHost(Protocol):
+    """What a session needs from the API that opened it (``routes.Api``)."""
+
+    @property
+    def core(self) -> Core:
+        """The emulated deployment."""
+        ...
+
+    @property
+    def sessions(self) -> set[StreamSession]:
+        """Every open ``/stream`` session (a session adds itself while it runs)."""
+        ...
 
 
 class StreamSession:
     """One open ``/stream`` WebSocket."""
 
-    def __init__(self, api: Api, chat: ChatRec, user: User, cursor: StreamCursor) -> None:
+    def __init__(self, api: SessionHost, chat: ChatRec, user: User, cursor: StreamCursor) -> None:
         self.api = api
         self.core = api.core
         self.chat = chat
@@ -143,7 +158,7 @@ class StreamSession:
 class WatchSession:
     """One open ``/chats/watch`` WebSocket: one JSON object per frame."""
 
-    def __init__(self, api: Api, user: User) -> None:
+    def __init__(self, api: SessionHost, user: User) -> None:
         self.api = api
         self.user = user
 

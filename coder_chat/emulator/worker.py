@@ -5,6 +5,9 @@ step's parts as ``message_part`` previews, fails/retries attempts as scripted, c
 step as an assistant message, enters ``requires_action`` for client tool calls, winds an
 interrupt down, and finishes the turn. Every state change goes through the core's
 transitions (``Core.apply``), so the worker never decides a status itself.
+
+The worker sits below ``core.py`` (the core builds it); what it needs from the core is
+spelled out by ``TurnHost`` here, so this module never imports ``core.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import statemachine as sm
-from .config import CONTEXT_LIMIT
+from .config import CONTEXT_LIMIT, Config
 from .script import (
     Failure,
     Reasoning,
@@ -27,10 +30,59 @@ from .script import (
     Text,
     parse_directive,
 )
-from .store import ChatRec, TurnState, rfc3339
+from .statemachine import ExecView, Outcome
+from .store import ChatRec, Ids, MsgRec, TurnState, User, rfc3339
 
-if TYPE_CHECKING:
-    from .core import Core
+
+class TurnHost(Protocol):
+    """What the worker needs from the deployment that runs it (``core.Core``).
+
+    Reads: the config, the chats, the default script, the id sequences, the clock and
+    the state machine's view of a chat. Writes go only through ``apply`` (a transition)
+    and ``commit_rows`` (one step's rows in one transaction); ``notify``/``watch``/``log``
+    publish what happened.
+    """
+
+    cfg: Config
+    chats: dict[str, ChatRec]
+    default_script: Script | None
+    ids: Ids
+
+    def now(self) -> float: ...
+
+    def log(self, kind: str, chat_id: str | None = None, **details: Any) -> None: ...
+
+    def view(self, chat: ChatRec) -> ExecView: ...
+
+    def notify(self, chat: ChatRec) -> None: ...
+
+    def watch(self, chat: ChatRec, kind: str, **extra: Any) -> None: ...
+
+    def commit_rows(
+        self, chat: ChatRec, rows: list[tuple[dict[str, Any], str]]
+    ) -> list[MsgRec]: ...
+
+    def tool_result_row(
+        self,
+        chat: ChatRec,
+        call_id: str,
+        name: str,
+        result: Any,
+        is_error: bool,
+        created_by: str | None,
+    ) -> dict[str, Any]: ...
+
+    def apply(
+        self,
+        chat: ChatRec,
+        outcome: Outcome,
+        *,
+        content: list[dict[str, Any]] | None = None,
+        user: User | None = None,
+        queued_id: int | None = None,
+        results: list[dict[str, Any]] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -46,7 +98,7 @@ class Partial:
 class Worker:
     """Runs scripted turns for every chat of one core (one asyncio task per chat)."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: TurnHost) -> None:
         self.core = core
         self.running_turns = 0
         self.closed = False
