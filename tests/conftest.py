@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,15 +359,30 @@ def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[st
     to launch a subprocess) cost ~3.4 CPU-s per pytest session (issue 12), and
     nothing in the test process uses the server's modules.
     """
-    import httpx
-    import prefect
     from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_DATABASE_CONNECTION_URL,
-        get_current_settings,
         temporary_settings,
     )
+
+    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url}):
+        with _server_process(database_url, startup_timeout) as api_url:
+            with (
+                temporary_settings(updates={PREFECT_API_URL: api_url}),
+                _temporary_global_settings_context(get_settings_context()),
+            ):
+                yield api_url
+
+
+@contextlib.contextmanager
+def _server_process(database_url: str, startup_timeout: int) -> Iterator[str]:
+    """A Prefect API server subprocess on ``database_url``; yields its API URL and changes
+    no setting of this process (``_prefect_test_server`` points the session at it; a
+    scratch server for one test, ``scratch_prefect_server``, leaves the session alone)."""
+    import httpx
+    import prefect
+    from prefect.settings import get_current_settings
 
     def launch(port: int) -> subprocess.Popen[bytes]:
         env = {
@@ -385,6 +401,9 @@ def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[st
             "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
             "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
             **get_current_settings().to_environment_variables(exclude_unset=True),
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url,
+            # Offline test machines: the telemetry service only logs DNS errors.
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }
         app_dir = str(prefect.__module_path__.parent)
         factory = "prefect.server.api.server:create_app"
@@ -404,38 +423,32 @@ def _prefect_test_server(database_url: str, startup_timeout: int) -> Iterator[st
                 proc.kill()
                 proc.wait()
 
-    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url}):
-        port = _free_port()
-        proc = launch(port)
-        atexit.register(stop, proc)
-        try:
-            deadline = time.monotonic() + startup_timeout
-            with httpx.Client() as client:
-                while True:
-                    rc = proc.poll()
-                    if rc == 3 and time.monotonic() < deadline:  # the port was taken
-                        port = _free_port()
-                        proc = launch(port)
-                        atexit.register(stop, proc)
-                        continue
-                    if rc is not None:
-                        raise RuntimeError(f"the Prefect test server exited with code {rc}")
-                    with contextlib.suppress(httpx.TransportError):
-                        if client.get(f"http://127.0.0.1:{port}/api/health").status_code == 200:
-                            break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"the Prefect test server did not answer within {startup_timeout} s"
-                        )
-                    time.sleep(0.1)
-            api_url = f"http://127.0.0.1:{port}/api"
-            with (
-                temporary_settings(updates={PREFECT_API_URL: api_url}),
-                _temporary_global_settings_context(get_settings_context()),
-            ):
-                yield api_url
-        finally:
-            stop(proc)
+    port = _free_port()
+    proc = launch(port)
+    atexit.register(stop, proc)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        with httpx.Client() as client:
+            while True:
+                rc = proc.poll()
+                if rc == 3 and time.monotonic() < deadline:  # the port was taken
+                    port = _free_port()
+                    proc = launch(port)
+                    atexit.register(stop, proc)
+                    continue
+                if rc is not None:
+                    raise RuntimeError(f"the Prefect test server exited with code {rc}")
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"http://127.0.0.1:{port}/api/health").status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the Prefect test server did not answer within {startup_timeout} s"
+                    )
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/api"
+    finally:
+        stop(proc)
 
 
 @pytest.fixture(scope="session")
@@ -577,6 +590,19 @@ def collector_off() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+@pytest.fixture
+def scratch_prefect_server(postgres_url: str) -> Iterator[str]:
+    """A Prefect API server of its own for one test (a fresh database; the cached schema
+    dump when there is one), leaving the session's server and settings alone: for tests
+    that run a user's set-up commands (``prefect deploy --all``, automations) whose
+    deployments and schedules must not reach the other tests. Yields its API URL."""
+    database = _create_database(postgres_url, f"scratch_{uuid.uuid4().hex[:12]}")
+    if _restore_server_db(database) is False:
+        database = _create_database(postgres_url, database.rsplit("/", 1)[1], replace=True)
+    with _server_process(database, startup_timeout=300) as api_url:
+        yield api_url
 
 
 @pytest.fixture(scope="session")
