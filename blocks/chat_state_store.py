@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Self
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from .bounds import HOUR
+
 if TYPE_CHECKING:
     from .state.store import StateStore
 
@@ -79,6 +81,8 @@ class ChatStateStore(Block):
     connect_timeout: float = Field(
         default=10.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description="Seconds to connect, and on SQLite to wait for the write lock.",
     )
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from .bounds import DAY, HOUR
 from .credentials_env import ENV_NAMES, read_coder_env
 from .errors import PrefectCoderError
 
@@ -95,16 +96,22 @@ class CoderCredentials(Block):
     request_timeout: float = Field(
         default=300.0,
         gt=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Seconds one turn segment (REST phase, stream and redials) may take.",
     )
     turn_timeout: float = Field(
         default=600.0,
         gt=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Seconds a whole turn (every segment of a tool loop) may take.",
     )
     http_timeout: float = Field(
         default=30.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description="Seconds a single REST call may take.",
     )
     verify_tls: bool = Field(
@@ -114,6 +121,7 @@ class CoderCredentials(Block):
     max_concurrent_turns: int | None = Field(
         default=None,
         ge=1,
+        le=10_000,
         title="Max concurrent turns",
         description=(
             "Deployment-wide cap on agent turns running at once, across every worker "
@@ -124,11 +132,15 @@ class CoderCredentials(Block):
     turn_slot_wait: float = Field(
         default=600.0,
         gt=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Seconds a turn waits for a free turn slot before it fails.",
     )
     turn_slot_ttl: float = Field(
         default=60.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description=(
             "Seconds after its holder's last renewal that a turn slot lapses (the slot "
             "lease's lifetime). A lapsed slot is taken by another turn once the dead "

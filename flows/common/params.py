@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_coder.blocks.bounds import DAY, HOUR
 from prefect_coder.flows.common.errors import WorkflowParameterError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "validate_toolset",
     "validate_workflow_id",
 ]
+
 
 # The marker "[<workflow_id>/<step>]" is matched verbatim in chat history by
 # crash recovery, so neither part may contain "/" or "]" or whitespace.
@@ -89,6 +91,8 @@ class Step(BaseModel):
     timeout_s: float | None = Field(
         default=None,
         gt=0,
+        le=30 * DAY,
+        allow_inf_nan=False,
         description="Approval steps: seconds to wait for a decision (empty: 24 hours).",
     )
 
@@ -119,40 +123,54 @@ class WorkflowSettings(BaseModel):
     request_timeout_s: float | None = Field(
         default=None,
         gt=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Per-segment bound (REST + stream + redials). Empty: the credentials'.",
     )
     turn_timeout_s: float | None = Field(
         default=None,
         gt=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Total wall-clock bound of one turn. Empty: the credentials'.",
     )
     lease_wait_s: float = Field(
         default=120.0,
         ge=0,
+        le=DAY,
+        allow_inf_nan=False,
         description="How long a run waits for another run of the same workflow.",
     )
     lease_ttl_s: float = Field(
         default=60.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description="Lease time-to-live; a crashed holder blocks others at most this long.",
     )
     retries: int = Field(
         default=2,
         ge=0,
+        le=100,
         description=(
             "Task retries of a turn, for transient failures only (segment timeout, 5xx, "
             "429, a reset connection, an httpx timeout); each retry recovers before it sends."
         ),
     )
-    retry_delay_s: float = Field(default=5.0, ge=0, description="Delay before a turn retry.")
+    retry_delay_s: float = Field(
+        default=5.0, ge=0, le=HOUR, allow_inf_nan=False, description="Delay before a turn retry."
+    )
     settle_wait_s: float = Field(
         default=15.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description="Bound of the interrupt-and-settle wait before any resubmission.",
     )
     redial_backoff_ms: int = Field(
         default=1000,
         ge=1,
+        le=60_000,
         description="First stream redial backoff (doubles per failure; 5 failures end a turn).",
     )
     eager_checkpoint: bool = Field(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_coder.blocks.bounds import HOUR
+
 __all__ = ["SweepOptions"]
 
 
@@ -17,18 +19,31 @@ class SweepOptions(BaseModel):
     page_overlap: int = Field(
         default=5,
         ge=0,
+        le=100,
         description=(
             "Chats each page re-reads of the previous one: the listing is ordered by "
             "updated_at, so chats archived meanwhile shift later ones forward."
         ),
     )
     lease_wait_s: float = Field(
-        default=1.0, ge=0, description="Wait for a workflow's lease before leaving it for later."
+        default=1.0,
+        ge=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="Wait for a workflow's lease before leaving it for later.",
     )
-    lease_ttl_s: float = Field(default=60.0, gt=0, description="Ttl of the lease a sweep holds.")
+    lease_ttl_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="Ttl of the lease a sweep holds.",
+    )
     interrupt_bound_s: float = Field(
         default=15.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description=(
             "Bound of stopping a run: interrupts, and polls until the chat is at rest "
             "(a 409 is fine)."
@@ -37,14 +52,25 @@ class SweepOptions(BaseModel):
     archive_settle_s: float = Field(
         default=15.0,
         gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
         description="Added to the stop bound of a chat to retire: its archive retries 409.",
     )
     archive_retry_s: float = Field(
-        default=1.0, gt=0, description="Pause between polls and archive retries."
+        default=1.0,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="Pause between polls and archive retries.",
     )
-    request_timeout_s: float = Field(default=30.0, gt=0, description="Bound of each REST call.")
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, le=HOUR, allow_inf_nan=False, description="Bound of each REST call."
+    )
     max_table_rows: int = Field(
-        default=500, ge=1, description="Rows of the table artifact (the rest are counted)."
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Rows of the table artifact (the rest are counted).",
     )
     include_archived: bool = Field(
         default=True,
