@@ -10,6 +10,7 @@ submodules import from submodules, never from this package (no import cycle).
 """
 
 from coder_chat.agent import (
+    AgentHooks,
     AgentTimings,
     ArchiveResult,
     ClientToolCall,
@@ -47,6 +48,7 @@ from coder_chat.tools import (
 )
 
 __all__ = [
+    "AgentHooks",
     "AgentTimings",
     "ArchiveResult",
     "ChatClient",
