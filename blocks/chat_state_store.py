@@ -82,7 +82,6 @@ class ChatStateStore(Block):
         default=10.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Seconds to connect, and on SQLite to wait for the write lock.",
     )
 

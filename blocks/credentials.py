@@ -97,21 +97,18 @@ class CoderCredentials(Block):
         default=300.0,
         gt=0,
         le=DAY,
-        allow_inf_nan=False,
         description="Seconds one turn segment (REST phase, stream and redials) may take.",
     )
     turn_timeout: float = Field(
         default=600.0,
         gt=0,
         le=DAY,
-        allow_inf_nan=False,
         description="Seconds a whole turn (every segment of a tool loop) may take.",
     )
     http_timeout: float = Field(
         default=30.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Seconds a single REST call may take.",
     )
     verify_tls: bool = Field(
@@ -133,14 +130,12 @@ class CoderCredentials(Block):
         default=600.0,
         gt=0,
         le=DAY,
-        allow_inf_nan=False,
         description="Seconds a turn waits for a free turn slot before it fails.",
     )
     turn_slot_ttl: float = Field(
         default=60.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description=(
             "Seconds after its holder's last renewal that a turn slot lapses (the slot "
             "lease's lifetime). A lapsed slot is taken by another turn once the dead "

@@ -92,7 +92,6 @@ class Step(BaseModel):
         default=None,
         gt=0,
         le=30 * DAY,
-        allow_inf_nan=False,
         description="Approval steps: seconds to wait for a decision (empty: 24 hours).",
     )
 
@@ -124,28 +123,24 @@ class WorkflowSettings(BaseModel):
         default=None,
         gt=0,
         le=DAY,
-        allow_inf_nan=False,
         description="Per-segment bound (REST + stream + redials). Empty: the credentials'.",
     )
     turn_timeout_s: float | None = Field(
         default=None,
         gt=0,
         le=DAY,
-        allow_inf_nan=False,
         description="Total wall-clock bound of one turn. Empty: the credentials'.",
     )
     lease_wait_s: float = Field(
         default=120.0,
         ge=0,
         le=DAY,
-        allow_inf_nan=False,
         description="How long a run waits for another run of the same workflow.",
     )
     lease_ttl_s: float = Field(
         default=60.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Lease time-to-live; a crashed holder blocks others at most this long.",
     )
     retries: int = Field(
@@ -158,13 +153,12 @@ class WorkflowSettings(BaseModel):
         ),
     )
     retry_delay_s: float = Field(
-        default=5.0, ge=0, le=HOUR, allow_inf_nan=False, description="Delay before a turn retry."
+        default=5.0, ge=0, le=HOUR, description="Delay before a turn retry."
     )
     settle_wait_s: float = Field(
         default=15.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Bound of the interrupt-and-settle wait before any resubmission.",
     )
     redial_backoff_ms: int = Field(

@@ -29,21 +29,18 @@ class SweepOptions(BaseModel):
         default=1.0,
         ge=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Wait for a workflow's lease before leaving it for later.",
     )
     lease_ttl_s: float = Field(
         default=60.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Ttl of the lease a sweep holds.",
     )
     interrupt_bound_s: float = Field(
         default=15.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description=(
             "Bound of stopping a run: interrupts, and polls until the chat is at rest "
             "(a 409 is fine)."
@@ -53,18 +50,16 @@ class SweepOptions(BaseModel):
         default=15.0,
         gt=0,
         le=HOUR,
-        allow_inf_nan=False,
         description="Added to the stop bound of a chat to retire: its archive retries 409.",
     )
     archive_retry_s: float = Field(
         default=1.0,
         gt=0,
         le=60,
-        allow_inf_nan=False,
         description="Pause between polls and archive retries.",
     )
     request_timeout_s: float = Field(
-        default=30.0, gt=0, le=HOUR, allow_inf_nan=False, description="Bound of each REST call."
+        default=30.0, gt=0, le=HOUR, description="Bound of each REST call."
     )
     max_table_rows: int = Field(
         default=500,

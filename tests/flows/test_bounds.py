@@ -71,7 +71,10 @@ def test_a_value_past_the_bound_is_refused_naming_the_field(
     for name in _numeric_fields(model):
         with pytest.raises(ValidationError) as info:
             model.model_validate({**_minimal(model), name: bad})
-        assert [e["loc"] for e in info.value.errors()] == [(name,)], (model.__name__, name)
+        errors = info.value.errors()
+        assert [e["loc"] for e in errors] == [(name,)], (model.__name__, name)
+        # The message is the fix: the bound to stay within.
+        assert errors[0]["msg"].startswith("Input should be less than or equal to"), errors
     # The defaults themselves are within the bounds.
     model.model_validate(_minimal(model))
 
