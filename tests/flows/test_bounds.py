@@ -68,9 +68,14 @@ def _minimal(model: type[BaseModel]) -> dict[str, Any]:
 def test_a_value_past_the_bound_is_refused_naming_the_field(
     model: type[BaseModel], bad: float
 ) -> None:
-    for name in _numeric_fields(model):
+    for name, schema in _numeric_fields(model).items():
+        value: float | int = bad
+        if schema["type"] == "integer":
+            if not math.isfinite(bad):
+                continue  # not an integer at all: pydantic's own type error
+            value = 10**12
         with pytest.raises(ValidationError) as info:
-            model.model_validate({**_minimal(model), name: bad})
+            model.model_validate({**_minimal(model), name: value})
         errors = info.value.errors()
         assert [e["loc"] for e in errors] == [(name,)], (model.__name__, name)
         # The message is the fix: the bound to stay within.
