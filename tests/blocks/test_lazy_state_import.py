@@ -28,7 +28,8 @@ import prefect_coder.cli
 after_cli = sorted(m for m in sys.modules if m.split(".")[0] == "sqlalchemy")
 from prefect_coder.blocks import ChatStateStore
 store = ChatStateStore(url="sqlite+aiosqlite:///" + sys.argv[1]).get_store()
-from prefect_coder.blocks import HeldLease, StateStore, workflow_key
+from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state import HeldLease, workflow_key
 print(json.dumps({
     "collections": loaded,
     "sqlalchemy_after_collections": len(after_collections),
