@@ -66,7 +66,11 @@ def test_lazy_names_are_the_state_packages() -> None:
     for name in blocks._FROM_STATE:
         assert getattr(blocks, name) is getattr(state, name), name
         assert name in dir(blocks)
-    assert set(blocks.__all__) == blocks._FROM_STATE | {"ChatStateStore", "CoderCredentials"}
+    assert set(blocks.__all__) == blocks._FROM_STATE | {
+        "ChatStateStore",
+        "CoderCredentials",
+        "InvalidCoderCredentialsError",
+    }
 
 
 def test_spelled_out_sqlite_scheme_matches_the_store() -> None:
