@@ -6,27 +6,46 @@ Every error the client raises derives from :class:`CoderError`, so one
 budget), cancellation stays ``CancelledError``, and argument mistakes stay
 ``TypeError``/``ValueError``::
 
-    CoderError(Exception)                   root of everything below
+    CoderError(Exception)                   root of everything below; retryable=False
     ├─ CoderAgentError                      misuse, bad construction, unparseable frame
-    │  ├─ CoderApiError                     non-2xx REST response / non-transient 4xx WS upgrade
-    │  ├─ CoderChatError                    server ``error`` event, timeout, stream_closed,
-    │  │                                    queued_submission_lost
-    │  └─ GatewayError, GatewayOutputError  AI Gateway calls (``coder_chat.gateway``)
+    │  ├─ CoderApiError                     non-2xx REST response / non-transient 4xx WS upgrade;
+    │  │                                    retryable for 408/425/429/5xx
+    │  ├─ CoderChatError                    server ``error`` event (retryable: the server's),
+    │  │                                    timeout, stream_closed, archive_incomplete
+    │  │                                    (retryable), queued_submission_lost (not)
+    │  ├─ GatewayError, GatewayOutputError  AI Gateway calls (``coder_chat.gateway``);
+    │  │                                    retryable for rate limits and 5xx
+    │  └─ NoTurnToFollowError               ``follow()`` found no turn (``coder_chat.agent``)
     ├─ CoderStreamError                     redial budget exhausted / undedupable drop
-    │                                       (deliberately NOT a CoderAgentError, spec §7)
+    │                                       (deliberately NOT a CoderAgentError, spec §7);
+    │                                       retryable (alias is_retryable) per the agent
     ├─ CoderRecoveryError                   crash recovery cannot finish (no re-drive path,
     │                                       the chat keeps pausing); also a RuntimeError
     └─ CoderTransportError                  the HTTP request failed on the network:
-       │                                    refused, reset, DNS, TLS, protocol error
+       │                                    refused, reset, DNS, TLS, protocol error;
+       │                                    retryable=True, retry_safe per request
        └─ CoderTimeoutError                 httpx connect/read/write/pool timeout
                                             (also a builtin ``TimeoutError``)
 
+Retryability has one spelling, ``retryable`` (every error has it, default
+``False``): the client's verdict that the same operation, tried again, may
+succeed — the failure was transient. A server error the server marked
+retryable, our own ``request_timeout``, a stream that closed early, an archive
+window too short, a 408/425/429/5xx answer and a network failure are. A stream
+failure is only on a fresh chat with no workspace or MCP servers (the agent's
+verdict, spec §7): on any other chat the retry decision is the caller's.
+``retryable`` never says a blind re-send is free: a resubmitted prompt is a new
+turn, and a run that may have landed should be settled first (docs/client.md
+says what to do per error). ``CoderStreamError.is_retryable`` is the same value
+under the spec's §7 name.
+
 A transport error names the method and URL (never a header, so never the
 token), the httpx failure (``reason``) and whether sending the same request
-again is safe (``retry_safe``): true for idempotent methods and for failures
-before any byte left (connect errors, connect/pool timeouts); false for a POST
-or PATCH whose request may have reached the server. A refused connection or a
-TLS failure says which setting to check.
+again is safe (``retry_safe``, a different question from ``retryable``): true
+for idempotent methods and for failures before any byte left (connect errors,
+connect/pool timeouts); false for a POST or PATCH whose request may have
+reached the server. A refused connection or a TLS failure says which setting
+to check.
 
 The per-call ``timeout=`` deadline of :class:`~coder_chat.rest.ChatClient` is
 the caller's budget, not a network failure: it stays a builtin ``TimeoutError``.
@@ -60,7 +79,13 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class CoderError(Exception):
-    """Root of every error the chatd client raises."""
+    """Root of every error the chatd client raises.
+
+    ``retryable``: whether the failure is transient (the same operation, tried
+    again, may succeed). ``False`` unless a subclass or the raiser says so.
+    """
+
+    retryable: bool = False
 
 
 class CoderAgentError(CoderError):
@@ -74,6 +99,9 @@ class CoderApiError(CoderAgentError):
     ``message``/``detail`` come from the Coder error envelope
     ``{"message": ..., "detail": ...}``; when the body is not an envelope the
     message is the HTTP reason phrase (or a short body excerpt).
+
+    ``retryable`` is true for 408, 425, 429 and 5xx (a retry may get past them);
+    401/403/404 and other 4xx hit the same wall every time.
     """
 
     def __init__(
@@ -89,6 +117,7 @@ class CoderApiError(CoderAgentError):
         self.path = path
         self.message = message
         self.detail = detail
+        self.retryable = status in (408, 425, 429) or status >= 500
         text = f"Coder API {method} {path} failed ({status}): {message}"
         if detail:
             text += f" — {detail}"
@@ -200,10 +229,12 @@ class CoderStreamError(CoderError):
     coordinate-less deltas were outstanding (replay could duplicate content).
 
     Deliberately not a ``CoderAgentError`` (the TypeScript SDK raises an AI SDK
-    ``APICallError``). ``is_retryable`` is decided by the agent (a fresh chat
+    ``APICallError``). ``retryable`` is decided by the agent (a fresh chat
     with no workspace/MCP/uploads may be retried); the stream layer raises it
-    with ``is_retryable=False`` and the agent re-raises via :meth:`with_retry`.
-    ``url`` is the stream URL (no token); ``cause`` the last transport failure.
+    with ``retryable=False`` and the agent re-raises via :meth:`with_retry`.
+    ``is_retryable`` is the same value under the spec's §7 name (an alias,
+    also accepted by the constructor). ``url`` is the stream URL (no token);
+    ``cause`` the last transport failure.
     """
 
     def __init__(
@@ -213,26 +244,36 @@ class CoderStreamError(CoderError):
         url: str,
         chat_id: str | None = None,
         cause: BaseException | None = None,
-        is_retryable: bool = False,
+        retryable: bool = False,
+        is_retryable: bool | None = None,
     ) -> None:
+        if is_retryable is not None:
+            if retryable and not is_retryable:
+                raise TypeError("retryable and is_retryable disagree: pass one")
+            retryable = is_retryable
         self.message = message
         self.url = url
         self.chat_id = chat_id
         self.cause = cause
-        self.is_retryable = is_retryable
+        self.retryable = retryable
         super().__init__(message)
         if cause is not None:
             self.__cause__ = cause
 
-    def with_retry(self, is_retryable: bool, reason: str | None = None) -> CoderStreamError:
-        """A copy with ``is_retryable`` decided; ``reason`` is appended to the message."""
+    @property
+    def is_retryable(self) -> bool:
+        """``retryable`` under the spec's name (agent-semantics §7, ``isRetryable``)."""
+        return self.retryable
+
+    def with_retry(self, retryable: bool, reason: str | None = None) -> CoderStreamError:
+        """A copy with ``retryable`` decided; ``reason`` is appended to the message."""
         message = f"{self.message} ({reason})" if reason else self.message
         return CoderStreamError(
             message,
             url=self.url,
             chat_id=self.chat_id,
             cause=self.cause,
-            is_retryable=is_retryable,
+            retryable=retryable,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -247,13 +288,13 @@ class CoderStreamError(CoderError):
                 cause = RuntimeError(f"{type(cause).__name__}: {cause}")
         return (
             _rebuild_stream_error,
-            (type(self), self.message, self.url, self.chat_id, cause, self.is_retryable),
+            (type(self), self.message, self.url, self.chat_id, cause, self.retryable),
         )
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.message!r}, url={self.url!r}, "
-            f"chat_id={self.chat_id!r}, is_retryable={self.is_retryable!r}, "
+            f"chat_id={self.chat_id!r}, retryable={self.retryable!r}, "
             f"cause={self.cause!r})"
         )
 
@@ -264,9 +305,9 @@ def _rebuild_stream_error(
     url: str,
     chat_id: str | None,
     cause: BaseException | None,
-    is_retryable: bool,
+    retryable: bool,
 ) -> CoderStreamError:
-    return cls(message, url=url, chat_id=chat_id, cause=cause, is_retryable=is_retryable)
+    return cls(message, url=url, chat_id=chat_id, cause=cause, retryable=retryable)
 
 
 class CoderRecoveryError(CoderError, RuntimeError):
@@ -280,11 +321,17 @@ class CoderTransportError(CoderError):
 
     ``method`` and ``url`` name the request (the URL never carries the token);
     ``reason`` is the httpx failure class (``ConnectError``, ``ReadError``…);
-    ``retry_safe`` says whether sending the same request again cannot apply it
-    twice: true for idempotent methods and for failures before the request was
-    sent; false for a POST/PATCH that may have reached the server (check the
-    chat before re-sending). ``hint`` names the setting to check, if any.
+    ``hint`` names the setting to check, if any.
+
+    Two different questions: ``retryable`` (always true here, as for every
+    error) says the failure is transient — the network may work next time;
+    ``retry_safe`` says whether sending *this same request* again cannot apply
+    it twice: true for idempotent methods and for failures before the request
+    was sent; false for a POST/PATCH that may have reached the server (check
+    the chat before re-sending: the prompt or tool results may have landed).
     """
+
+    retryable = True
 
     def __init__(
         self,
@@ -351,12 +398,9 @@ def _rebuild_transport_error(
 
 
 def is_transient(failure: BaseException | None) -> bool:
-    """A request failure after which what it asked for may well have happened: no
+    """A *request* failure after which what it asked for may well have happened: no
     HTTP response (the request may have landed) or a status a retry may get past
-    (408, 425, 429, 5xx). The agent then leaves a landed run alone and recovery
-    reads history before sending the same request again."""
-    if isinstance(failure, CoderTransportError):
-        return True
-    if isinstance(failure, CoderApiError):
-        return failure.status in (408, 425, 429) or failure.status >= 500
-    return False
+    (408, 425, 429, 5xx) — a ``retryable`` transport or API error. The agent then
+    leaves a landed run alone and recovery reads history before sending the same
+    request again."""
+    return isinstance(failure, CoderTransportError | CoderApiError) and failure.retryable

@@ -1,7 +1,9 @@
-"""``CoderAgent(before_send=...)``: awaited right before every prompt the agent
-sends (a chat's creation, a user message), never before tool results; if it
-raises, nothing is sent. A durable caller proves there that it still holds its
-capacity slot (prefect_coder's ``confirm_turn_slot``)."""
+"""``CoderAgent(hooks=AgentHooks(before_send=...))``: awaited right before every
+prompt the agent sends (a chat's creation, a user message), never before tool
+results; if it raises, nothing is sent. A durable caller proves there that it
+still holds its capacity slot (prefect_coder's ``confirm_turn_slot``). The old
+``before_send=`` keyword still reaches the same hook (until the flows pass
+``hooks=``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 from sample_tools import add
 
-from coder_chat import AgentTimings, CoderAgent
+from coder_chat import AgentHooks, AgentTimings, CoderAgent, CoderAgentError
 from coder_chat.emulator.script import Script
 from coder_chat.emulator.server import Emulator
 from coder_chat.stream import StreamOptions
@@ -52,7 +54,7 @@ async def test_called_before_each_prompt_not_before_tool_results(
         seen.append((chat_id, len(_posts(emu))))
 
     script = Script.client_tool("add", {"a": 2, "b": 3}, text="Adding. ")
-    async with _agent(emu, tools=[add], before_send=before_send) as agent:
+    async with _agent(emu, tools=[add], hooks=AgentHooks(before_send=before_send)) as agent:
         first = await agent.generate(f"one #emu {json.dumps(script.to_json())}")
         posts_after_first = len(_posts(emu))
         second = await agent.generate("two")
@@ -69,7 +71,7 @@ async def test_a_refusal_sends_nothing(chatd_emulator: Emulator) -> None:
     async def refuse(chat_id: str | None) -> None:
         raise SlotGone("the slot was taken over")
 
-    async with _agent(emu, before_send=refuse) as agent:
+    async with _agent(emu, hooks=AgentHooks(before_send=refuse)) as agent:
         with pytest.raises(SlotGone):
             await agent.generate("never sent")
         assert agent.chat_id is None
@@ -87,7 +89,7 @@ async def test_a_refusal_on_a_resumed_chat_leaves_it_untouched(
         if refusing:
             raise SlotGone("the slot was taken over")
 
-    async with _agent(emu, before_send=before_send) as agent:
+    async with _agent(emu, hooks=AgentHooks(before_send=before_send)) as agent:
         first = await agent.generate("one")
         posts = _posts(emu)
         refusing = True
@@ -97,3 +99,24 @@ async def test_a_refusal_on_a_resumed_chat_leaves_it_untouched(
     # no message, and no interrupt of the chat at rest (nothing was cut short)
     assert _posts(emu) == posts
     assert agent.chat_id == first.chat_id
+
+
+async def test_the_old_keyword_reaches_the_same_hook(chatd_emulator: Emulator) -> None:
+    # removed when the flows pass hooks=: the before_send= keyword of prefect_coder's turn.
+    emu = chatd_emulator
+
+    async def refuse(chat_id: str | None) -> None:
+        raise SlotGone("the slot was taken over")
+
+    async with _agent(emu, before_send=refuse) as agent:
+        with pytest.raises(SlotGone):
+            await agent.generate("never sent")
+    assert _posts(emu) == []
+
+
+def test_hooks_and_the_old_keywords_are_not_mixed(chatd_emulator: Emulator) -> None:
+    async def hook(chat_id: str | None) -> None:
+        return None
+
+    with pytest.raises(CoderAgentError, match="not both"):
+        _agent(chatd_emulator, hooks=AgentHooks(before_send=hook), leave_landed_runs=True)

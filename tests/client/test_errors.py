@@ -134,3 +134,30 @@ def test_stream_error_fields_and_retry_copy() -> None:
     again = pickle.loads(pickle.dumps(err.with_retry(True)))
     assert again.is_retryable is True and again.chat_id == "c"
     assert isinstance(again.cause, ConnectionResetError)
+
+
+def test_retryable_is_the_one_spelling() -> None:
+    """Every error answers ``retryable``; ``is_retryable`` (spec §7) is its alias on
+    the stream error, and ``retry_safe`` is a different question (re-sending the
+    same request cannot apply it twice)."""
+    assert CoderError("x").retryable is False
+    assert CoderAgentError("misuse").retryable is False
+    assert CoderRecoveryError("stuck").retryable is False
+    # a status a retry may get past, and the ones that hit the same wall again
+    for status in (408, 425, 429, 500, 502, 503):
+        assert CoderApiError(status, "POST", "/p", "m").retryable, status
+    for status in (400, 401, 403, 404, 409, 422):
+        assert not CoderApiError(status, "POST", "/p", "m").retryable, status
+    assert pickle.loads(pickle.dumps(CoderApiError(503, "GET", "/p", "m"))).retryable
+    # a network failure is transient even when re-sending the request is not safe
+    lost = CoderTransportError("POST", "http://h/p", "ReadError", retry_safe=False)
+    assert lost.retryable and not lost.retry_safe
+    assert CoderTimeoutError("GET", "http://h/p", "ConnectTimeout", retry_safe=True).retryable
+    # the stream error: one value, two names; both constructor spellings agree
+    fresh = CoderStreamError("s", url="ws://x", retryable=True)
+    spec = CoderStreamError("s", url="ws://x", is_retryable=True)
+    assert fresh.retryable and fresh.is_retryable and spec.retryable and spec.is_retryable
+    resumed = CoderStreamError("s", url="ws://x").with_retry(False, "the chat existed")
+    assert resumed.retryable is False and resumed.is_retryable is False
+    assert "retryable=False" in repr(resumed)
+    assert pickle.loads(pickle.dumps(fresh)).retryable is True
