@@ -30,7 +30,7 @@ PACKAGES = {
 #: ``prefect_coder.flows``). A module may import its own layer and the layers below
 #: it, never one above; rooms of one layer may import each other one way only.
 FLOW_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("observe", "common", "fleet", "recovery", "sweeps"),
+    ("observe", "common", "fleet", "recovery", "sweeps", "liveness"),
     ("turn",),
     ("workflow",),
     ("deployments",),

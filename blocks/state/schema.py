@@ -19,7 +19,9 @@ from .errors import SchemaVersionError
 #: (which step attempt made a call, its (tool, arguments) fingerprint, and the earlier
 #: attempt's call whose recorded output it returned; nullable, so rows written by
 #: earlier versions load as "no attempt recorded" and are never matched).
-SCHEMA_VERSION = 3
+#: 4: ``coder_state_workflows`` (a new table, created by ``create_all``: every workflow
+#: the product starts, with what the reconciler needs to resume it; issue 29).
+SCHEMA_VERSION = 4
 COMPONENT = "prefect-coder-state"
 
 metadata = sa.MetaData()
@@ -111,7 +113,42 @@ leases = sa.Table(
     sa.Column("expires_at", sa.Double, nullable=False),
 )
 
-ALL_TABLES = (schema_version, checkpoints, journal, tool_ledger, stranded_chats, leases)
+workflows = sa.Table(
+    "coder_state_workflows",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    # What is tracked: ``workflow:<id>`` (agent-workflow, agent-turn, recover-turn runs
+    # of one workflow id: the latest run wins), ``shard:<digest>``, ``fanout:<digest>``.
+    sa.Column("key", sa.Text, primary_key=True),
+    # The Prefect deployment to rerun (``flow-name/deployment-name``) and ALL the
+    # parameters of the run, as JSON: block names only, never a token.
+    sa.Column("deployment", sa.Text, nullable=False),
+    sa.Column("parameters_json", sa.Text, nullable=False),
+    sa.Column("workflow_id", sa.Text, nullable=True),
+    sa.Column("flow_run_id", sa.Text, nullable=True),
+    # JSON list of the lease keys whose renewals show the run alive.
+    sa.Column("lease_keys_json", sa.Text, nullable=False),
+    # Recoveries the reconciler started since the workflow last started afresh.
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    # When the reconciler last acted on it (store clock; its backoff counts from here).
+    sa.Column("acted_at", sa.Double, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("state IN ('running', 'done', 'gave-up')", name="ck_workflows_state"),
+    sa.CheckConstraint("attempts >= 0", name="ck_workflows_attempts"),
+)
+
+ALL_TABLES = (
+    schema_version,
+    checkpoints,
+    journal,
+    tool_ledger,
+    stranded_chats,
+    leases,
+    workflows,
+)
 
 # Serialises concurrent first-use schema creation on PostgreSQL: concurrent
 # CREATE TABLE IF NOT EXISTS can still collide on the catalog there.
@@ -148,6 +185,9 @@ async def ensure_schema(conn: StoreConnection, now: sa.ColumnElement[float]) -> 
         await _add_journal_deadline(conn)
     if found < 3:
         await _add_ledger_step_scope(conn)
+    # found < 4: the workflows table is new, ``create_all`` above made it; only the
+    # version is bumped (so a version-3 worker refuses the database instead of
+    # starting workflows the reconciler would never see).
     if found < SCHEMA_VERSION:
         await conn.execute(
             schema_version.update()

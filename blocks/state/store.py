@@ -1,4 +1,5 @@
-"""``StateStore``: the durable store for checkpoints, journal, tool ledger, leases, strays.
+"""``StateStore``: the durable store for checkpoints, journal, tool ledger, leases, strays
+and the workflow records of the reconciler.
 
 A plain asyncio class, usable with or without Prefect::
 
@@ -36,6 +37,7 @@ from .schema import ensure_schema
 from .stranded import StrandedChats
 from .turns import Turns
 from .urls import Backend, parse_store_url
+from .workflows import Workflows
 
 T = TypeVar("T")
 
@@ -138,6 +140,8 @@ class StateStore:
         self.stranded = StrandedChats(self)
         self.leases = Leases(self)
         self.turns = Turns(self)
+        #: Every workflow the product starts, for ``reconcile-workflows`` (issue 29).
+        self.workflows = Workflows(self)
 
     # --- identity ---------------------------------------------------------------------------
 

@@ -28,6 +28,12 @@ from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.common.holders import holder_run_over, run_holder
 from prefect_coder.flows.common.params import WorkflowSettings, validate_base_url
+from prefect_coder.flows.liveness.track import (
+    WORKFLOW_FLOWS,
+    record_start,
+    this_run,
+    workflow_record_key,
+)
 from prefect_coder.flows.observe.finish_log import quiet_routine_turn_finish
 from prefect_coder.flows.observe.observer import TransportRouter, TurnObserver
 
@@ -183,6 +189,11 @@ async def hold_workflow_lease(
     background and lapses ``settings.lease_ttl_s`` after a holder crashed —
     or at once when the holder's flow run (named in the holder id) is already
     in a final state in Prefect (Crashed, Failed, Cancelled, Completed).
+
+    Taking it is where a deployment run of ``agent-workflow``, ``agent-turn`` or
+    ``recover-turn`` for this workflow records itself for ``reconcile-workflows``
+    (its deployment and all its parameters, ``flows/liveness/track.py``): the one
+    place every run that drives a workflow passes, once it really drives it.
     """
     async with contextlib.AsyncExitStack() as stack:
         try:
@@ -201,6 +212,19 @@ async def hold_workflow_lease(
                 "coder.workflow.busy", {"waited_s": exc.waited}
             )
             raise WorkflowBusyError(workflow_id, exc.waited) from None
+        run = this_run()
+        if (
+            run is not None
+            and run.flow_name in WORKFLOW_FLOWS
+            and run.parameters.get("workflow_id") == workflow_id
+        ):
+            await record_start(
+                store,
+                workflow_record_key(workflow_id),
+                run,
+                workflow_id=workflow_id,
+                lease_keys=[workflow_key(workflow_id)],
+            )
         yield held
 
 

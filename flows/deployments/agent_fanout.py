@@ -58,7 +58,9 @@ from prefect_coder.flows.deployments.fanout_shard import (
     FanoutOutcome,
     run_in_process,
     run_many_in_process,
+    track_batch,
 )
+from prefect_coder.flows.liveness.track import batch_key
 
 __all__ = [
     "FanoutItem",
@@ -394,6 +396,11 @@ async def agent_fanout(
     if shard_size < 1:
         raise WorkflowParameterError("shard_size", "must be at least 1", "pass e.g. 20")
     logger = get_run_logger()
+    # For reconcile-workflows: a fan-out has no lease of its own (its heartbeats and
+    # Prefect's state are the evidence); its shards and workflows record themselves.
+    tracked = await track_batch(
+        settings, batch_key("fanout", [w.workflow_id for w in workflows]), []
+    )
     deployed = bool(current_deployment.id)
     per_workflow = workflow_deployment or (
         WORKFLOW_DEPLOYMENT if deployed and shard_size == 1 else None
@@ -475,6 +482,8 @@ async def agent_fanout(
             ],
             description=f"agent-fanout: {len(outcomes) - len(failed)} ok, {len(failed)} failed",
         )
+    if tracked is not None:
+        await tracked()
     if failed and fail_on_error:
         raise RuntimeError(
             f"{len(failed)} of {len(outcomes)} workflows failed: {', '.join(failed[:20])}"

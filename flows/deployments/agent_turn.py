@@ -8,6 +8,7 @@ from prefect_coder.flows.common.errors import WorkflowParameterError
 from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.common.toolset import Toolset
+from prefect_coder.flows.liveness.track import record_done, this_run, workflow_record_key
 from prefect_coder.flows.observe.background import drain as drain_background
 from prefect_coder.flows.turn.durable_turn import run_turn
 from prefect_coder.flows.workflow.steps import prepare
@@ -49,6 +50,10 @@ async def agent_turn(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s
     )
     try:
-        return await turn(workflow_id, step, settings, resources, workflow_tools)
+        result = await turn(workflow_id, step, settings, resources, workflow_tools)
     finally:
         await drain_background()
+    run = this_run()
+    if run is not None:
+        await record_done(resources.store, workflow_record_key(workflow_id), run)
+    return result

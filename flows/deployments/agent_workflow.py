@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.liveness.track import record_done, this_run, workflow_record_key
 from prefect_coder.flows.workflow.end_of_life import archive_on_failure
 from prefect_coder.flows.workflow.steps import StepResult, prepare, run_steps
 
@@ -36,4 +37,10 @@ async def agent_workflow(
     """
     settings = settings or WorkflowSettings()
     resources = await prepare(workflow_id, steps, settings)
-    return await run_steps(workflow_id, steps, settings, resources)
+    results = await run_steps(workflow_id, steps, settings, resources)
+    # A clean end (a suspension never gets here: it leaves the record running, and
+    # the reconciler leaves a Suspended run alone). Failures are seen by the reconciler.
+    run = this_run()
+    if run is not None:
+        await record_done(resources.store, workflow_record_key(workflow_id), run)
+    return results

@@ -18,6 +18,7 @@ its chat before sending anything.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from prefect.exceptions import PrefectHTTPStatusError
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.errors import WorkflowParameterError
 from prefect_coder.flows.common.params import (
@@ -34,7 +36,13 @@ from prefect_coder.flows.common.params import (
     validate_steps,
     validate_workflow_id,
 )
-from prefect_coder.flows.common.resources import TurnResources, load_resources, shared_client
+from prefect_coder.flows.common.resources import (
+    TurnResources,
+    load_resources,
+    load_store,
+    shared_client,
+)
+from prefect_coder.flows.liveness.track import batch_key, record_done, record_start, this_run
 from prefect_coder.flows.recovery.retire import retire_workflow_chat
 from prefect_coder.flows.workflow.steps import run_steps
 
@@ -44,6 +52,7 @@ __all__ = [
     "agent_fanout_shard",
     "run_in_process",
     "run_many_in_process",
+    "track_batch",
 ]
 
 #: Attempts and first back-off of loading the blocks in a shard (1, 2, 4, 8 s).
@@ -220,7 +229,30 @@ async def agent_fanout_shard(
             and the shard's size).
     """
     settings = settings or WorkflowSettings()
+    ids = [w.workflow_id for w in workflows]
+    tracked = await track_batch(settings, batch_key("shard", ids), [workflow_key(w) for w in ids])
     outcomes = await run_many_in_process(workflows, settings, max_parallel)
     failed = sum(not o.ok for o in outcomes)
     get_run_logger().info("shard finished: %d ok, %d failed", len(outcomes) - failed, failed)
+    if tracked is not None:
+        await tracked()
     return outcomes
+
+
+async def track_batch(
+    settings: WorkflowSettings, key: str, lease_keys: list[str]
+) -> Callable[[], Awaitable[object]] | None:
+    """Record this deployment run for ``reconcile-workflows`` (its workflows' leases show
+    it alive: a shard on a lost host stops renewing them); returns what marks it done,
+    or None (not a deployment run, or the store could not be loaded: logged)."""
+    run = this_run()
+    if run is None:
+        return None
+    try:
+        store = await load_store(settings)
+    except Exception as exc:
+        get_run_logger().warning("not recorded for the reconciler: %s", type(exc).__name__)
+        return None
+    if not await record_start(store, key, run, lease_keys=lease_keys):
+        return None
+    return lambda: record_done(store, key, run)

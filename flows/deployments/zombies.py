@@ -13,7 +13,10 @@ it sets emits ``prefect.flow-run.Crashed``, and the existing triggers recover.
 :func:`apply_zombie_automation` creates it, or updates it in place, by name
 (idempotent: the deploy path runs it after every deploy). It is restricted to
 this product's flows (related resource ``role: flow`` by name): heartbeats carry
-the flow's name but not the deployment's.
+the flow's name but not the deployment's. A run that suspends or pauses (an
+approval) satisfies the trigger like a final state: it sends no heartbeats while it
+waits for a person, and must never be crashed for that. This automation is the fast
+path; ``reconcile-workflows`` (docs/reconciler.md) guarantees the end.
 """
 
 from __future__ import annotations
@@ -47,13 +50,20 @@ PRODUCT_FLOWS = (
     "agent-workflow",
     "agent-turn",
     "agent-fanout",
+    "agent-fanout-shard",
     "archive-workflow-chat",
     "expire-approvals",
+    "reconcile-workflows",
     "recover-turn",
     "sweep-orphans",
     "sweep-stuck-turns",
 )
 _FINAL = ("Completed", "Failed", "Cancelled", "Crashed")
+#: States a run enters on purpose and then sends no heartbeats in: waiting for a
+#: person (``Suspended`` — its process exits — and ``Paused``, both of type PAUSED).
+#: Without them in ``expect`` an approval was crashed ``within`` seconds after its
+#: last heartbeat (issue 29): its deadline is the approval timeout, never a heartbeat.
+_WAITING = ("Suspended", "Paused")
 
 
 def zombie_automation(
@@ -87,7 +97,10 @@ def zombie_automation(
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.role": "flow", "prefect.resource.name": list(flows)},
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in _FINAL)},
+            expect={
+                "prefect.flow-run.heartbeat",
+                *(f"prefect.flow-run.{s}" for s in (*_FINAL, *_WAITING)),
+            },
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,

@@ -1,0 +1,84 @@
+"""Issue 29, fixes 2 and 3 (fix 1, an approval never crashed by the zombie automation,
+is proven with a real suspended run in ``test_reconcile_deployed.py``):
+
+* every flow a ``prefect.yaml`` deployment runs is one the zombie automation watches
+  (``agent-fanout-shard`` was missing: a shard on a dead host stayed Running for ever);
+* the ``agent-fanout`` Crashed trigger, on the real test server, starts the new run
+  with ALL the crashed run's parameters (it dropped ``workflow_deployment``,
+  ``shard_deployment`` and ``poll_interval_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fanout_env import _triggers
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+from prefect.client.schemas.objects import StateType
+from prefect.states import Crashed
+
+from prefect_coder.flows.deployments.agent_fanout import agent_fanout
+from prefect_coder.flows.deployments.zombies import PRODUCT_FLOWS, zombie_automation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_deployed_flow_is_watched_by_the_zombie_automation() -> None:
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    names = []
+    for entry in spec["deployments"]:
+        module, attr = entry["entrypoint"].split(":")
+        names.append(getattr(importlib.import_module(module), attr).name)
+    assert "agent-fanout-shard" in names
+    assert sorted(set(names) - set(PRODUCT_FLOWS)) == []
+
+
+def test_a_suspended_or_paused_run_satisfies_the_zombie_trigger() -> None:
+    trigger: Any = zombie_automation().trigger
+    assert {"prefect.flow-run.Suspended", "prefect.flow-run.Paused"} <= set(trigger.expect)
+    assert "prefect.flow-run.Crashed" in trigger.expect
+
+
+async def test_the_fanout_crashed_trigger_passes_all_parameters(prefect_server: Path) -> None:
+    # The trigger matches the deployment by name: named as prefect.yaml names it.
+    dep = await agent_fanout.ato_deployment(name="agent-fanout", triggers=_triggers("agent-fanout"))
+    dep_id = await dep.aapply()
+    parameters = {
+        "workflows": [{"workflow_id": "w-1", "steps": [{"name": "s", "prompt": "p"}]}],
+        "settings": {"credentials_block": "c", "store_block": "s", "lease_ttl_s": 7},
+        "max_parallel": 3,
+        "fail_on_error": False,
+        "workflow_deployment": "agent-workflow/elsewhere",
+        "poll_interval_s": 0.5,
+        "shard_size": 4,
+        "shard_deployment": "agent-fanout-shard/elsewhere",
+    }
+    try:
+        async with get_client() as client:
+            run = await client.create_flow_run_from_deployment(dep_id, parameters=parameters)
+            await client.set_flow_run_state(run.id, Crashed(message="test: host lost"), force=True)
+            deadline = time.monotonic() + 60
+            rerun = None
+            while rerun is None and time.monotonic() < deadline:
+                runs = await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        deployment_id=FlowRunFilterDeploymentId(any_=[dep_id])
+                    )
+                )
+                rerun = next((r for r in runs if r.id != run.id), None)
+                await asyncio.sleep(0.5)
+            assert rerun is not None, "the Crashed trigger started no new run"
+            assert rerun.parameters == parameters
+            assert rerun.state is not None and rerun.state.type == StateType.SCHEDULED
+            await client.delete_flow_run(rerun.id)
+            await client.delete_flow_run(run.id)
+    finally:
+        async with get_client() as client:
+            await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
+            await client.delete_deployment(dep_id)
