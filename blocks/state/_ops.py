@@ -8,13 +8,17 @@ transaction. The store gives each call its own transaction; a
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 
 from .urls import Backend
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 T = TypeVar("T")
 
@@ -48,3 +52,16 @@ class Ops(Protocol):
     def read(self) -> AbstractAsyncContextManager[StoreConnection]: ...
 
     def write(self) -> AbstractAsyncContextManager[StoreConnection]: ...
+
+
+class DirectOps(Ops, Protocol):
+    """The store itself (not a ``store.transaction()``): statements that are atomic by
+    themselves run outside any SQLAlchemy transaction, in one hop or round trip."""
+
+    async def run_direct(
+        self, body: Callable[[sqlite3.Connection, Callable[[], None]], T]
+    ) -> T: ...  # SQLite: ``body(conn, take_writer)`` on a worker, in one hop
+
+    def autocommit(
+        self,
+    ) -> AbstractAsyncContextManager[AsyncConnection]: ...  # PostgreSQL, autocommit

@@ -251,11 +251,25 @@ async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[Asyn
             yield conn
 
 
+# The database clock in Unix epoch seconds: the one place it is spelled. ``julianday``
+# counts days from noon, 4714 BC (2440587.5 is the Unix epoch); ``clock_timestamp()``
+# is the wall clock now, not the transaction's start (``now()``), so a lease's expiry
+# is measured from when its statement runs.
+_NOW_SQL: dict[Backend, str] = {
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "postgresql": "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
+}
+
+
+def db_now_sql(backend: Backend) -> str:
+    """The database clock in Unix epoch seconds as SQL text, for the store's fixed-text
+    statements run through the driver (leases, ``store.turns``)."""
+    return _NOW_SQL[backend]
+
+
 def db_now(backend: Backend) -> sa.ColumnElement[float]:
     """The database clock in Unix epoch seconds, so machines with skewed clocks agree."""
-    if backend == "sqlite":
-        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double)
-    return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+    return sa.literal_column(db_now_sql(backend), sa.Double)
 
 
 def upsert(backend: Backend, table: sa.Table) -> Any:

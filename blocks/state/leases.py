@@ -18,18 +18,20 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 
 from . import sqlite_pool
-from ._ops import Ops
-from .engines import upsert
+from ._ops import DirectOps, Ops
+from .engines import db_now_sql, upsert
 from .errors import LeaseLostError, LeaseUnavailableError
 from .records import Lease, from_epoch
 from .schema import leases as t
@@ -178,18 +180,36 @@ _TEXT = {
         "RETURNING key"
     ),
 }
-_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_PG_NOW = "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
 _SQLITE_TEXT = {
-    name: sql.format(now=_SQLITE_NOW, p1="?1", p2="?2", p3="?3", p4="?4")
+    name: sql.format(now=db_now_sql("sqlite"), p1="?1", p2="?2", p3="?3", p4="?4")
     for name, sql in _TEXT.items()
 }
 _PG_TEXT = {
     name: sql.format(
-        now=_PG_NOW, p1="$1::text", p2="$2::text", p3="$3::text", p4="$4::double precision"
+        now=db_now_sql("postgresql"),
+        p1="$1::text",
+        p2="$2::text",
+        p3="$3::text",
+        p4="$4::double precision",
     )
     for name, sql in _TEXT.items()
 }
+
+# The rows of a set of keys not released by their holder (live, or lapsed: seconds left
+# ≤ 0), for ``claim_any`` and ``holders``. Fixed text too: building an ``IN (50 keys)``
+# select per claim was ≈ 1 % of a fan-out worker's loop (docs/performance.md, round 7).
+_HOLDERS = (
+    "SELECT key, holder, expires_at - {now} FROM " + t.name + " "
+    "WHERE tenant = {p1} AND key {keys} AND expires_at <> " + repr(RELEASED)
+)
+_PG_HOLDERS = _HOLDERS.format(now=db_now_sql("postgresql"), p1="$1::text", keys="= ANY($2::text[])")
+
+
+@functools.lru_cache(maxsize=32)
+def _sqlite_holders(count: int) -> str:
+    """The read for ``count`` keys (``?2`` … ; one text per count, built once)."""
+    keys = "IN (" + ", ".join(f"?{i + 2}" for i in range(count)) + ")"
+    return _HOLDERS.format(now=db_now_sql("sqlite"), p1="?1", keys=keys)
 
 
 def _driver_one(
@@ -208,25 +228,57 @@ def _driver_one(
     return _DriverRow(*rows[0]) if len(rows[0]) == len(_DriverRow._fields) else rows[0]
 
 
-def acquire_direct(
-    conn: sqlite3.Connection,
-    take_writer: Callable[[], None],
+#: A key's holder as ``Leases.holders`` and ``claim_any`` read it: its holder id and
+#: the seconds left to its expiry on the database clock (≤ 0: lapsed, not released).
+class Holding(NamedTuple):
+    holder: str
+    left: float
+
+
+def _holdings(rows: Sequence[Any]) -> dict[str, Holding]:
+    return {str(key): Holding(str(holder), float(left)) for key, holder, left in rows}
+
+
+# Private: the global ``random`` is shared with (and reseeded by) other code.
+_rng = random.Random()
+
+
+def _claim_direct(
     tenant: str,
-    key: str,
+    keys: Sequence[str],
     holder: str,
     ttl: float,
-    *,
-    released_only: bool = False,
-) -> Lease | None:
-    """``Leases.acquire`` inside a ``store.run_direct`` body (SQLite): the same one
-    statement, for a caller that runs more than one step on the worker in one hop (the
-    turn slot's claim: its read and its acquires)."""
-    _check_ttl(ttl)
-    if not key or not holder:
-        raise ValueError("key and holder: both required and non-empty")
-    name = "acquire_released" if released_only else "acquire"
-    row = _driver_one(_SQLITE_TEXT[name], (tenant, key, holder, float(ttl)), conn, take_writer)
-    return None if row is None else _row(row)
+    first: str | None,
+    conn: sqlite3.Connection,
+    take_writer: Callable[[], None],
+) -> tuple[Any, list[Any]]:
+    """SQLite: ``claim_any``'s statements in ONE hop to a worker, each a transaction of
+    its own: ``first``'s acquire, else the read of the keys' rows and an acquire per
+    free one until one is won. Done hop by hop, a claim that read and then acquired
+    took two hops (three after a failed ``first``), each a thread hand-off on a busy
+    loop (docs/performance.md, round 10a). Returns the row won (or None) and the rows
+    read (none when ``first`` won: nothing was read)."""
+    params = (tenant, first, holder, float(ttl))
+    sql = _SQLITE_TEXT["acquire_released"]
+    if first is not None:
+        got = _driver_one(sql, params, conn, take_writer)
+        if got is not None:
+            return got, []
+    rows = sqlite_pool.driver_rows(conn, _sqlite_holders(len(keys)), (tenant, *keys))
+    for key in _free(keys, rows):
+        got = _driver_one(sql, (tenant, key, holder, float(ttl)), conn, take_writer)
+        if got is not None:
+            return got, rows
+    return None, rows
+
+
+def _free(keys: Sequence[str], rows: Sequence[Any]) -> list[str]:
+    """The keys no row was read for (never held, or released), in random order: waiters
+    that read the same free keys then mostly try different ones."""
+    taken = {str(row[0]) for row in rows}
+    free = [key for key in keys if key not in taken]
+    _rng.shuffle(free)
+    return free
 
 
 class _DriverRow(NamedTuple):
@@ -262,14 +314,28 @@ def _one_or_none(stmt: Any, params: dict[str, Any], conn: sa.Connection) -> Any:
     return conn.execute(stmt, params).one_or_none()
 
 
-class HeldLease:
-    """The handle ``store.lease(...)`` yields while the lease is held and renewed."""
+Log = logging.Logger | logging.LoggerAdapter[Any]
 
-    def __init__(self, lease: Lease, *, ttl: float, leases: Leases) -> None:
+
+class HeldLease:
+    """A lease this process holds: renewed in the background, confirmed before effects.
+
+    ``store.lease(...)`` yields one (and releases it on exit); ``Leases.claim_any`` and
+    ``Leases.keep`` return one, which the caller ends with :meth:`release` or
+    :meth:`abandon`. Every renewal checks the row still carries this holder *and* this
+    fence: a renewal that finds the lease gone or re-fenced (it lapsed and was taken
+    over), or no renewal succeeding for a whole ttl, sets :attr:`lost`.
+    """
+
+    def __init__(
+        self, lease: Lease, *, ttl: float, leases: Leases, logger: Log | None = None
+    ) -> None:
         self.lease = lease
         self.lost = False
         self._ttl = ttl
         self._leases = leases
+        self._log: Log = logger or logging.getLogger(__name__)
+        self._renewer: asyncio.Task[None] | None = None
         #: ``time.monotonic()`` after the acquisition or the last renewal that kept it.
         self.last_ok = time.monotonic()
 
@@ -284,6 +350,10 @@ class HeldLease:
     @property
     def fence(self) -> int:
         return self.lease.fence
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
 
     def raise_if_lost(self) -> None:
         """Raise LeaseLostError if a renewal found the lease gone (check before effects)."""
@@ -301,12 +371,83 @@ class HeldLease:
         self.raise_if_lost()
         if time.monotonic() - self.last_ok < self._ttl / 2:
             return
-        renewed = await self._leases.renew(self.key, self.holder, self._ttl)
+        if not self._kept(await self._leases.renew(self.key, self.holder, self._ttl)):
+            raise LeaseLostError(self.key, self.holder)
+
+    def _kept(self, renewed: Lease | None) -> bool:
+        """Take a renewal's answer: False (and :attr:`lost`) unless the row is still this
+        holder's under this fence (the same holder id under a new fence held it again
+        after another holder: what it guarded may have been redone meanwhile)."""
         if renewed is None or renewed.fence != self.fence:
             self.lost = True
-            raise LeaseLostError(self.key, self.holder)
+            return False
         self.lease = renewed
         self.last_ok = time.monotonic()
+        return True
+
+    def _renew_every(self, every: float | None = None) -> None:
+        """Renew in the background every ``every`` seconds (default ttl/3) until
+        :meth:`release` or :meth:`abandon`."""
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(
+                self._renew_loop(every or self._ttl / 3), name=f"lease-renew:{self.key}"
+            )
+
+    async def _renew_loop(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                renewed = await self._leases.renew(self.key, self.holder, self._ttl)
+            except Exception as exc:
+                # A transient database error: keep trying until a whole ttl has gone by.
+                if time.monotonic() - self.last_ok < self._ttl:
+                    self._log.warning(
+                        "lease %r renewal failed (%s); retrying", self.key, type(exc).__name__
+                    )
+                    continue
+                renewed = None
+            if not self._kept(renewed):
+                self._log.warning(
+                    "lease %r held by %r was lost; another holder may be running",
+                    self.key,
+                    self.holder,
+                )
+                return
+
+    async def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def release(self) -> bool:
+        """Stop renewing and give the lease up (``Leases.release``); True if it was still
+        ours. A lost lease is left alone (another holder may have it). Database errors
+        propagate: the lease then lapses after its ttl."""
+        await self._stop_renewing()
+        if self.lost:
+            return False
+        return await self._leases.release(self.key, self.holder)
+
+    async def abandon(self) -> bool:
+        """Stop renewing and let the lease lapse now (``Leases.abandon``): for a holder
+        whose work may go on without it. True if it was still ours."""
+        await self._stop_renewing()
+        if self.lost:
+            return False
+        return await self._leases.abandon(self.key, self.holder)
+
+
+@dataclass(frozen=True, slots=True)
+class AnyClaim:
+    """What ``Leases.claim_any`` found: the lease it won, and the rows it read."""
+
+    #: The key won, held and renewed in the background; None when every key was taken.
+    lease: HeldLease | None
+    #: The keys' rows not released by their holder as the claim read them, by key
+    #: (live, or lapsed: ``left`` ≤ 0). Empty when ``first`` was won: nothing was read.
+    holders: Mapping[str, Holding]
 
 
 class Leases:
@@ -314,6 +455,100 @@ class Leases:
 
     def __init__(self, ops: Ops) -> None:
         self._ops = ops
+
+    def keep(
+        self,
+        lease: Lease,
+        ttl: float,
+        *,
+        renew_interval: float | None = None,
+        logger: Log | None = None,
+    ) -> HeldLease:
+        """Hold ``lease`` (won by ``acquire`` or ``take_over`` with this ``ttl``): renewed
+        in the background every ``renew_interval`` (default ttl/3) from now until the
+        handle's ``release()`` or ``abandon()``. ``logger`` gets the renewal warnings."""
+        _check_ttl(ttl)
+        handle = HeldLease(lease, ttl=ttl, leases=self, logger=logger)
+        handle._renew_every(renew_interval)
+        return handle
+
+    async def claim_any(
+        self,
+        keys: Sequence[str],
+        holder: str,
+        ttl: float,
+        *,
+        first: str | None = None,
+        logger: Log | None = None,
+    ) -> AnyClaim:
+        """Win any one of ``keys`` that is free — never held, or released by its holder —
+        and hold it (``keep``: renewed until released or abandoned).
+
+        A key whose lease *lapsed* (its holder stopped renewing without releasing) is
+        never taken here: what it guarded may still be going on, so the caller judges
+        it from ``AnyClaim.holders`` and takes it with ``take_over`` (turn slots:
+        ``flows/fleet``). ``first``: tried first, with one acquire and no read — a key
+        most likely free (a process hands on what it just released); when it wins,
+        nothing is read. Otherwise ONE read of the keys' rows, then an acquire per
+        free-looking key in random order until one wins (contenders that read the same
+        free keys mostly try different ones); each acquire is atomic by itself, so two
+        claims never win the same key. SQLite: all of it in ONE hop to a worker thread;
+        PostgreSQL: one round trip per statement, on one connection.
+        """
+        _check_ttl(ttl)
+        if not keys or not holder:
+            raise ValueError("keys and holder: both required and non-empty")
+        ops = cast(DirectOps, self._ops)
+        tenant = ops.tenant
+        rows: list[Any]
+        if ops.backend == "sqlite":
+            row, rows = await ops.run_direct(
+                functools.partial(_claim_direct, tenant, keys, holder, ttl, first)
+            )
+        else:
+            row, rows = await self._claim_pg(ops, keys, holder, float(ttl), first)
+        won = None if row is None else self.keep(_row(row), ttl, logger=logger)
+        return AnyClaim(won, _holdings(rows))
+
+    @staticmethod
+    async def _claim_pg(
+        ops: DirectOps, keys: Sequence[str], holder: str, ttl: float, first: str | None
+    ) -> tuple[Any, list[Any]]:
+        sql = _PG_TEXT["acquire_released"]
+        tenant = ops.tenant
+        async with ops.autocommit() as conn:
+            if first is not None:
+                got = (await conn.exec_driver_sql(sql, (tenant, first, holder, ttl))).one_or_none()
+                if got is not None:
+                    return got, []
+            rows = list((await conn.exec_driver_sql(_PG_HOLDERS, (tenant, list(keys)))).all())
+            for key in _free(keys, rows):
+                got = (await conn.exec_driver_sql(sql, (tenant, key, holder, ttl))).one_or_none()
+                if got is not None:
+                    return got, rows
+        return None, rows
+
+    async def holders(self, keys: Sequence[str]) -> dict[str, Holding]:
+        """The rows of ``keys`` not released by their holder, by key: who holds each
+        and its seconds left (≤ 0: lapsed). One statement (SQLite: one hop)."""
+        if not keys:
+            return {}
+        ops = cast(DirectOps, self._ops)
+        tenant = ops.tenant
+        rows: list[Any]
+        if ops.backend == "sqlite":
+            sql = _sqlite_holders(len(keys))
+            params = (tenant, *keys)
+
+            def body(conn: sqlite3.Connection, _take_writer: Callable[[], None]) -> list[Any]:
+                # A read: one statement, its own snapshot, no writer lock.
+                return sqlite_pool.driver_rows(conn, sql, params)
+
+            rows = await ops.run_direct(body)
+        else:
+            async with ops.autocommit() as conn:
+                rows = list((await conn.exec_driver_sql(_PG_HOLDERS, (tenant, list(keys)))).all())
+        return _holdings(rows)
 
     async def acquire(
         self, key: str, holder: str, ttl: float, *, released_only: bool = False
@@ -469,21 +704,14 @@ class Leases:
                     waited=max(0.0, wait),
                 )
             await asyncio.sleep(min(poll_interval, left))
-        handle = HeldLease(got, ttl=ttl, leases=self)
-        renewer = asyncio.create_task(
-            self._renew_loop(handle, ttl, renew_interval or ttl / 3), name=f"lease-renew:{key}"
-        )
+        handle = self.keep(got, ttl, renew_interval=renew_interval)
         try:
             yield handle
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            if not handle.lost:
-                try:
-                    await self.release(key, holder)
-                except Exception:  # the lease then lapses after ttl on its own
-                    logger.warning("could not release lease %r; it lapses after its ttl", key)
+            try:
+                await handle.release()
+            except Exception:  # the lease then lapses after ttl on its own
+                logger.warning("could not release lease %r; it lapses after its ttl", key)
 
     async def _take_if_gone(
         self, key: str, holder: str, ttl: float, holder_gone: HolderGone
@@ -508,28 +736,3 @@ class Leases:
                 current[1],
             )
         return got
-
-    async def _renew_loop(self, handle: HeldLease, ttl: float, every: float) -> None:
-        last_ok = time.monotonic()
-        while True:
-            await asyncio.sleep(every)
-            try:
-                renewed = await self.renew(handle.key, handle.holder, ttl)
-            except Exception as exc:
-                # A transient database error: keep trying until a whole ttl has gone by.
-                if time.monotonic() - last_ok < ttl:
-                    logger.warning(
-                        "lease %r renewal failed (%s); retrying", handle.key, type(exc).__name__
-                    )
-                    continue
-                renewed = None
-            if renewed is None or renewed.fence != handle.fence:
-                handle.lost = True
-                logger.warning(
-                    "lease %r held by %r was lost; another holder may be running",
-                    handle.key,
-                    handle.holder,
-                )
-                return
-            handle.lease = renewed
-            last_ok = handle.last_ok = time.monotonic()

@@ -37,11 +37,6 @@ items = [FanoutItem.model_validate(i) for i in args["items"]]
 asyncio.run(agent_fanout(items, WorkflowSettings.model_validate(args["settings"])))
 """
 
-_DB_NOW = {
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "postgresql": "CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
-}
-
 
 def start_fanout_child(
     warm_python: WarmPython, items: list[FanoutItem], settings: WorkflowSettings
@@ -74,7 +69,7 @@ async def until(what: str, limit_s: float, check: Callable[[], Any]) -> Any:
 async def slot_rows(store: StateStore, cap: int) -> dict[str, Any]:
     """Every row of slots ``0 … cap-1`` by key, live, lapsed or released, each with
     ``left``: its seconds to expiry on the database clock (≤ 0 once lapsed)."""
-    now = sa.literal_column(_DB_NOW[store.backend])
+    now = store.now()
     async with store.read() as conn:
         rows = await conn.execute(
             sa.select(lease_table, (lease_table.c.expires_at - now).label("left")).where(
