@@ -94,6 +94,11 @@ def test_a_killed_launcher_takes_the_forks_whole_process_group(warm_python: Warm
     launcher = _launch(warm_python, code)
     assert launcher.stdout is not None
     fork, grandchild = map(int, launcher.stdout.readline().split())
+    # The warm process records which fork a launcher stands for right after the fork,
+    # so the fork may print before the record exists (seen at load 4): wait for it.
+    deadline = time.monotonic() + 20
+    while behind(launcher.pid) != fork and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert behind(launcher.pid) == fork
     assert behind(os.getpid()) == os.getpid()  # not a launcher
     os.kill(launcher.pid, signal.SIGKILL)
