@@ -140,6 +140,9 @@ async def _route(emu: Emulator, req: Request) -> Response:
                 chat_id=b.get("chat_id"),
             )
             return json_response(200, {"ok": True})
+        if name == "remove-route":
+            f.remove_route(str(b["path"]), method=b.get("method"))
+            return json_response(200, {"ok": True})
         if name == "stall-stream":
             f.stall_stream(b.get("chat_id"), seconds=b.get("seconds"))
             return json_response(200, {"ok": True})

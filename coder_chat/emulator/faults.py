@@ -89,6 +89,22 @@ class UpgradeRefusal:
 
 
 @dataclass
+class RouteRemoval:
+    """Answer 404 ``Route not found.`` to requests whose path contains ``path`` (and whose
+    method is ``method``, when set), REST calls and WebSocket upgrades alike: a build
+    that does not serve the route. Lasts until cleared."""
+
+    path: str
+    method: str | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        """True when this request asks for the removed route."""
+        if self.method and self.method.upper() != method.upper():
+            return False
+        return self.path in path
+
+
+@dataclass
 class DropRule:
     """Drop the next ``remaining`` matching streams after ``frames`` frames."""
 
@@ -115,9 +131,11 @@ class FaultState:
     drops: list[DropRule] = field(default_factory=list)
     stalls: list[Stall] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
+    removed: list[RouteRemoval] = field(default_factory=list)
 
     def clear(self) -> None:
-        """Disarm everything (held requests commit now)."""
+        """Disarm everything (held requests commit now, removed routes come back)."""
+        self.removed.clear()
         self.rest.clear()
         self.upgrades.clear()
         self.drops.clear()
@@ -146,6 +164,10 @@ class FaultState:
                 self.holds.remove(h)
                 out.append(h)
         return out
+
+    def route_removed(self, method: str, path: str) -> bool:
+        """True when a ``remove_route`` fault hides this request's route."""
+        return any(r.matches(method, path) for r in self.removed)
 
     def take_rest(self, method: str, path: str) -> RestFault | None:
         """Consume the first matching REST fault, if any."""
@@ -203,6 +225,7 @@ class FaultState:
             "upgrades": [u.__dict__ for u in self.upgrades],
             "drops": [d.__dict__ for d in self.drops],
             "stalls": [s.__dict__ for s in self.stalls],
+            "removed_routes": [r.__dict__ for r in self.removed],
             "holds": [
                 {
                     "held_path": h.held_path,

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,10 +249,14 @@ Handler = Callable[[Request], Awaitable["Response | DropResponse | Upgrade"]]
 class HttpServer:
     """Listens, parses requests, dispatches to ``handler``; restartable on the same port."""
 
-    def __init__(self, handler: Handler, host: str, port: int) -> None:
+    def __init__(
+        self, handler: Handler, host: str, port: int, *, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.handler = handler
         self.host = host
         self.port = port
+        #: Server-side TLS context (``https``/``wss``), or None for plain HTTP.
+        self.tls = tls
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -259,7 +264,13 @@ class HttpServer:
     async def start(self) -> None:
         """Bind and listen (port 0 picks a free port, remembered for restarts)."""
         self._server = await asyncio.start_server(
-            self._on_conn, self.host, self.port, reuse_address=True, limit=MAX_HEAD, backlog=2048
+            self._on_conn,
+            self.host,
+            self.port,
+            reuse_address=True,
+            limit=MAX_HEAD,
+            backlog=2048,
+            ssl=self.tls,
         )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]

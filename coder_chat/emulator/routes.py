@@ -69,6 +69,10 @@ class Api:
         """Entry point for every non-control request."""
         core = self.core
         fault = None
+        if core.faults.route_removed(req.method, req.path):
+            # Checked first, whatever the token: the route itself is what is missing.
+            core.log("fault", None, fault="remove_route", method=req.method, path=req.path)
+            return error_response(404, "Route not found.")
         if req.is_upgrade:
             status = core.faults.take_upgrade_refusal(_chat_id_of(req.path), req.path)
             if status is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import ssl
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ from .control import PREFIX, handle_control
 from .core import Core
 from .eras import Era, default_era
 from .eras import era as resolve_era
-from .faults import DropRule, RestFault, Stall, UpgradeRefusal
+from .faults import DropRule, RestFault, RouteRemoval, Stall, UpgradeRefusal
 from .httpserver import DropResponse, HttpServer, Request, Response, Upgrade
 from .routes import Api
 from .script import Script
@@ -181,6 +182,14 @@ class Faults:
         )
         self._emu._call(lambda: self._faults().rest.append(fault))
 
+    def remove_route(self, path: str, *, method: str | None = None) -> None:
+        """Answer 404 ``Route not found.`` to every request (REST or WebSocket upgrade)
+        whose path contains ``path`` (and whose method is ``method``, when given), before
+        auth: the server then behaves like a build that does not serve that route
+        (e.g. ``"/stream"``, ``"/chats/models"``, ``"/api/v2/chats"``). Until
+        :meth:`clear`."""
+        self._emu._call(lambda: self._faults().removed.append(RouteRemoval(path, method)))
+
     def restart(self, downtime: float = 0.0) -> Any:
         """Close the listener and every connection, reopen on the same port after
         ``downtime`` seconds; all state is kept. Blocks until reopened when called from
@@ -220,11 +229,13 @@ class Emulator:
         stamp_queued_message_id: bool | None = None,
         aibridge_providers: dict[str, str] | None = None,
         era: str | Era | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """Configure (not start) an emulator; ``era`` picks the server build to play
         (``"b1"``, ``"b2"``, ``"b3"``; None: ``$CODER_CHAT_EMULATOR_ERA`` or the default,
-        see docs/emulator.md). Every other keyword is documented in docs/emulator.md's
-        configuration table."""
+        see docs/emulator.md); ``tls``, a server-side ``SSLContext``, serves ``https`` and
+        ``wss`` instead of plain HTTP. Every other keyword is documented in
+        docs/emulator.md's configuration table."""
         toks = list(tokens) if tokens else [f"emu-{secrets.token_hex(16)}"]
         self._users = [
             User(
@@ -254,6 +265,7 @@ class Emulator:
             aibridge_providers=aibridge_providers,
             era=resolve_era(era if era is not None else default_era()),
         )
+        self._tls = tls
         self._core: Core | None = None
         self._api: Api | None = None
         self._http: HttpServer | None = None
@@ -266,7 +278,7 @@ class Emulator:
         self._loop = asyncio.get_running_loop()
         self._core = Core(self._cfg, self._users, self.organization_id)
         self._api = Api(self._core)
-        self._http = HttpServer(self._handle, self.host, self._port)
+        self._http = HttpServer(self._handle, self.host, self._port, tls=self._tls)
         await self._http.start()
         self._port = self._http.port
         self._core.log("server_start", None, port=self._port)
@@ -375,13 +387,13 @@ class Emulator:
 
     @property
     def base_url(self) -> str:
-        """``http://HOST:PORT``."""
-        return f"http://{self.host}:{self._port}"
+        """``http://HOST:PORT`` (``https://`` when serving TLS)."""
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self._port}"
 
     @property
     def ws_url(self) -> str:
-        """``ws://HOST:PORT``."""
-        return f"ws://{self.host}:{self._port}"
+        """``ws://HOST:PORT`` (``wss://`` when serving TLS)."""
+        return f"{'wss' if self._tls else 'ws'}://{self.host}:{self._port}"
 
     @property
     def token(self) -> str:

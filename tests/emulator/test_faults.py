@@ -272,3 +272,39 @@ def test_requires_action_deadline(chatd_emulator: Emulator) -> None:
         emu.wait_for_status(cid, "requires_action")
         emu.wait_for_status(cid, "waiting", timeout=3)
         assert any(e["kind"] == "requires_action_timeout" for e in emu.event_log())
+
+
+async def test_remove_route_answers_404_until_cleared(emu: Emulator) -> None:
+    """A removed route answers 404 ``Route not found.`` (REST and upgrade alike, whatever
+    the token) as a build without it would; other routes and ``clear()`` are untouched."""
+    async with client(emu) as c:
+        chat = await create_chat(c, emu, "go")
+        await wait_status(emu, chat["id"], "waiting")
+        emu.faults.remove_route("/stream")
+        with pytest.raises(websockets.InvalidStatus) as ei:
+            async with Tap(emu, chat["id"]):
+                pass
+        assert ei.value.response.status_code == 404
+        assert json.loads(ei.value.response.body) == {"message": "Route not found."}
+        assert (await c.get(f"{P}/{chat['id']}")).status_code == 200  # the rest still serves
+        emu.faults.remove_route(V2, method="POST")
+        r = await c.post(V2, json={})
+        assert r.status_code == 404 and r.json() == {"message": "Route not found."}
+        assert (await c.get(V2)).status_code == 200  # GET of the same path is not removed
+        async with httpx.AsyncClient(base_url=emu.base_url) as anonymous:
+            assert (await anonymous.post(V2, json={})).status_code == 404  # before auth
+        emu.faults.clear()
+        async with Tap(emu, chat["id"]) as tap:
+            await tap.wait_status("waiting")
+    # Over the control API too.
+    async with httpx.AsyncClient(base_url=emu.base_url) as raw:
+        admin = {"X-Emulator-Admin-Token": emu.admin_token}
+        r = await raw.post(
+            "/__emulator__/faults/remove-route", headers=admin, json={"path": "/chats/models"}
+        )
+        assert r.status_code == 200
+        faults = (await raw.get("/__emulator__/faults", headers=admin)).json()
+        assert faults["removed_routes"] == [{"path": "/chats/models", "method": None}]
+        models = f"/api/v2/organizations/{emu.organization_id}/chats/models"
+        r = await raw.get(models, headers={"Coder-Session-Token": emu.token})
+        assert r.status_code == 404 and r.json() == {"message": "Route not found."}
