@@ -65,7 +65,8 @@ def render_turn_markdown(result: TurnResult, prompt: str, *, base_url: str | Non
     """Markdown for one finished turn; with ``base_url`` the chat links to its
     page in the Coder web UI."""
     url = chat_web_url(base_url, result.chat_id)
-    chat = f"[`{result.chat_id}`]({url})" if url else f"`{result.chat_id}`"
+    # A plain link: code spans inside link text render as literal backticks in the UI.
+    chat = f"[{result.chat_id}]({url})" if url else f"`{result.chat_id}`"
     lines = [
         f"# Turn `{result.step}` of workflow `{result.workflow_id}`",
         "",

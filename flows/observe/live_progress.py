@@ -39,7 +39,7 @@ from prefect.utilities.context import get_task_and_flow_run_ids
 
 from coder_chat.core.fields import field
 from coder_chat.events import SegmentSettle, TransportEvent, WsEvent, WsRedial
-from prefect_coder.flows.observe.artifacts import chat_web_url
+from prefect_coder.flows.observe.artifacts import artifact_key, chat_web_url
 from prefect_coder.flows.observe.background import spawn
 
 __all__ = ["INTERVAL_ENV", "LiveProgress", "ToolState", "progress_interval_s"]
@@ -284,6 +284,9 @@ class LiveProgress:
                     task_run_id, flow_run_id = self._run_ids
                     created = await client.create_artifact(
                         ArtifactCreate(
+                            # Keyed, so the card has a title in the UI and a rerun of
+                            # the step adds a version instead of another untitled card.
+                            key=artifact_key(self.workflow_id, self.step, kind="live"),
                             type="markdown",
                             description=f"Live progress of Coder turn {self.workflow_id}/{self.step}",
                             data=markdown,
@@ -323,7 +326,8 @@ class LiveProgress:
         elapsed = time.monotonic() - self.started
         state = f"finished — {self.outcome}" if self.outcome else "running"
         url = chat_web_url(self.base_url, self.chat_id)
-        chat = f"[`{self.chat_id}`]({url})" if url else f"`{self.chat_id or 'not created yet'}`"
+        # A plain link: code spans inside link text render as literal backticks in the UI.
+        chat = f"[{self.chat_id}]({url})" if url else f"`{self.chat_id or 'not created yet'}`"
         lines = [
             f"# Live: turn `{self.step}` of workflow `{self.workflow_id}`",
             "",

@@ -105,7 +105,10 @@ async def test_a_running_turn_shows_live_progress_at_a_bounded_rate(
     md = str(final.data)
     assert "finished — settled" in md and SECOND in md, md
     assert "| `ui_test_gate` | client | answered |" in md, md
-    assert f"[`{chat_id}`]({emu.base_url}/agents/{chat_id})" in md
+    # A plain link (a code span inside link text showed literal backticks in the UI).
+    assert f"[{chat_id}]({emu.base_url}/agents/{chat_id})" in md
+    # Keyed, so the UI gives the card a title (untitled before).
+    assert final.key == artifact_key(workflow_id, "slow", kind="live")
     updates = int(re.search(r"_update (\d+),", md).group(1))  # type: ignore[union-attr]
     # 200 text deltas, statuses, a tool call: unthrottled that is > 200 updates.
     assert 2 <= updates <= elapsed / INTERVAL_S + 3, (updates, elapsed)
