@@ -50,7 +50,7 @@ class Step(BaseModel):
     prompt: str = Field(
         description=(
             "The user prompt sent for this step. Against the demo's emulated Coder the "
-            "model only answers 'Echo: <prompt>' unless the prompt ends with a '#emu' "
+            "model only answers 'Echo: ' and the prompt unless the prompt ends with a '#emu' "
             "script (docs/emulator.md). A tool call (the step offers 'record_note'): "
             '`Note it. #emu [{"tool_calls": [{"name": "record_note", "args": {"title": '
             '"t", "body": "b"}}]}, {"text": "noted"}]`. A structured answer (output_model '

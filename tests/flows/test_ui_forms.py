@@ -56,6 +56,19 @@ def test_the_prompt_says_how_to_script_the_demo_model() -> None:
         assert example in text, example
 
 
+def test_no_form_help_text_holds_an_html_tag() -> None:
+    # The Prefect UI renders a field's description as HTML: "<prompt>" vanished from
+    # the help text as an unknown tag.
+    import re
+
+    flows = (agent_workflow, agent_turn, recover_turn, expire_approvals, *SWEEPS)
+    for flow in flows:
+        for text in re.findall(
+            r'"description": "((?:[^"\\]|\\.)*)"', parameter_schema(flow).model_dump_json()
+        ):
+            assert not re.search(r"<[A-Za-z_/][^>]*>", text), (flow.name, text)
+
+
 def test_every_run_is_named_from_its_parameters_not_at_random() -> None:
     names = {
         flow.name: flow.flow_run_name
