@@ -56,25 +56,22 @@ def test_the_prompt_says_how_to_script_the_demo_model() -> None:
         assert example in text, example
 
 
+def _descriptions(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["description"]] if isinstance(node.get("description"), str) else []
+        return found + [d for v in node.values() for d in _descriptions(v)]
+    if isinstance(node, list):
+        return [d for v in node for d in _descriptions(v)]
+    return []
+
+
 def test_no_form_help_text_holds_an_html_tag() -> None:
     # The Prefect UI renders a field's description as HTML: "<prompt>" vanished from
     # the help text as an unknown tag.
     import re
 
     flows = (agent_workflow, agent_turn, recover_turn, expire_approvals, *SWEEPS)
-    for flow in flows:
-        for text in re.findall(
-            r'"description": "((?:[^"\\]|\\.)*)"', parameter_schema(flow).model_dump_json()
-        ):
-            assert not re.search(r"<[A-Za-z_/][^>]*>", text), (flow.name, text)
-
-
-def test_every_run_is_named_from_its_parameters_not_at_random() -> None:
-    names = {
-        flow.name: flow.flow_run_name
-        for flow in (agent_workflow, agent_turn, recover_turn, expire_approvals, *SWEEPS)
-    }
-    assert names["agent-workflow"] == "{workflow_id}"
-    assert names["expire-approvals"] == "expire-approvals"
-    assert names["sweep-orphans"] == "sweep-orphans"
-    assert all(names.values()), names
+    texts = [t for flow in flows for t in _descriptions(parameter_schema(flow).model_dump())]
+    assert any("#emu" in t for t in texts)  # the scan sees the step form
+    tagged = [t for t in texts if re.search(r"<[A-Za-z_/][^>]*>", t)]
+    assert not tagged, tagged
