@@ -75,3 +75,14 @@ def test_no_form_help_text_holds_an_html_tag() -> None:
     assert any("#emu" in t for t in texts)  # the scan sees the step form
     tagged = [t for t in texts if re.search(r"<[A-Za-z_/][^>]*>", t)]
     assert not tagged, tagged
+
+
+def test_every_run_is_named_from_its_parameters_not_at_random() -> None:
+    names = {
+        flow.name: flow.flow_run_name
+        for flow in (agent_workflow, agent_turn, recover_turn, expire_approvals, *SWEEPS)
+    }
+    assert names["agent-workflow"] == "{workflow_id}"
+    assert names["expire-approvals"] == "expire-approvals"
+    assert names["sweep-orphans"] == "sweep-orphans"
+    assert all(names.values()), names
