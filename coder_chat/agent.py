@@ -9,34 +9,23 @@ reads the chat stream until the run settles. If it settled in ``requires_action`
 tool calls, the agent runs the tools locally, posts the results and reads on
 — on the SAME retained stream — until a segment ends without client calls.
 
-This module is the agent's public face and its turn loop; the parts live in
-modules named for their jobs:
+The agent's parts live in modules named for their jobs: ``agent_options``
+(``AgentTimings``, ``AgentHooks``, creation options, the session check),
+``agent_session`` (chat, cursor, stranded chats, retained stream),
+``segment_runner`` (one segment: submit → read → teardown, with the
+per-segment rules), ``segment_reader`` (its read loop), ``follow_target``
+(which turn ``follow()`` re-attaches to) and ``agent_cleanup`` (background
+interrupts and withdrawals, ``archive()``). This module is the public face and
+the turn loop. :meth:`CoderAgent.generate_structured` stays here: two
+``generate()`` calls and a pick, which a module of its own would only scatter.
 
-* :mod:`coder_chat.agent_options`: ``AgentTimings``, ``AgentHooks`` (what a
-  durable caller sets), the creation options and the session check;
-* :mod:`coder_chat.agent_session`: the session's state (chat, cursor, stranded
-  chats, retained stream);
-* :mod:`coder_chat.segment_runner`: one segment's submit → read → teardown,
-  with the per-segment rules (``request_timeout``, the best-effort interrupt
-  of a segment that ends unsettled, stranding after a ``CoderStreamError``);
-* :mod:`coder_chat.segment_reader`: a segment's read loop;
-* :mod:`coder_chat.follow_target`: which turn ``follow()`` re-attaches to;
-* :mod:`coder_chat.agent_cleanup`: background interrupts and withdrawals, and
-  ``archive()``'s stop-and-archive of its targets.
-
-Structured output (:meth:`CoderAgent.generate_structured`) stays here: it is two
-``generate()`` calls and a pick, and a module of its own would only scatter it.
-
-Rules the turn loop enforces (each closes a failure window):
-
-* attribution: only events past the turn's cursor count (see
-  :mod:`coder_chat.core.translator`), so resumed turns never absorb earlier
-  turns' content or usage, and a queued prompt never absorbs its predecessor's;
-* a timeout or cancellation while client tools run does NOT interrupt: the
-  ``requires_action`` pause is the only record of a tool effect that may have
-  committed, and crash recovery reconciles it;
-* the step cap answers (or, failing that, interrupts) a tool-call pause instead
-  of leaving the chat in ``requires_action``.
+Rules the turn loop enforces (each closes a failure window): attribution —
+only events past the turn's cursor count (:mod:`coder_chat.core.translator`),
+so a resumed or queued turn never absorbs an earlier run's content or usage;
+no interrupt while client tools run — the ``requires_action`` pause is the
+only record of a tool effect that may have committed (crash recovery
+reconciles it); the step cap answers (else interrupts) a tool-call pause
+instead of leaving the chat in ``requires_action``.
 
 Caller deadlines (``generate(timeout=...)``, ``asyncio.timeout``) and
 cancellation propagate unchanged (``TimeoutError`` / ``CancelledError``) after
