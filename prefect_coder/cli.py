@@ -93,6 +93,11 @@ def doctor(
     smoke_timeout: float = typer.Option(
         120.0, "--smoke-timeout", min=1.0, help="Seconds the smoke turn may take."
     ),
+    automation_name: str = typer.Option(
+        ZOMBIE_AUTOMATION,
+        "--automation-name",
+        help="The name `automations apply` was given (its --name).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check that prefect-coder will work against a Coder deployment (docs/doctor.md)."""
@@ -107,6 +112,7 @@ def doctor(
         store_block=store_block,
         smoke=smoke,
         smoke_timeout=smoke_timeout,
+        automation_name=automation_name,
     )
     found = asyncio.run(diagnose(options))
     typer.echo(found.json() if as_json else found.text())

@@ -198,7 +198,7 @@ def organization(obs: CoderObserved, target: Target) -> Check | None:
             f"organization_id {obs.organization_id}: membership not readable from users/me",
             "the chat-routes check below creates a chat in it",
         )
-    return Check("organization", Status.OK, f"{obs.organization_id}: user {user!r} is a member")
+    return Check("organization", Status.OK, f"{obs.organization_id}: user {user} is a member")
 
 
 def models(obs: CoderObserved) -> Check | None:

@@ -6,7 +6,12 @@ from __future__ import annotations
 from .checks import Check, Status
 from .observed import PrefectObserved, StoreObserved
 
-__all__ = ["automations", "prefect_api", "store"]
+__all__ = ["ZOMBIE_AUTOMATION", "automations", "prefect_api", "store"]
+
+#: ``prefect_coder.flows.deployments.zombies.ZOMBIE_AUTOMATION``, spelled out: the
+#: verdicts stay importable without Prefect (tests/doctor/test_verdicts.py keeps the
+#: two equal).
+ZOMBIE_AUTOMATION = "prefect-coder: crash runs whose heartbeats stopped"
 
 _SHARED = (
     "save a ChatStateStore block with a postgresql+asyncpg:// URL (password in its "
@@ -94,8 +99,9 @@ def automations(obs: PrefectObserved) -> Check | None:
     """The zombie-run automation ``prefect-coder automations apply`` creates."""
     if obs.api_url is None or obs.error is not None:
         return None
-    apply = "run `prefect-coder automations apply` (after every `prefect deploy`)"
     name = obs.automation_name
+    named = "" if name == ZOMBIE_AUTOMATION else f" --name {name!r}"
+    apply = f"run `prefect-coder automations apply{named}` (after every `prefect deploy`)"
     if obs.automation_error is not None:
         return Check(
             "automations", Status.WARN, f"could not read {name!r}: {obs.automation_error}", apply

@@ -9,6 +9,7 @@ schema — on a shared database, under workers that still run the old version.
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,13 @@ __all__ = ["observe_prefect", "observe_store"]
 
 #: Bound of every Prefect API call the doctor makes.
 PREFECT_TIMEOUT = 15.0
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Class: message`` on one line, without SQLAlchemy's wrapper noise."""
+    text = re.sub(r"\(sqlalchemy[^)]*\)\s*", "", str(exc)).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _read_sqlite(path: str, timeout: float) -> tuple[bool, bool, int | None]:
@@ -100,30 +108,26 @@ async def observe_store(block_name: str | None) -> tuple[StoreObserved, list[str
                 _read_postgres(store.url, secret, block.connect_timeout),
                 block.connect_timeout + 5,
             )
-    except (OSError, sa.exc.SQLAlchemyError, sqlite3.Error, TimeoutError) as exc:
-        text = f"{type(exc).__name__}: {exc}".strip()
-        return replace(obs, connect_error=text.splitlines()[0] if text else "error"), [
-            s for s in (secret,) if s
-        ]
-    except Exception as exc:  # the driver's own errors (asyncpg's) are not OSErrors
-        text = f"{type(exc).__name__}: {exc}".strip()
-        return replace(obs, connect_error=text.splitlines()[0]), [s for s in (secret,) if s]
+    except Exception as exc:  # any driver error (asyncpg's are not OSErrors) is the finding
+        return replace(obs, connect_error=_one_line(exc)), [s for s in (secret,) if s]
     return replace(obs, has_tables=has, version=version), [s for s in (secret,) if s]
 
 
-async def observe_prefect() -> PrefectObserved:
-    """Whether the Prefect API answers, and the zombie-run automation's state."""
+async def observe_prefect(automation_name: str | None = None) -> PrefectObserved:
+    """Whether the Prefect API answers, and the state of the zombie-run automation
+    (``automation_name``: the name it was applied under; default, its own)."""
     from prefect.settings import get_current_settings
 
     from prefect_coder.flows.deployments.zombies import PRODUCT_FLOWS, ZOMBIE_AUTOMATION
 
+    name = automation_name or ZOMBIE_AUTOMATION
     url = get_current_settings().api.url
     if not url:
-        return PrefectObserved(api_url=None, automation_name=ZOMBIE_AUTOMATION)
+        return PrefectObserved(api_url=None, automation_name=name)
     from prefect.automations import Automation
     from prefect.client.orchestration import get_client
 
-    obs = PrefectObserved(api_url=str(url), automation_name=ZOMBIE_AUTOMATION)
+    obs = PrefectObserved(api_url=str(url), automation_name=name)
     try:
         async with asyncio.timeout(PREFECT_TIMEOUT), get_client() as client:
             failed = await client.api_healthcheck()
@@ -135,7 +139,7 @@ async def observe_prefect() -> PrefectObserved:
     obs = replace(obs, server_version=str(version))
     try:
         async with asyncio.timeout(PREFECT_TIMEOUT):
-            found = await Automation.aread(name=ZOMBIE_AUTOMATION)
+            found = await Automation.aread(name=name)
     except ValueError:  # "Automation not found"
         return replace(obs, automation_found=False)
     except Exception as exc:

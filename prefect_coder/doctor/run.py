@@ -36,6 +36,7 @@ class DoctorOptions:
     store_block: str | None = None
     smoke: bool = False
     smoke_timeout: float = 120.0
+    automation_name: str | None = None
 
 
 async def _target(options: DoctorOptions, env: Mapping[str, str]) -> tuple[Target | None, Check]:
@@ -113,7 +114,7 @@ async def diagnose(options: DoctorOptions, env: Mapping[str, str] | None = None)
     store_obs, store_secrets = await observe_store(options.store_block)
     secrets += store_secrets
     checks.append(lv.store(store_obs))
-    prefect_obs = await observe_prefect()
+    prefect_obs = await observe_prefect(options.automation_name)
     checks.append(lv.prefect_api(prefect_obs))
     auto = lv.automations(prefect_obs)
     if auto is not None:

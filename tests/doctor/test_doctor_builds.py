@@ -3,6 +3,11 @@ the build, never leaves a doctor chat live, and never shows the token."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +71,28 @@ def test_text_report_is_one_line_per_check(chatd_emulator: Emulator, doctor: Any
     # Without --smoke no turn ran to its end: one route-check chat, archived.
     assert [c["archived"] for c in chatd_emulator.chats()] == [True]
     assert_no_secret(run.output + run.logs, TOKEN)
+
+
+@pytest.mark.chatd_emulator(tokens=[TOKEN], era="b1")
+def test_console_script_end_to_end(chatd_emulator: Emulator, tmp_path: Path) -> None:
+    """The installed ``prefect-coder`` command in its own process: exit code, JSON on
+    stdout, and neither stdout nor stderr holds any piece of the token."""
+    script = Path(sys.executable).with_name("prefect-coder")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("CODER_", "PREFECT_API"))},
+        **coder_env(chatd_emulator),
+        "PREFECT_HOME": str(tmp_path),
+        "PREFECT_LOGGING_LEVEL": "DEBUG",
+    }
+    done = subprocess.run(
+        [str(script), "doctor", "--smoke", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert {c["name"]: c["status"] for c in report["checks"]}["smoke"] == "OK"
+    assert_no_secret(done.stdout + done.stderr, TOKEN)
