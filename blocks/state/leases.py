@@ -9,6 +9,11 @@ renewing and its lease lapses after ``ttl`` seconds — or sooner: a caller that
 knows the holder is gone (the flows layer asks Prefect whether the holder's run
 ended) takes the row over with :meth:`Leases.take_over`, a compare-and-set on
 the holder, without waiting for the expiry.
+
+A held lease is a :class:`HeldLease`: renewed in the background (each renewal
+checks holder *and* fence), confirmed before an effect (``confirm``), released or
+abandoned at the end. ``store.lease(...)`` waits for one key; ``claim_any`` wins
+any free one of a set of keys in one store call (the fleet's turn slots).
 """
 
 from __future__ import annotations
@@ -196,20 +201,21 @@ _PG_TEXT = {
 }
 
 # The rows of a set of keys not released by their holder (live, or lapsed: seconds left
-# ≤ 0), for ``claim_any`` and ``holders``. Fixed text too: building an ``IN (50 keys)``
-# select per claim was ≈ 1 % of a fan-out worker's loop (docs/performance.md, round 7).
+# ≤ 0), for ``claim_any`` and ``holders``: ONE key range on the primary key, from the
+# set's least key to its greatest, filtered to the set in Python (``_holdings``).
+# Fixed text: building an ``IN (50 keys)`` select per claim was ≈ 1 % of a fan-out
+# worker's loop (docs/performance.md, round 7), and an ``IN`` of 50 bound keys cost
+# SQLite twice the range's time (45 vs 21 µs). A set's keys should share a prefix
+# (``turn-slot:0`` … ``turn-slot:49``): rows of other keys inside the range are read
+# and dropped.
 _HOLDERS = (
     "SELECT key, holder, expires_at - {now} FROM " + t.name + " "
-    "WHERE tenant = {p1} AND key {keys} AND expires_at <> " + repr(RELEASED)
+    "WHERE tenant = {p1} AND key BETWEEN {p2} AND {p3} AND expires_at <> " + repr(RELEASED)
 )
-_PG_HOLDERS = _HOLDERS.format(now=db_now_sql("postgresql"), p1="$1::text", keys="= ANY($2::text[])")
-
-
-@functools.lru_cache(maxsize=32)
-def _sqlite_holders(count: int) -> str:
-    """The read for ``count`` keys (``?2`` … ; one text per count, built once)."""
-    keys = "IN (" + ", ".join(f"?{i + 2}" for i in range(count)) + ")"
-    return _HOLDERS.format(now=db_now_sql("sqlite"), p1="?1", keys=keys)
+_SQLITE_HOLDERS = _HOLDERS.format(now=db_now_sql("sqlite"), p1="?1", p2="?2", p3="?3")
+_PG_HOLDERS = _HOLDERS.format(
+    now=db_now_sql("postgresql"), p1="$1::text", p2="$2::text", p3="$3::text"
+)
 
 
 def _driver_one(
@@ -228,15 +234,24 @@ def _driver_one(
     return _DriverRow(*rows[0]) if len(rows[0]) == len(_DriverRow._fields) else rows[0]
 
 
-#: A key's holder as ``Leases.holders`` and ``claim_any`` read it: its holder id and
-#: the seconds left to its expiry on the database clock (≤ 0: lapsed, not released).
 class Holding(NamedTuple):
+    """A key's holder as ``Leases.holders`` and ``claim_any`` read it: its holder id and
+    the seconds left to its expiry on the database clock (≤ 0: lapsed, not released)."""
+
     holder: str
     left: float
 
 
-def _holdings(rows: Sequence[Any]) -> dict[str, Holding]:
-    return {str(key): Holding(str(holder), float(left)) for key, holder, left in rows}
+def _holders_params(tenant: str, keys: Sequence[str]) -> tuple[str, str, str]:
+    return tenant, min(keys), max(keys)
+
+
+def _holdings(rows: Sequence[Any], keys: Sequence[str]) -> dict[str, Holding]:
+    """The rows of ``keys`` among ``rows`` (a key range: it may hold others)."""
+    wanted = frozenset(keys)
+    return {
+        str(key): Holding(str(holder), float(left)) for key, holder, left in rows if key in wanted
+    }
 
 
 # Private: the global ``random`` is shared with (and reseeded by) other code.
@@ -258,15 +273,16 @@ def _claim_direct(
     took two hops (three after a failed ``first``), each a thread hand-off on a busy
     loop (docs/performance.md, round 10a). Returns the row won (or None) and the rows
     read (none when ``first`` won: nothing was read)."""
-    params = (tenant, first, holder, float(ttl))
+    # Released (or never held) rows only, ``first`` too: a key taken since this process
+    # released it, or since the read, may have lapsed meanwhile — with its work going on.
     sql = _SQLITE_TEXT["acquire_released"]
     if first is not None:
-        got = _driver_one(sql, params, conn, take_writer)
+        got = _driver_one(sql, (tenant, first, holder, ttl), conn, take_writer)
         if got is not None:
             return got, []
-    rows = sqlite_pool.driver_rows(conn, _sqlite_holders(len(keys)), (tenant, *keys))
+    rows = sqlite_pool.driver_rows(conn, _SQLITE_HOLDERS, _holders_params(tenant, keys))
     for key in _free(keys, rows):
-        got = _driver_one(sql, (tenant, key, holder, float(ttl)), conn, take_writer)
+        got = _driver_one(sql, (tenant, key, holder, ttl), conn, take_writer)
         if got is not None:
             return got, rows
     return None, rows
@@ -493,7 +509,8 @@ class Leases:
         free-looking key in random order until one wins (contenders that read the same
         free keys mostly try different ones); each acquire is atomic by itself, so two
         claims never win the same key. SQLite: all of it in ONE hop to a worker thread;
-        PostgreSQL: one round trip per statement, on one connection.
+        PostgreSQL: one round trip per statement, on one connection. The read is a key
+        range (``holders``): give it keys that share a prefix.
         """
         _check_ttl(ttl)
         if not keys or not holder:
@@ -503,12 +520,12 @@ class Leases:
         rows: list[Any]
         if ops.backend == "sqlite":
             row, rows = await ops.run_direct(
-                functools.partial(_claim_direct, tenant, keys, holder, ttl, first)
+                functools.partial(_claim_direct, tenant, keys, holder, float(ttl), first)
             )
         else:
             row, rows = await self._claim_pg(ops, keys, holder, float(ttl), first)
         won = None if row is None else self.keep(_row(row), ttl, logger=logger)
-        return AnyClaim(won, _holdings(rows))
+        return AnyClaim(won, _holdings(rows, keys))
 
     @staticmethod
     async def _claim_pg(
@@ -521,7 +538,8 @@ class Leases:
                 got = (await conn.exec_driver_sql(sql, (tenant, first, holder, ttl))).one_or_none()
                 if got is not None:
                     return got, []
-            rows = list((await conn.exec_driver_sql(_PG_HOLDERS, (tenant, list(keys)))).all())
+            params = _holders_params(tenant, keys)
+            rows = list((await conn.exec_driver_sql(_PG_HOLDERS, params)).all())
             for key in _free(keys, rows):
                 got = (await conn.exec_driver_sql(sql, (tenant, key, holder, ttl))).one_or_none()
                 if got is not None:
@@ -530,25 +548,25 @@ class Leases:
 
     async def holders(self, keys: Sequence[str]) -> dict[str, Holding]:
         """The rows of ``keys`` not released by their holder, by key: who holds each
-        and its seconds left (≤ 0: lapsed). One statement (SQLite: one hop)."""
+        and its seconds left (≤ 0: lapsed). One statement (SQLite: one hop) reading the
+        key range from the least of ``keys`` to the greatest: give it keys that share a
+        prefix."""
         if not keys:
             return {}
         ops = cast(DirectOps, self._ops)
-        tenant = ops.tenant
         rows: list[Any]
+        params = _holders_params(ops.tenant, keys)
         if ops.backend == "sqlite":
-            sql = _sqlite_holders(len(keys))
-            params = (tenant, *keys)
 
             def body(conn: sqlite3.Connection, _take_writer: Callable[[], None]) -> list[Any]:
                 # A read: one statement, its own snapshot, no writer lock.
-                return sqlite_pool.driver_rows(conn, sql, params)
+                return sqlite_pool.driver_rows(conn, _SQLITE_HOLDERS, params)
 
             rows = await ops.run_direct(body)
         else:
             async with ops.autocommit() as conn:
-                rows = list((await conn.exec_driver_sql(_PG_HOLDERS, (tenant, list(keys)))).all())
-        return _holdings(rows)
+                rows = list((await conn.exec_driver_sql(_PG_HOLDERS, params)).all())
+        return _holdings(rows, keys)
 
     async def acquire(
         self, key: str, holder: str, ttl: float, *, released_only: bool = False

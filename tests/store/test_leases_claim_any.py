@@ -22,6 +22,8 @@ async def test_claims_a_free_key_never_a_live_or_lapsed_one(store: StateStore) -
     assert await leases.abandon("k:1", "gone")  # lapsed now: its work may go on
     assert await leases.acquire("k:2", "done", ttl=600) is not None
     assert await leases.release("k:2", "done")  # released: free
+    # Inside the keys' range (k:0 … k:3) but not one of them: never reported.
+    assert await leases.acquire("k:10", "outside", ttl=600) is not None
     claim = await leases.claim_any(KEYS, "w", ttl=30)
     held = claim.lease
     assert held is not None
