@@ -357,7 +357,7 @@ def routes(obs: RoutesObserved, target: Target) -> list[Check]:
     how = (
         "created empty: no model call"
         if obs.created_empty
-        else "its first message's run stopped by the archive"
+        else "its first message's run, if still going, stopped by the archive"
     )
     lst = obs.listing
     if lst is None or not lst.ok:

@@ -46,6 +46,9 @@ ROUTE_PROMPT = "prefect-coder doctor: route check (no reply needed)"
 SMOKE_PROMPT = "prefect-coder doctor smoke test: reply with the single word pong."
 #: Bound of every single doctor request to Coder (the block's http_timeout if lower).
 PROBE_TIMEOUT = 15.0
+#: Bound of bringing a doctor chat to rest and archiving it: an interrupted run keeps
+#: committing for a few seconds on a real server before the archive is accepted.
+ARCHIVE_TIMEOUT = 30.0
 
 
 def client_for(target: Target) -> ChatClient:
@@ -193,13 +196,13 @@ async def _archive(client: ChatClient, obs: RoutesObserved) -> RoutesObserved:
     assert obs.chat_id is not None
     try:
         result = await stop_chat(
-            client, obs.chat_id, timeout=PROBE_TIMEOUT, archive=True, poll_interval=0.2
+            client, obs.chat_id, timeout=ARCHIVE_TIMEOUT, archive=True, poll_interval=0.2
         )
     except (CoderError, TimeoutError) as exc:
         return replace(obs, cleanup_error=f"{type(exc).__name__}: {exc}")
     if result.archived:
         return replace(obs, archived=True)
-    return replace(obs, cleanup_error=f"still {result.status} after {PROBE_TIMEOUT:.0f} s")
+    return replace(obs, cleanup_error=f"still {result.status} after {ARCHIVE_TIMEOUT:.0f} s")
 
 
 async def observe_smoke(target: Target, run_id: str, within: float) -> SmokeObserved:
@@ -232,7 +235,7 @@ async def observe_smoke(target: Target, run_id: str, within: float) -> SmokeObse
     archived, cleanup_error = chat_id is None, None
     try:
         if chat_id is not None:
-            done = await agent.archive(timeout=PROBE_TIMEOUT)
+            done = await agent.archive(timeout=ARCHIVE_TIMEOUT)
             archived = done.archived or chat_id in done.archived_chat_ids
     except (CoderError, TimeoutError) as exc:
         cleanup_error = f"{type(exc).__name__}: {exc}"

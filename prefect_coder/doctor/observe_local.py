@@ -89,10 +89,16 @@ async def observe_store(block_name: str | None) -> tuple[StoreObserved, list[str
     source = f"ChatStateStore block {block_name!r}" if block_name else "the default store"
     base = StoreObserved(source=source, expected_version=SCHEMA_VERSION)
     try:
-        block = await ChatStateStore.aload(block_name) if block_name else ChatStateStore()
+        block = ChatStateStore()
+        if block_name:
+            async with asyncio.timeout(PREFECT_TIMEOUT):
+                block = await ChatStateStore.aload(block_name)
         store = block.get_store()
     except (ValueError, RuntimeError, StateStoreError) as exc:
         return replace(base, config_error=str(exc)), []
+    except Exception as exc:  # the Prefect API itself (the prefect-api line says more)
+        text = str(exc) or f"no answer within {PREFECT_TIMEOUT:.0f} s"
+        return replace(base, config_error=f"could not load: {type(exc).__name__}: {text}"), []
     secret = block.password.get_secret_value() if block.password is not None else None
     obs = replace(base, backend=store.backend, url=store.url, tenant=store.tenant)
     try:

@@ -9,16 +9,17 @@ store and Prefect checks always run.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 from . import coder_verdicts as cv
 from . import local_verdicts as lv
 from .checks import Check, Report, Status, report
 from .observe_coder import observe_coder, observe_routes, observe_smoke
-from .observe_local import observe_prefect, observe_store
+from .observe_local import PREFECT_TIMEOUT, observe_prefect, observe_store
 from .target import DEFAULT_TOKEN_ENV, Target, from_credentials, from_flags
 
 __all__ = ["DoctorOptions", "diagnose"]
@@ -52,7 +53,8 @@ async def _target(options: DoctorOptions, env: Mapping[str, str]) -> tuple[Targe
     from prefect_coder.blocks import CoderCredentials, InvalidCoderCredentialsError
 
     try:
-        creds = await CoderCredentials.aload(name)
+        async with asyncio.timeout(PREFECT_TIMEOUT):
+            creds = await CoderCredentials.aload(name)
     except InvalidCoderCredentialsError as exc:
         return None, Check("credentials", Status.FAIL, f"block {name!r}: {exc.problems}", str(exc))
     except ValueError:
@@ -64,10 +66,11 @@ async def _target(options: DoctorOptions, env: Mapping[str, str]) -> tuple[Targe
             f"CoderCredentials.from_env().save({name!r})); `prefect block ls` lists the saved ones",
         )
     except Exception as exc:  # the Prefect API itself: the prefect-api line says more
+        text = str(exc) or f"no answer within {PREFECT_TIMEOUT:.0f} s"
         return None, Check(
             "credentials",
             Status.FAIL,
-            f"could not load block {name!r}: {type(exc).__name__}: {exc}",
+            f"could not load block {name!r}: {type(exc).__name__}: {text}",
             "check PREFECT_API_URL (see the prefect-api line below)",
         )
     target = from_credentials(name, creds)
@@ -110,13 +113,35 @@ async def diagnose(options: DoctorOptions, env: Mapping[str, str] | None = None)
     checks.append(settings)
     if target is not None:
         secrets.append(target.token.get_secret_value())
-        checks += await _coder(target, options)
-    store_obs, store_secrets = await observe_store(options.store_block)
-    secrets += store_secrets
-    checks.append(lv.store(store_obs))
-    prefect_obs = await observe_prefect(options.automation_name)
-    checks.append(lv.prefect_api(prefect_obs))
-    auto = lv.automations(prefect_obs)
-    if auto is not None:
-        checks.append(auto)
+        checks += await _guarded("coder", _coder(target, options))
+    checks += await _guarded("store", _store(options, secrets))
+    checks += await _guarded("prefect-api", _prefect(options))
     return report(checks).redacted(secrets)
+
+
+async def _store(options: DoctorOptions, secrets: list[str]) -> list[Check]:
+    obs, handled = await observe_store(options.store_block)
+    secrets += handled
+    return [lv.store(obs)]
+
+
+async def _prefect(options: DoctorOptions) -> list[Check]:
+    obs = await observe_prefect(options.automation_name)
+    auto = lv.automations(obs)
+    return [lv.prefect_api(obs), *([auto] if auto is not None else [])]
+
+
+async def _guarded(area: str, checks: Awaitable[list[Check]]) -> list[Check]:
+    """An area's checks; a bug of the doctor's own in one area becomes a FAIL line there
+    and the other areas still run."""
+    try:
+        return await checks
+    except Exception as exc:
+        return [
+            Check(
+                area,
+                Status.FAIL,
+                f"the doctor itself failed here: {type(exc).__name__}: {exc}",
+                "please report it with this line",
+            )
+        ]

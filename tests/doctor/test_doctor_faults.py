@@ -189,3 +189,21 @@ def test_untrusted_certificate(self_signed_tls: ssl.SSLContext, doctor: Any) -> 
         assert "TLS certificate NOT verified" in run.line("server")
         assert run.line("stream").startswith("OK    stream")
         assert_no_secret(run.output + run.logs, TOKEN)
+
+
+@pytest.mark.chatd_emulator(tokens=[TOKEN])
+def test_prefect_api_unreachable(chatd_emulator: Emulator, doctor: Any) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+        run = doctor(env=coder_env(chatd_emulator))
+    failed(
+        run,
+        "prefect-api",
+        f"http://127.0.0.1:{port}/api does not answer",
+        "start the Prefect server or fix PREFECT_API_URL",
+    )
+    assert "automations" not in run.output  # nothing to read them from
