@@ -37,6 +37,11 @@ _UPGRADE = (
     "Coder Agents enabled"
 )
 _GATEWAY = "AI Gateway must be enabled"
+#: The product archives every workflow's chat the same way (``stop_chat(archive=True)``).
+_ARCHIVE_FIX = (
+    "workflows archive their chats the same way (interrupt, then PATCH archived), so "
+    "their chats would stay live too: check the error and coderd's logs"
+)
 
 
 def _server_error(answer: Answer, name: str) -> Check:
@@ -416,9 +421,10 @@ def routes(obs: RoutesObserved, target: Target) -> list[Check]:
         out.append(
             Check(
                 "cleanup",
-                Status.WARN,
-                f"doctor chat {obs.chat_id} is not archived ({obs.cleanup_error or 'unknown'})",
-                "archive it in the Coder UI (it carries the label prefect-coder/doctor)",
+                Status.FAIL,
+                f"doctor chat {obs.chat_id} could not be archived "
+                f"({obs.cleanup_error or 'unknown'})",
+                f"{_ARCHIVE_FIX}; archive it in the Coder UI (label prefect-coder/doctor)",
             )
         )
     return out
@@ -455,8 +461,8 @@ def smoke(obs: SmokeObserved) -> Check:
     if not obs.archived:
         return Check(
             "smoke",
-            Status.WARN,
-            f"{found}, but the chat is NOT archived ({obs.cleanup_error or 'unknown'})",
-            "archive it in the Coder UI (it carries the label prefect-coder/doctor)",
+            Status.FAIL,
+            f"{found}, but the chat could not be archived ({obs.cleanup_error or 'unknown'})",
+            f"{_ARCHIVE_FIX}; archive it in the Coder UI (label prefect-coder/doctor)",
         )
     return Check("smoke", Status.OK, f"{found}, archived")

@@ -111,6 +111,9 @@ def _answer_from(method: str, path: str, exc: BaseException, started: float) -> 
             method, path, failure=classify_text(text, timeout=isinstance(exc, TimeoutError)),
             detail=text, elapsed_ms=elapsed,
         )  # fmt: skip
+    if isinstance(exc, CoderStreamError) and isinstance(exc.cause, CoderApiError):
+        # The dial's own refusal (e.g. a 502 from a proxy), after the retry budget.
+        return _answer_from(method, path, exc.cause, started)
     if isinstance(exc, CoderStreamError):
         text = str(exc.cause) if exc.cause is not None else exc.message
         return Answer(method, path, failure=classify_text(text), detail=text, elapsed_ms=elapsed)

@@ -118,6 +118,39 @@ def test_server_error_5xx(chatd_emulator: Emulator, doctor: Any) -> None:
 
 
 @pytest.mark.chatd_emulator(tokens=[TOKEN])
+def test_stream_upgrade_refused_5xx(chatd_emulator: Emulator, doctor: Any) -> None:
+    """A proxy that answers the WebSocket upgrade with 502 (REST works)."""
+    chatd_emulator.faults.refuse_upgrades(502)
+    run = doctor(env=coder_env(chatd_emulator))
+    failed(
+        run,
+        "stream",
+        "stream dial failed: GET /api/v2/chats/",
+        "/stream → 502 Bad Gateway",
+        "let WebSocket upgrades (Upgrade/Connection headers) through every proxy",
+    )
+
+
+@pytest.mark.chatd_emulator(tokens=[TOKEN], era="b2")
+def test_archive_refused_5xx(chatd_emulator: Emulator, doctor: Any) -> None:
+    """The archive (PATCH) fails: the doctor chat would stay live, and so would every
+    workflow's chat: a failure, naming the chat to archive by hand."""
+    chatd_emulator.faults.fail_rest(100, status=500, method="PATCH")
+    run = doctor(env=coder_env(chatd_emulator))
+    chat_id = chatd_emulator.chats()[0]["id"]
+    failed(
+        run,
+        "cleanup",
+        f"doctor chat {chat_id} could not be archived",
+        "PATCH /api/v2/chats/",
+        "(500): Internal Server Error",
+        "workflows archive their chats the same way",
+        "archive it in the Coder UI (label prefect-coder/doctor)",
+    )
+    assert run.line("chat-routes").startswith("OK ")
+
+
+@pytest.mark.chatd_emulator(tokens=[TOKEN])
 def test_missing_stream_route(chatd_emulator: Emulator, doctor: Any) -> None:
     chatd_emulator.faults.remove_route("/stream")
     run = doctor(env=coder_env(chatd_emulator))

@@ -139,7 +139,7 @@ def test_smoke_verdicts() -> None:
     )
     assert failed.status is Status.FAIL and "add one in Coder's AI settings" in failed.fix
     left = cv.smoke(SmokeObserved("c1", reply="pong", latency_s=0.5, cleanup_error="409"))
-    assert left.status is Status.WARN and "NOT archived" in left.found
+    assert left.status is Status.FAIL and "could not be archived" in left.found
     ok = cv.smoke(SmokeObserved("c1", reply="pong", latency_s=0.5, archived=True))
     assert ok.status is Status.OK and "reply 'pong' in 0.50 s" in ok.found
 
