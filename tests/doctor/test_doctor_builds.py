@@ -16,6 +16,7 @@ from coder_chat.emulator import Emulator
 
 from .helpers import TOKEN, assert_no_secret, coder_env
 
+ROOT = Path(__file__).resolve().parents[2]
 CODER_CHECKS = ["server", "token", "organization", "models", "build", "chat-routes", "stream"]
 BUILD_EVIDENCE = {
     "b1": "B1 (004053e8): chats on /api/v2 and /api/experimental, `q=status:` rejected (400)",
@@ -83,6 +84,8 @@ def test_console_script_end_to_end(chatd_emulator: Emulator, tmp_path: Path) -> 
         **coder_env(chatd_emulator),
         "PREFECT_HOME": str(tmp_path),
         "PREFECT_LOGGING_LEVEL": "DEBUG",
+        # The tree under test, not whatever the editable install points at.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     done = subprocess.run(
         [str(script), "doctor", "--smoke", "--json"],
