@@ -99,6 +99,23 @@ def test_unreachable_closed_port(doctor: Any) -> None:
     assert "token" not in [ln[6:].split(" ", 1)[0] for ln in run.output.splitlines()]
 
 
+def test_unresolvable_host(doctor: Any) -> None:
+    """``.invalid`` never resolves (RFC 6761): the DNS failure is named, with its fix."""
+    env = {
+        "CODER_URL": "https://coder.doctor-check.invalid",
+        "CODER_SESSION_TOKEN": TOKEN,
+        "CODER_ORG_ID": str(uuid.uuid4()),
+    }
+    run = doctor(env=env)
+    failed(
+        run,
+        "server",
+        "https://coder.doctor-check.invalid unreachable",
+        "name not resolved",
+        "the host name 'coder.doctor-check.invalid' does not resolve here",
+    )
+
+
 @pytest.mark.chatd_emulator(tokens=[TOKEN])
 def test_server_error_5xx(chatd_emulator: Emulator, doctor: Any) -> None:
     chatd_emulator.faults.fail_rest(100, status=503, method="GET", path="/api/v2/chats")
