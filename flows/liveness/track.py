@@ -113,8 +113,7 @@ async def record_done(store: StateStore, key: str, run: RunIdentity) -> bool:
         return await store.workflows.finished(key, flow_run_id=run.flow_run_id)
     except Exception as exc:
         logger.warning(
-            "could not mark %s done (%s); the reconciler marks it when it sees the run "
-            "Completed",
+            "could not mark %s done (%s); the reconciler marks it when it sees the run Completed",
             key,
             type(exc).__name__,
         )

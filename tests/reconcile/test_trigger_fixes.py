@@ -35,7 +35,7 @@ def test_every_deployed_flow_is_watched_by_the_zombie_automation() -> None:
     for entry in spec["deployments"]:
         module, attr = entry["entrypoint"].split(":")
         names.append(getattr(importlib.import_module(module), attr).name)
-    assert "agent-fanout-shard" in names
+    assert "agent-fanout-shard" in names and "reconcile-workflows" in names
     assert sorted(set(names) - set(PRODUCT_FLOWS)) == []
 
 
