@@ -24,7 +24,8 @@ only events past the turn's cursor count (:mod:`coder_chat.core.translator`),
 so a resumed or queued turn never absorbs an earlier run's content or usage;
 no interrupt while client tools run — the ``requires_action`` pause is the
 only record of a tool effect that may have committed (crash recovery
-reconciles it); the step cap answers (else interrupts) a tool-call pause
+reconciles it), and a tool whose ledger bookkeeping failed
+(``ToolBookkeepingError``) fails the turn with that pause unanswered; the step cap answers (else interrupts) a tool-call pause
 instead of leaving the chat in ``requires_action``.
 
 Caller deadlines (``generate(timeout=...)``, ``asyncio.timeout``) and
@@ -57,7 +58,7 @@ from coder_chat.core.segment import SegmentKind
 from coder_chat.core.text_ledger import Episode
 from coder_chat.core.translator import ToolCall
 from coder_chat.core.usage import sum_usages
-from coder_chat.errors import CoderAgentError, CoderError
+from coder_chat.errors import CoderAgentError, CoderError, ToolBookkeepingError
 from coder_chat.events import TransportEmitter, TransportEventHandler
 from coder_chat.follow_target import FollowHint, NoTurnToFollowError
 from coder_chat.rest import ChatClient
@@ -266,7 +267,9 @@ class CoderAgent:
     @property
     def left_run_live(self) -> str | None:
         """The chat whose live run the last turn's transient failure left alone
-        (``AgentHooks.leave_landed_runs``), else ``None``; reset when a turn starts."""
+        (``AgentHooks.leave_landed_runs``) or whose tool pause a failed ledger write
+        left unanswered (``ToolBookkeepingError``), else ``None``; reset when a
+        turn starts."""
         return self._segments.left_live
 
     @property
@@ -495,7 +498,20 @@ class CoderAgent:
             ctx = ToolContext(tool_call_id=call.tool_call_id, chat_id=chat_id, tool_name=tool.name)
             return await tool.run(call.input, ctx)
 
-        return list(await asyncio.gather(*(run_one(c) for c in calls)))
+        # Every sibling runs to its end before a failure propagates: a tool left
+        # running past the turn would race the next attempt's re-drive of its call.
+        done = await asyncio.gather(*(run_one(c) for c in calls), return_exceptions=True)
+        for item in done:
+            if isinstance(item, ToolBookkeepingError):
+                # A ledger write failed around an effect (ClientTool.run lets only this
+                # through): the pause stays unanswered and uninterrupted — recovery
+                # finishes the call from the ledger under the same key — so the run is
+                # left live for the caller's recovery, as after a landed send.
+                self._segments.left_live = chat_id
+        for item in done:
+            if isinstance(item, BaseException):
+                raise item
+        return [item for item in done if not isinstance(item, BaseException)]
 
     async def _wind_down(self, chat_id: str, outcomes: list[ToolOutcome]) -> None:
         """The step cap hit on a tool-call step: answer the pause or stop the run.

@@ -47,16 +47,17 @@ and a crash point is then a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, get_type_hints
 
 from pydantic import BaseModel
 
-from coder_chat.errors import CoderError
+from coder_chat.errors import CoderError, ToolBookkeepingError
 from coder_chat.tools import ClientTool, StructuredOutput, ToolContext
 
 __all__ = [
@@ -248,42 +249,92 @@ class CrashSafeTool(ClientTool[M]):
     async def _live(self, value: M, ctx: ToolContext) -> Any:
         ledger = self._require_ledger()
         if self.before_effect is not None:
-            await self.before_effect(ctx)
+            async with _bookkeeping(self.name, ctx.tool_call_id, "before_effect"):
+                await self.before_effect(ctx)
         args = value.model_dump(mode="json")
-        # Passed only when asked for: a ledger of another shape need not know it.
+        # Passed only when asked for: a ledger of another shape need not know them.
         scoped: dict[str, Any] = (
-            {"match_earlier_attempts": True} if self.match_earlier_attempts else {}
+            {
+                "match_earlier_attempts": True,
+                # An identical call of this round still running is another call.
+                "in_flight": frozenset(_running.get(ctx.chat_id, ())),
+            }
+            if self.match_earlier_attempts
+            else {}
         )
-        # Write-ahead, BEFORE the effect: no entry proves the effect never started.
-        entry, created = await ledger.begin(
-            ctx.chat_id, ctx.tool_call_id, tool_name=self.name, args=args, **scoped
-        )
-        if entry.state == "done":
-            replay_of = getattr(entry, "replay_of", None)
-            if created and replay_of:
-                # A resubmitted attempt repeating an applied call under a NEW call id
-                # (a new key): the ledger answered it from the earlier call's record.
-                _log.info(
-                    "crash-safe tool %s: call %s repeats call %s, which an earlier attempt "
-                    "of this step already applied with the same arguments: answered with "
-                    "its recorded output, the effect is not run again",
-                    self.name,
-                    ctx.tool_call_id,
-                    replay_of,
+        with _running_calls(ctx.chat_id, ctx.tool_call_id):
+            # Write-ahead, BEFORE the effect: no entry proves the effect never started.
+            async with _bookkeeping(self.name, ctx.tool_call_id, "begin"):
+                entry, created = await ledger.begin(
+                    ctx.chat_id, ctx.tool_call_id, tool_name=self.name, args=args, **scoped
                 )
-            # A replayed call (e.g. a re-read pause) whose effect already committed.
-            return entry.output
-        # "committing" from an earlier crash, or ours: either way run the effect with
-        # THE SAME key — a committed effect replays as a no-op at the external system.
-        crash_point("tool.before_effect")
-        output = _jsonable(await self.effect(value, self._effect_ctx(ledger, ctx)))
-        crash_point("tool.after_effect")
-        done = await ledger.complete(
-            ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+            replay_of = getattr(entry, "replay_of", None)
+            if entry.state == "done":
+                if created and replay_of:
+                    # A resubmitted attempt repeating an applied call under a NEW call
+                    # id (a new key): the ledger answered it from the earlier record.
+                    _log.info(
+                        "crash-safe tool %s: call %s repeats call %s, which an earlier "
+                        "attempt of this step already applied with the same arguments: "
+                        "answered with its recorded output, the effect is not run again",
+                        self.name,
+                        ctx.tool_call_id,
+                        replay_of,
+                    )
+                # A replayed call (e.g. a re-read pause) whose effect already committed.
+                return entry.output
+            if replay_of:
+                # The call repeats one whose effect may have applied and never reported:
+                # re-drive THAT call's key, never a fresh effect under ours.
+                return await self._redrive_earlier(ledger, value, ctx, args, replay_of)
+            # "committing" from an earlier crash, or ours: either way run the effect with
+            # THE SAME key — a committed effect replays as a no-op at the external system.
+            crash_point("tool.before_effect")
+            output = _jsonable(await self.effect(value, self._effect_ctx(ledger, ctx)))
+            crash_point("tool.after_effect")
+            async with _bookkeeping(self.name, ctx.tool_call_id, "complete"):
+                done = await ledger.complete(
+                    ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+                )
+            crash_point("tool.after_done")
+            # The FIRST "done" wins: a racing re-drive's recorded outcome is the answer.
+            return done.output
+
+    async def _redrive_earlier(
+        self,
+        ledger: ToolLedgerStore,
+        value: M,
+        ctx: ToolContext,
+        args: Any,
+        earlier: str,
+    ) -> Any:
+        """Run the effect under ``earlier``'s key for the call ``ctx`` (which repeats
+        it), record ``earlier`` done (if it was not) and the call done with the answer."""
+        _log.warning(
+            "crash-safe tool %s: call %s repeats call %s, whose effect may have applied "
+            "without reporting (its ledger entry is not done, or was written by older "
+            "code): re-driving under call %s's idempotency key, not a fresh effect",
+            self.name,
+            ctx.tool_call_id,
+            earlier,
+            earlier,
         )
-        crash_point("tool.after_done")
-        # The FIRST "done" wins: a racing re-drive's recorded outcome is the answer.
-        return done.output
+        with _running_calls(ctx.chat_id, earlier):
+            async with _bookkeeping(self.name, ctx.tool_call_id, "begin"):
+                target = await ledger.get(ctx.chat_id, earlier)
+            key_ctx = ToolContext(tool_call_id=earlier, chat_id=ctx.chat_id, tool_name=self.name)
+            crash_point("tool.before_effect")
+            output = _jsonable(await self._redrive(value, self._effect_ctx(ledger, key_ctx)))
+            crash_point("tool.after_effect")
+            async with _bookkeeping(self.name, ctx.tool_call_id, "complete"):
+                if target is None or target.state != "done":
+                    # The FIRST "done" of the earlier call wins, as on its own re-drive.
+                    output = (await ledger.complete(ctx.chat_id, earlier, output)).output
+                done = await ledger.complete(
+                    ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+                )
+            crash_point("tool.after_done")
+            return done.output
 
     async def redrive(self, raw_args: Any, ctx: ToolContext) -> Any:
         """Re-drive an ambiguous ``committing`` call from recovery.
@@ -291,17 +342,68 @@ class CrashSafeTool(ClientTool[M]):
         ``raw_args`` come from history and are validated exactly as the live loop
         would (a ``ValidationError`` propagates: the live loop never reached the
         write-ahead with invalid arguments, so this cannot be the same call). The
-        same idempotency key is used, and the outcome is recorded ``done``.
+        same idempotency key is used — the key of the earlier call this one
+        repeats, if its entry names one (``replay_of``) — and the outcome is
+        recorded ``done``. A failed ledger read or write raises
+        :class:`~coder_chat.errors.ToolBookkeepingError`.
         """
         ledger = self._require_ledger()
         value = self.parse_input(raw_args)
         args = value.model_dump(mode="json")
+        async with _bookkeeping(self.name, ctx.tool_call_id, "begin"):
+            entry = await ledger.get(ctx.chat_id, ctx.tool_call_id)
+        earlier = getattr(entry, "replay_of", None) if entry is not None else None
+        if earlier:
+            return await self._redrive_earlier(ledger, value, ctx, args, earlier)
         crash_point("tool.redrive.before_effect")
         output = _jsonable(await self._redrive(value, self._effect_ctx(ledger, ctx)))
-        done = await ledger.complete(
-            ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
-        )
+        async with _bookkeeping(self.name, ctx.tool_call_id, "complete"):
+            done = await ledger.complete(
+                ctx.chat_id, ctx.tool_call_id, output, tool_name=self.name, args=args
+            )
         return done.output
+
+
+#: Call ids whose effect runs in this process right now, per chat: the ledger never
+#: answers a call with a sibling of its own tool round that is still running.
+_running: dict[str, set[str]] = {}
+
+
+@contextlib.contextmanager
+def _running_calls(chat_id: str, tool_call_id: str) -> Iterator[None]:
+    calls = _running.setdefault(chat_id, set())
+    added = tool_call_id not in calls
+    calls.add(tool_call_id)
+    try:
+        yield
+    finally:
+        if added:
+            calls.discard(tool_call_id)
+            if not calls:
+                _running.pop(chat_id, None)
+
+
+@contextlib.asynccontextmanager
+async def _bookkeeping(tool_name: str, tool_call_id: str, stage: str) -> AsyncIterator[None]:
+    """A failed ledger write decides nothing about the tool's outcome: it fails the
+    turn (retryable) with the pause unanswered, never as a "tool failed" result —
+    the effect may have run, and the model would call it again under a new key.
+    The store's exception text (SQL, hosts, paths) stays out of the message."""
+    try:
+        yield
+    except (ToolBookkeepingError, LedgerNotBoundError):
+        raise
+    except Exception as exc:
+        _log.error(
+            "crash-safe tool %s (call %s): ledger %s failed (%s); the call stays "
+            "unanswered for recovery to finish under the same idempotency key",
+            tool_name,
+            tool_call_id,
+            stage,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        raise ToolBookkeepingError(tool_name, tool_call_id, stage) from exc
 
 
 def crash_safe_tool(

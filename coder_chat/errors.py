@@ -11,8 +11,10 @@ budget), cancellation stays ``CancelledError``, and argument mistakes stay
     │  ├─ CoderApiError                     non-2xx REST response / non-transient 4xx WS upgrade;
     │  │                                    retryable for 408/425/429/5xx
     │  ├─ CoderChatError                    server ``error`` event (retryable: the server's),
-    │  │                                    timeout, stream_closed, archive_incomplete
-    │  │                                    (retryable), queued_submission_lost (not)
+    │  │  │                                 timeout, stream_closed, archive_incomplete
+    │  │  │                                 (retryable), queued_submission_lost (not)
+    │  │  └─ ToolBookkeepingError           a crash-safe tool's ledger write failed: the
+    │  │                                    turn fails (retryable), the pause stays open
     │  ├─ GatewayError, GatewayOutputError  AI Gateway calls (``coder_chat.gateway``);
     │  │                                    retryable for rate limits and 5xx
     │  └─ NoTurnToFollowError               ``follow()`` found no turn (``coder_chat.agent``)
@@ -71,6 +73,7 @@ __all__ = [
     "CoderStreamError",
     "CoderTimeoutError",
     "CoderTransportError",
+    "ToolBookkeepingError",
     "is_transient",
 ]
 
@@ -221,6 +224,49 @@ def _rebuild_chat_error(
         provider=provider,
         detail=detail,
     )
+
+
+class ToolBookkeepingError(CoderChatError):
+    """A crash-safe tool's bookkeeping failed around its effect: the ledger's
+    write-ahead (``stage="begin"``), the ``done`` write after the effect
+    (``stage="complete"``), or the tool's ``before_effect`` hook.
+
+    The tool's outcome is then NOT reported to the model (a "tool failed" answer
+    would be a lie when the effect ran, and the model would call the tool again
+    under a new call id — a new idempotency key). The turn fails instead, with
+    the ``requires_action`` pause unanswered, and the next attempt's recovery
+    reconciles the call from the ledger under the SAME key. ``retryable`` is
+    True (``kind="tool_bookkeeping"``).
+
+    The message names the tool, the call and the stage, never the store's
+    exception (SQL, hosts, file paths): that is chained as ``__cause__`` for the
+    run's log and traceback.
+    """
+
+    #: ``ClientTool.run`` lets an exception with a true ``fails_turn`` through
+    #: instead of turning it into an ``is_error`` result (``coder_chat.tools``).
+    fails_turn = True
+
+    def __init__(self, tool_name: str, tool_call_id: str, stage: str) -> None:
+        self.tool_name = tool_name
+        self.tool_call_id = tool_call_id
+        self.stage = stage
+        super().__init__(
+            f"the ledger bookkeeping of client tool {tool_name!r} (call {tool_call_id}) "
+            f"failed at {stage!r}: the turn fails with the call unanswered, for recovery "
+            "to finish under the same idempotency key",
+            kind="tool_bookkeeping",
+            retryable=True,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tool_name, self.tool_call_id, self.stage))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(tool_name={self.tool_name!r}, "
+            f"tool_call_id={self.tool_call_id!r}, stage={self.stage!r})"
+        )
 
 
 class CoderStreamError(CoderError):

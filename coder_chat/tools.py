@@ -6,7 +6,18 @@ async callable ``fn(input, ctx)``. The agent validates the model's raw JSON
 arguments against the input model and hands the callable a
 :class:`ToolContext` (chat id + tool call id). Invalid arguments and
 exceptions raised by the callable become ``is_error`` results the model sees;
-they never fail the turn.
+they never fail the turn — with one exception, below.
+
+What the model (and the Coder server, which stores every tool result) sees of a
+failure: invalid arguments verbatim (the model needs them to fix its call); a
+:class:`ToolError`'s message verbatim (the tool author wrote it for the model);
+for any other exception only "the tool failed" and a short error id — the
+exception itself (which may carry SQL, file paths, hosts, URLs with passwords)
+is logged under that id on the ``coder_chat.tools`` logger, so the run's log
+explains the result. A :class:`~coder_chat.errors.ToolBookkeepingError` (a
+crash-safe tool's ledger write failed around its effect) is never turned into a
+result: it fails the turn with the pause unanswered, for recovery to finish the
+call under the same idempotency key.
 
 The context carries exactly what a crash-safe wrapper needs to build a
 write-ahead ledger key and an idempotency key (``ctx.chat_id`` +
@@ -25,6 +36,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, get_type_hints
@@ -32,6 +45,8 @@ from typing import Any, Generic, Protocol, TypeVar, get_type_hints
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+_log = logging.getLogger(__name__)
 
 STRUCTURED_OUTPUT_TOOL = "structured_output"
 STRUCTURED_OUTPUT_ACK = "Answer recorded. Finish your reply briefly without calling more tools."
@@ -90,14 +105,59 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, ValidationError):
-        issues = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        return f"Invalid tool input: {issues}"
-    return f"Tool failed: {type(exc).__name__}: {exc}"
+class ToolError(Exception):
+    """Raise from a client tool to tell the model why it failed, in your words.
+
+    The message is sent to the Coder server as the tool's ``is_error`` result,
+    verbatim: write it for the model ("card declined: insufficient funds", "no
+    such branch 'mian'"), never with secrets or internal detail. Any other
+    exception reaches the model only as "the tool failed" plus an error id (see
+    :func:`failure_text`). A crash-safe tool's effect raising it leaves the
+    ledger entry ``committing`` like any exception (the effect's outcome is the
+    tool's to judge; a repeat of the call is re-driven under the same key).
+    """
+
+
+def fails_turn(exc: BaseException) -> bool:
+    """Whether a tool's exception must fail the turn instead of becoming a result:
+    it says so with a true ``fails_turn`` attribute
+    (:class:`~coder_chat.errors.ToolBookkeepingError` does; this module imports
+    nothing of ``coder_chat``, so it asks the exception)."""
+    return getattr(exc, "fails_turn", False) is True
+
+
+def _invalid_input_text(exc: ValidationError) -> str:
+    issues = "; ".join(
+        f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
+    return f"Invalid tool input: {issues}"
+
+
+def failure_text(exc: Exception, tool_name: str, tool_call_id: str) -> str:
+    """The ``is_error`` output for a tool that raised ``exc``.
+
+    A :class:`ToolError` is the author's message for the model. Anything else may
+    carry internal text (SQL, paths, hosts, credentials in URLs) that must reach
+    neither the Coder server nor the model: the result says the tool failed and
+    gives a short error id; the exception is logged (``coder_chat.tools``, ERROR,
+    with its traceback) under that id.
+    """
+    if isinstance(exc, ToolError):
+        return f"Tool failed: {exc}"
+    error_id = f"tool-err-{secrets.token_hex(4)}"
+    _log.error(
+        "client tool %s (call %s) raised %s [error id %s]",
+        tool_name,
+        tool_call_id,
+        type(exc).__name__,
+        error_id,
+        exc_info=exc,
+    )
+    return (
+        f"Tool failed with an internal error (error id {error_id}). "
+        "The details are in the run's log under that id."
+    )
 
 
 class ClientTool(Generic[M]):
@@ -148,15 +208,25 @@ class ClientTool(Generic[M]):
         return self.input_model.model_validate({} if raw_args is None else raw_args)
 
     async def run(self, raw_args: Any, ctx: ToolContext) -> ToolOutcome:
-        """Validate and execute; every failure becomes an ``is_error`` outcome."""
+        """Validate and execute; a failure becomes an ``is_error`` outcome.
+
+        Invalid arguments are described to the model; a :class:`ToolError`'s
+        message is passed on; any other exception becomes "the tool failed" with
+        an error id (:func:`failure_text`). Raises what :func:`fails_turn` names
+        (:class:`~coder_chat.errors.ToolBookkeepingError`): the tool's outcome must
+        not be decided by a failed ledger write — the turn fails, the pause stays.
+        """
         try:
             value = self.parse_input(raw_args)
         except ValidationError as exc:
-            return ToolOutcome(ctx.tool_call_id, self.name, _error_text(exc), True)
+            return ToolOutcome(ctx.tool_call_id, self.name, _invalid_input_text(exc), True)
         try:
             output = await self.fn(value, ctx)
         except Exception as exc:  # a tool bug is the model's problem to route around
-            return ToolOutcome(ctx.tool_call_id, self.name, _error_text(exc), True, value)
+            if fails_turn(exc):
+                raise
+            text = failure_text(exc, self.name, ctx.tool_call_id)
+            return ToolOutcome(ctx.tool_call_id, self.name, text, True, value)
         return ToolOutcome(ctx.tool_call_id, self.name, _jsonable(output), False, value)
 
     def wrap(

@@ -13,12 +13,31 @@ journaled before it leaves, so the entry names the attempt whose run makes the
 call) and a fingerprint of (tool name, canonical JSON arguments); the k-th call of
 an attempt with a given fingerprint is answered from the k-th call with that
 fingerprint that an EARLIER attempt of the step applied (``done``), if there is one.
+
+An applied call's entry may still say ``committing``: its effect ran but the
+``done`` write failed (a store restart), or the effect raised and its outcome is
+unknown. Such a call is never repeated as a fresh effect under the new call id:
+the new entry is written ``committing`` with ``replay_of`` naming the earlier call,
+and the tool re-drives the effect under THAT call's idempotency key
+(``coder_chat.crash_safe``) — from an earlier attempt (count-based, as ``done``
+entries) or from the same attempt (the model repeating a call whose effect did not
+report, e.g. after it raised). Calls still running in this process (``in_flight``)
+are never matched: two identical calls of one tool round are two calls.
+
+Entries written by older code (no step attempt or fingerprint: a worker of an
+earlier schema still running across a migration) are treated conservatively: one
+that cannot be proven to be a different call (another tool, other arguments, or
+written before the step's first send was journaled) counts as an applied call of an
+earlier attempt of this step — answered from its record when it is ``done`` and
+provably identical, else re-driven under its key — never a fresh effect.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -58,6 +77,35 @@ def _dump(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"ledger values must be JSON-serialisable: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    """An earlier call a new one repeats: answered from ``output_json`` when it is
+    ``done`` and provably ``identical``, else re-driven under its key."""
+
+    tool_call_id: str
+    state: str
+    output_json: str | None
+    identical: bool
+
+
+def _same_call(row: Any, tool_name: str, fp: str) -> bool | None:
+    """Whether an unscoped entry (older code) is the same call: True/False when its
+    tool name and arguments (or fingerprint) tell, None when they cannot."""
+    if row.tool_name is not None and row.tool_name != tool_name:
+        return False
+    if row.args_fp is not None:
+        return bool(row.args_fp == fp)  # the fingerprint covers the tool name
+    if row.args_json is None:
+        return None
+    try:
+        row_fp = args_fingerprint(tool_name, json.loads(row.args_json))
+    except ValueError:
+        return None
+    if row_fp != fp:
+        return False
+    return True if row.tool_name is not None else None
 
 
 def _row(row: Any) -> LedgerEntry:
@@ -109,6 +157,7 @@ class ToolLedger:
         tool_name: str | None = None,
         args: Any = None,
         match_earlier_attempts: bool = False,
+        in_flight: Collection[str] = (),
     ) -> tuple[LedgerEntry, bool]:
         """Write-ahead ``committing`` BEFORE the effect; never overwrites an existing entry.
 
@@ -126,6 +175,14 @@ class ToolLedger:
         the new entry is written ``done`` at once with the k+1-th one's output and
         ``replay_of`` naming it: the effect is not run again. Calls within one attempt
         never match each other. Without a journal entry nothing is matched.
+
+        An applied call still ``committing`` (see the module docstring) — of an
+        earlier attempt (count-based, as above) or of this attempt (the oldest one
+        not ``in_flight``) — makes the new entry ``committing`` with ``replay_of``
+        naming it: the caller re-drives the effect under THAT call's key. Entries of
+        older code without a fingerprint count as an earlier attempt's calls unless
+        proven different. ``in_flight``: call ids of this chat whose effect runs
+        right now (never matched).
         """
         _require(chat_id, tool_call_id)
         now = self._ops.now()
@@ -142,7 +199,9 @@ class ToolLedger:
         }
         async with self._ops.write() as conn:
             if match_earlier_attempts and tool_name is not None:
-                values.update(await self._scope(conn, chat_id, tool_name, args))
+                values.update(
+                    await self._scope(conn, chat_id, tool_call_id, tool_name, args, in_flight)
+                )
             stmt = (
                 upsert(self._ops.backend, t)
                 .values(**values)
@@ -154,12 +213,19 @@ class ToolLedger:
         return _row(row), created
 
     async def _scope(
-        self, conn: StoreConnection, chat_id: str, tool_name: str, args: Any
+        self,
+        conn: StoreConnection,
+        chat_id: str,
+        tool_call_id: str,
+        tool_name: str,
+        args: Any,
+        in_flight: Collection[str],
     ) -> dict[str, Any]:
-        """The step-attempt columns of a new entry, and — when an earlier attempt of
-        the step applied the same call — the recorded answer (see :meth:`begin`)."""
+        """The step-attempt columns of a new entry, and — when an earlier call of the
+        step applied the same call — its recorded answer or the call to re-drive
+        (see :meth:`begin`)."""
         fp = args_fingerprint(tool_name, args)
-        jq = sa.select(jt.c.state, jt.c.marker, jt.c.attempt).where(
+        jq = sa.select(jt.c.state, jt.c.marker, jt.c.attempt, jt.c.at).where(
             jt.c.tenant == self._ops.tenant, jt.c.chat_id == chat_id
         )
         if self._ops.backend == "postgresql":
@@ -173,33 +239,82 @@ class ToolLedger:
         marker, n = journal.marker, attempt_index(journal.state, journal.attempt)
         scope = {"marker": marker, "attempt": n, "args_fp": fp}
         # One read of the step's calls with this fingerprint, this attempt's and the
-        # earlier ones' (a handful of rows): the count and the match are taken here.
-        # A call id that already has an entry gets no new row (the insert does not
-        # land), so what is computed for it is never written.
+        # earlier ones', plus the chat's unscoped entries of older code (a handful of
+        # rows): the count and the match are taken here. A call id that already has
+        # an entry gets no new row (the insert does not land), so what is computed
+        # for it is never written.
+        unscoped = sa.or_(t.c.args_fp.is_(None), t.c.marker.is_(None), t.c.attempt.is_(None))
         rows = (
             await conn.execute(
-                sa.select(t.c.tool_call_id, t.c.attempt, t.c.state, t.c.replay_of, t.c.output_json)
+                sa.select(
+                    t.c.tool_call_id,
+                    t.c.attempt,
+                    t.c.state,
+                    t.c.replay_of,
+                    t.c.output_json,
+                    t.c.marker,
+                    t.c.args_fp,
+                    t.c.tool_name,
+                    t.c.args_json,
+                    t.c.created_at,
+                )
                 .where(
                     t.c.tenant == self._ops.tenant,
                     t.c.chat_id == chat_id,
-                    t.c.marker == marker,
-                    t.c.args_fp == fp,
-                    t.c.attempt <= n,
+                    t.c.tool_call_id != tool_call_id,
+                    sa.or_(
+                        sa.and_(t.c.marker == marker, t.c.args_fp == fp, t.c.attempt <= n),
+                        unscoped,
+                    ),
                 )
                 .order_by(t.c.created_at, t.c.tool_call_id)
             )
         ).all()
-        k = sum(1 for r in rows if r.attempt == n)
-        applied = [r for r in rows if r.attempt < n and r.state == "done" and r.replay_of is None]
-        if k >= len(applied):
+        busy = set(in_flight)
+        # The step's first send was journaled after this: an entry written before it
+        # belongs to an earlier step (only provable for the first attempt: the entry's
+        # `at` is the newest send's).
+        step_began = journal.at if journal.state == "submitting" and n == 0 else None
+        scoped_rows = [r for r in rows if r.marker is not None and r.attempt is not None]
+        k = sum(1 for r in scoped_rows if r.attempt == n and r.args_fp == fp)
+        applied: list[_Match] = []
+        for r in rows:
+            if r.replay_of is not None or r.tool_call_id in busy:
+                continue
+            if r.marker is not None and r.attempt is not None:
+                if r.attempt < n and r.args_fp == fp:
+                    applied.append(_Match(r.tool_call_id, r.state, r.output_json, True))
+                continue
+            same = _same_call(r, tool_name, fp)
+            if same is False or (step_began is not None and r.created_at < step_began):
+                continue  # proven another call
+            applied.append(_Match(r.tool_call_id, r.state, r.output_json, same is True))
+        if k < len(applied):
+            match: _Match | None = applied[k]
+        else:
+            # This attempt's own repeat of a call whose effect never reported (it
+            # raised, or its `done` write failed): re-drive that call, not a new one.
+            match = next(
+                (
+                    _Match(r.replay_of or r.tool_call_id, "committing", None, True)
+                    for r in scoped_rows
+                    if r.attempt == n
+                    and r.args_fp == fp
+                    and r.state == "committing"
+                    and not {r.tool_call_id, r.replay_of} & busy
+                ),
+                None,
+            )
+        if match is None:
             return scope
-        match = applied[k]
-        return {
-            **scope,
-            "state": "done",
-            "output_json": match.output_json,
-            "replay_of": match.tool_call_id,
-        }
+        if match.state == "done" and match.identical:
+            return {
+                **scope,
+                "state": "done",
+                "output_json": match.output_json,
+                "replay_of": match.tool_call_id,
+            }
+        return {**scope, "replay_of": match.tool_call_id}
 
     async def complete(
         self,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+from coder_chat.errors import ToolBookkeepingError
 from coder_chat.tools import (
     ClientTool,
     ToolContext,
+    ToolError,
     client_tool,
     pick_structured,
     structured_output,
@@ -60,7 +64,53 @@ async def test_invalid_input_becomes_error_result(raw: str) -> None:
 
 async def test_raising_tool_becomes_error_result() -> None:
     out = await boom.run('{"a": 1, "b": 2}', CTX)
-    assert out.is_error and "RuntimeError: kaput" in out.output
+    assert out.is_error and "kaput" not in out.output and "error id" in out.output
+
+
+SECRET_URL = "postgresql://user:pw@db.internal:5432/coder_state"
+
+
+@client_tool()
+async def leaky(args: Add, ctx: ToolContext) -> int:
+    """Fails with internal text in its exception."""
+    raise RuntimeError(f"{SECRET_URL}: INSERT INTO coder_state_tool_ledger failed")
+
+
+async def test_internal_exception_text_never_reaches_the_result_but_the_log_has_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="coder_chat.tools")
+    out = await leaky.run('{"a": 1, "b": 2}', CTX)
+    assert out.is_error
+    for leak in (SECRET_URL, "pw@", "db.internal", "INSERT", "RuntimeError"):
+        assert leak not in out.output
+    found = re.search(r"error id (tool-err-[0-9a-f]{8})", out.output)
+    assert found is not None
+    # the run's log explains the result: the same id, the exception and its traceback
+    (record,) = [r for r in caplog.records if found.group(1) in r.getMessage()]
+    assert record.name == "coder_chat.tools" and record.exc_info is not None
+    assert SECRET_URL in str(record.exc_info[1])
+    again = await leaky.run('{"a": 1, "b": 2}', CTX)
+    assert found.group(1) not in again.output  # one id per failure
+
+
+async def test_tool_error_message_is_meant_for_the_model() -> None:
+    @client_tool()
+    async def declined(args: Add, ctx: ToolContext) -> int:
+        raise ToolError("card declined: insufficient funds")
+
+    out = await declined.run('{"a": 1, "b": 2}', CTX)
+    assert out.is_error and out.output == "Tool failed: card declined: insufficient funds"
+
+
+async def test_bookkeeping_error_is_not_a_tool_result() -> None:
+    @client_tool()
+    async def ledger_down(args: Add, ctx: ToolContext) -> int:
+        raise ToolBookkeepingError("ledger_down", ctx.tool_call_id, "complete")
+
+    with pytest.raises(ToolBookkeepingError) as info:
+        await ledger_down.run('{"a": 1, "b": 2}', CTX)
+    assert info.value.retryable and info.value.kind == "tool_bookkeeping"
 
 
 async def test_non_json_output_is_stringified_and_models_dumped() -> None:

@@ -172,9 +172,10 @@ async def test_a_version_2_database_gains_the_ledger_columns_and_keeps_its_rows(
         old = await store.ledger.get("c", "old")  # first use: migrates
         assert old is not None and (old.state, old.output) == ("done", {"receipt": "old"})
         assert (old.marker, old.attempt, old.replay_of) == (None, None, None)
-        # A row from before the columns has no attempt: a resubmission never matches it.
+        # A row from before the columns has no attempt: the same call (tool, arguments)
+        # of a resubmission is answered from it, never a fresh effect (issue 30 item 4).
         await _journal(store, "c", "submitting", 1)
-        assert await _call(store, "c", "new", 250) == ("committing", None, 1)
+        assert await _call(store, "c", "new", 250) == ("done", "old", 1)
     finally:
         await store.aclose()
     engine = create_async_engine(empty_url)

@@ -1,0 +1,35 @@
+"""Faults of our own dependencies (issue 30): a private PostgreSQL cluster per module
+that a test may restart, the tool's own effect log, and the thread-hosted emulator."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from faults_pg import PrivateCluster  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pg_cluster() -> Iterator[PrivateCluster]:
+    """A cluster of this module's own (never the session's shared one): restarted by
+    the tests; each test gets it running (:meth:`PrivateCluster.start` if stopped)."""
+    cluster = PrivateCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def private_pg(pg_cluster: PrivateCluster) -> PrivateCluster:
+    if not pg_cluster.running:
+        pg_cluster.start()
+    return pg_cluster
