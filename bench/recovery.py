@@ -248,7 +248,6 @@ async def main(args: argparse.Namespace) -> None:
                 store,
                 chat.id,
                 marker,
-                journal_entry=JournalEntry,
                 timings=RecoveryTimings(poll_interval=0.05, commit_horizon=args.horizon),
             ).run()
             total = time.perf_counter() - start

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from coder_chat.core.attempts import StepAttempts
 from coder_chat.core.translator import field, pending_client_calls, plain
 from coder_chat.tools import pick_structured
 
@@ -232,30 +233,17 @@ def rehydrate(
 # --------------------------------------------------------------------------- recovery reads
 
 
-def _has_marker(message: Any, marker: str) -> bool:
-    return any(
-        field(p, "type") == "text" and marker in (field(p, "text", "") or "")
-        for p in field(message, "content", []) or []
-    )
-
-
 def count_marker_attempts(messages: Iterable[Any], marker: str) -> tuple[int, bool]:
     """Count user messages carrying ``marker``, contiguous at the tail of history.
 
     Returns ``(count, complete)``: ``complete`` is True when a user message
     *without* the marker was reached (so the count cannot grow by paging
     further back). Steps run sequentially, so one step's attempts sit together
-    at the end of the chat.
+    at the end of the chat. (:class:`coder_chat.core.attempts.StepAttempts`'s
+    ``tail_attempts`` / ``tail_complete``.)
     """
-    count = 0
-    for msg in sorted(messages, key=_id, reverse=True):
-        if field(msg, "role") != "user":
-            continue
-        if _has_marker(msg, marker):
-            count += 1
-        else:
-            return count, True
-    return count, False
+    index = StepAttempts.of(messages, marker)
+    return index.tail_attempts, index.tail_complete
 
 
 async def fetch_until(
@@ -292,15 +280,17 @@ async def marker_attempts(
     page_size: int = PAGE_SIZE,
     timeout: float | None = None,
 ) -> int:
-    """How many committed attempts of a step (user messages carrying ``marker``) the chat holds."""
+    """How many committed attempts of a step (user messages carrying ``marker``,
+    contiguous at the tail of the chat) the chat holds; history is paged back only
+    until that count is certain."""
     messages, _ = await fetch_until(
         client,
         chat_id,
-        lambda ms: count_marker_attempts(ms, marker)[1],
+        lambda ms: StepAttempts.of(ms, marker).tail_complete,
         page_size=page_size,
         timeout=timeout,
     )
-    return count_marker_attempts(messages, marker)[0]
+    return StepAttempts.of(messages, marker).tail_attempts
 
 
 async def fetch_turn(

@@ -3,20 +3,34 @@
 Times the store stamps (``updated_at`` and friends) come from the *database*
 clock, so workers on several machines agree on them; they are returned as
 timezone-aware UTC datetimes.
+
+The send journal's entry is :class:`coder_chat.core.journal.JournalEntry` (its one
+home: its constructors and how an entry is read live there), stored as is.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from coder_chat.core.journal import JournalEntry, JournalState
+
 NonEmptyStr = Annotated[str, Field(min_length=1, max_length=512)]
 MessageId = Annotated[int, Field(strict=True, gt=0)]
 
-JournalState = Literal["submitting", "resumed", "cut-short"]
+__all__ = [
+    "Checkpoint",
+    "JournalEntry",
+    "JournalState",
+    "Lease",
+    "LedgerEntry",
+    "StrandedChat",
+    "TurnStart",
+    "from_epoch",
+]
+
 LedgerState = Literal["committing", "done"]
 
 
@@ -39,28 +53,6 @@ class Checkpoint(_Record):
     workflow_id: NonEmptyStr
     chat_id: NonEmptyStr
     last_seen_message_id: MessageId | None = None
-    updated_at: datetime | None = None
-
-
-class JournalEntry(_Record):
-    """The per-attempt send journal entry of one chat (durable design, "settle-wait").
-
-    ``at`` is Unix epoch *seconds* (``time.time()``) at write time, as the writer saw it;
-    recovery compares it to its own clock to sleep out the commit window.
-
-    ``deadline`` (epoch seconds, optional): when the attempt's turn bound runs out —
-    for a ``submitting`` entry the send's ``at`` plus the STEP's turn timeout, for
-    ``resumed`` the revival's ``at`` plus it. ``sweep-stuck-turns`` leaves a crashed
-    attempt live until then (its workflow's recovery follows it), and recovery
-    follows it for as long. ``None`` (entries written before the field existed, and
-    ``cut-short`` verdicts): readers fall back to ``at`` + their own turn timeout.
-    """
-
-    state: JournalState
-    marker: str
-    attempt: Annotated[int, Field(strict=True, ge=0)]
-    at: float = Field(default_factory=time.time)
-    deadline: float | None = None
     updated_at: datetime | None = None
 
 

@@ -224,11 +224,7 @@ class Turns:
         is committed. ``turn_timeout_s``: the step's turn timeout; the write-ahead
         records ``at`` + it as the attempt's ``deadline`` (None: no deadline recorded).
         """
-        entry = JournalEntry(state="submitting", marker=marker, attempt=0)
-        if at is not None:
-            entry = entry.model_copy(update={"at": at})
-        if turn_timeout_s is not None:
-            entry = entry.model_copy(update={"deadline": entry.at + turn_timeout_s})
+        entry = JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout_s, at=at)
         tenant = self._store.tenant
         row: Any
         if self._store.backend == "sqlite":

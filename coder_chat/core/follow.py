@@ -30,6 +30,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
+from coder_chat.core.attempts import carries_marker
 from coder_chat.core.fields import field as read
 from coder_chat.core.fields import int_or_none, plain, tool_args_json
 from coder_chat.core.queued_gate import QueuedGate
@@ -37,7 +38,6 @@ from coder_chat.core.queued_gate import QueuedGate
 __all__ = [
     "DoneStep",
     "FollowPlan",
-    "crashed_pause_budget",
     "history_covers",
     "pick_queued",
     "pick_turn",
@@ -87,13 +87,6 @@ def _is_user(message: Any) -> bool:
     return read(message, "role") == "user"
 
 
-def _has_marker(message: Any, marker: str) -> bool:
-    return any(
-        read(p, "type") == "text" and marker in (read(p, "text", "") or "")
-        for p in read(message, "content", []) or []
-    )
-
-
 def history_covers(
     messages: Sequence[Any],
     *,
@@ -105,7 +98,7 @@ def history_covers(
     if user_message_id is not None:
         return any(_id(m) <= user_message_id for m in messages)
     if marker is not None:
-        return any(_is_user(m) and _has_marker(m, marker) for m in messages)
+        return any(_is_user(m) and carries_marker(m, marker) for m in messages)
     if after_id is not None:
         return any(_id(m) <= after_id for m in messages)
     return any(_is_user(m) for m in messages)
@@ -128,7 +121,7 @@ def pick_turn(
     if user_message_id is not None:
         return user_message_id if user_message_id in users else None
     if marker is not None:
-        marked = [_id(m) for m in messages if _is_user(m) and _has_marker(m, marker)]
+        marked = [_id(m) for m in messages if _is_user(m) and carries_marker(m, marker)]
         return max(marked) if marked else None
     if after_id is not None:
         return next((u for u in users if u > after_id), None)
@@ -137,7 +130,7 @@ def pick_turn(
 
 def pick_queued(queued_messages: Iterable[Any], marker: str) -> QueuedGate | None:
     """The newest queue entry whose text carries ``marker``: a prompt sent, not yet run."""
-    matching = [q for q in queued_messages if _has_marker(q, marker)]
+    matching = [q for q in queued_messages if carries_marker(q, marker)]
     if not matching:
         return None
     entry = max(matching, key=_id)  # queue ids increase
@@ -190,41 +183,3 @@ def plan_follow(
             after = step.last_id
             current, calls, outputs = [], {}, {}
     return FollowPlan(user_message_id, tuple(done), after, frozenset(answered))
-
-
-def crashed_pause_budget(
-    *,
-    state: str | None,
-    entry_marker: str | None,
-    entry_attempt: int | None,
-    entry_at: float | None,
-    marker: str,
-    attempts: int,
-    now: float,
-    turn_budget: float,
-) -> float | None:
-    """Seconds recovery may spend answering a ``requires_action`` pause itself, or None.
-
-    Beyond the seed design (which interrupts a pause whose call never ran): when
-    the pause is THIS step's crashed attempt, a call with no ledger entry is the
-    crashed process's own next tool call — run it through the ledger (its key is
-    the call id's, stable across crashes), submit, and follow the revived run.
-    Interrupting it instead restarts the model, which calls a tool anew under a
-    NEW id, and the resubmitted step redoes the attempt's earlier rounds.
-
-    The pause is the step's attempt when the journal's ``submitting`` entry for the
-    marker sits below the attempt count (the send landed; the budget is what is
-    left of that attempt's turn deadline, ``<= 0`` → None: stop it), or when an
-    earlier recovery pass journaled ``resumed`` for this very attempt (it revived
-    the run; a turn budget). Anything else — no attempt of the step in history,
-    a ``cut-short`` verdict, another step's entry — returns None: unstarted calls
-    are cut short, as before.
-    """
-    if attempts <= 0 or entry_marker != marker or entry_attempt is None:
-        return None
-    if state == "submitting" and attempts > entry_attempt and entry_at is not None:
-        left = min(turn_budget, entry_at + turn_budget - now)
-        return left if left > 0 else None
-    if state == "resumed" and attempts == entry_attempt:
-        return turn_budget
-    return None

@@ -10,9 +10,11 @@ Vocabulary:
 
 * **attempt count** (``attempts``): user messages in history carrying the step's
   marker, i.e. how many times this step's prompt landed on the chat.
-* **journal entry**: ``(state, marker, attempt, at)`` written ahead of every send
-  (``"submitting"``, ``attempt`` = the count *before* the send) and ahead of the
-  ledger reconcile's network calls (``"resumed"`` / ``"cut-short"``).
+* **journal entry** (:mod:`coder_chat.core.journal`): ``(state, marker, attempt,
+  at, deadline)`` written ahead of every send (``"submitting"``, ``attempt`` = the
+  count *before* the send) and ahead of the ledger reconcile's network calls
+  (``"resumed"`` / ``"cut-short"``); read through
+  :func:`coder_chat.core.journal.classify_entry`.
 * **cut short**: the attempt was (or may have been) stopped before it finished;
   a cut-short attempt must be resubmitted, never returned as a result.
 """
@@ -22,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from coder_chat.core.fields import field
+from coder_chat.core.journal import EntryReading, JournalView, Standing, classify_entry
 from coder_chat.models import AT_REST_STATUSES
 
 __all__ = [
@@ -39,8 +42,8 @@ __all__ = [
     "SettleAction",
     "batch_verdict",
     "classify_attempt",
+    "crashed_pause_budget",
     "cut_short_after_interrupt",
-    "follow_budget",
     "follows_crashed_attempt",
     "horizon_remaining",
     "is_answered",
@@ -57,19 +60,6 @@ __all__ = [
 
 #: Statuses that end the settle poll (the run is over; a new message starts afresh).
 POLL_DONE_STATUSES = AT_REST_STATUSES
-
-
-class JournalView(Protocol):
-    """What recovery reads from a journal entry (``blocks.JournalEntry`` fits)."""
-
-    @property
-    def state(self) -> str: ...
-    @property
-    def marker(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def at(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +88,7 @@ def scope_journal(entry: JournalView | None, marker: str, attempts: int) -> Jour
     resubmission retires every earlier verdict by itself — there is no clear
     step to forget.
     """
-    if entry is None or entry.marker != marker or entry.attempt != attempts:
-        return None
-    return entry
+    return entry if classify_entry(entry, marker, attempts).this_attempt else None
 
 
 # --------------------------------------------------------------------------- settle-wait
@@ -274,22 +262,33 @@ def follows_crashed_attempt(
     """
     return (
         status in LIVE_RUN_STATUSES
-        and entry is not None
-        and entry.state == "submitting"
-        and entry.marker == marker
-        and attempts > entry.attempt
+        and classify_entry(entry, marker, attempts).standing is Standing.LANDED
     )
 
 
-def follow_budget(started_at: float, now: float, turn_budget: float) -> float:
-    """Seconds left for following a crashed attempt: its own turn deadline.
+def crashed_pause_budget(reading: EntryReading, now: float, *, revived_s: float) -> float | None:
+    """Seconds recovery may spend answering a ``requires_action`` pause itself, or None.
 
-    The attempt's ``generate()`` was bounded by the turn timeout from its send
-    (the journal's ``at``); following it is bounded the same way, so a crash
-    never extends a turn. Clamped to the turn budget: a writer whose clock ran
-    behind must not stretch it. ``<= 0``: the deadline passed — interrupt.
+    Beyond the seed design (which interrupts a pause whose call never ran): when
+    the pause is THIS step's crashed attempt, a call with no ledger entry is the
+    crashed process's own next tool call — run it through the ledger (its key is
+    the call id's, stable across crashes), submit, and follow the revived run.
+    Interrupting it instead restarts the model, which calls a tool anew under a
+    NEW id, and the resubmitted step redoes the attempt's earlier rounds.
+
+    The pause is the step's attempt when its send landed (:attr:`Standing.LANDED`;
+    the budget is what is left of that attempt's turn deadline, ``<= 0`` → None:
+    stop it), or when an earlier recovery pass revived this very attempt
+    (:attr:`Standing.REVIVED`; ``revived_s``, a turn of its own: the answer about
+    to be submitted revives it again). Anything else — no attempt of the step in
+    history, a ``cut-short`` verdict, another step's entry — returns None:
+    unstarted calls are cut short, as before.
     """
-    return min(turn_budget, started_at + turn_budget - now)
+    if reading.standing is Standing.REVIVED and reading.attempts > 0:
+        return revived_s
+    if reading.standing is Standing.LANDED:
+        return reading.crashed_attempt_left(now)
+    return None
 
 
 # --------------------------------------------------------------------------- lost outcomes

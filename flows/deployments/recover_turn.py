@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from coder_chat.history import fetch_turn
 from coder_chat.recovery import TurnRecovery, timeline_origin
 from coder_chat.rest import ChatClient
-from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.params import (
     Step,
@@ -38,13 +37,13 @@ from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger, run_started_at
-from prefect_coder.flows.recovery.before_send import (
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, strand_workflow_orphans
+from prefect_coder.flows.recovery.recovered import (
     publish_recovery,
     recovered_result,
     recovery_timings,
     turn_history,
 )
-from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, strand_workflow_orphans
 from prefect_coder.flows.turn.durable_turn import run_turn, turn_result
 
 __all__ = ["RecoverTurnReport", "recover_turn"]
@@ -218,7 +217,6 @@ async def _inspect(
         checkpoint.chat_id,
         marker,
         tools=tools,
-        journal_entry=JournalEntry,
         timings=timings,
         turn_timeout=timings.settle_budget,
         output_model=answer.model if answer is not None else None,

@@ -74,14 +74,8 @@ class EagerCheckpoint:
                 self.workflow_id,
                 chat_id,
                 None,
-                journal=JournalEntry(
-                    state="submitting",
-                    marker=self.marker,
-                    attempt=0,
-                    at=self.started_at,
-                    deadline=None
-                    if self.turn_timeout is None
-                    else self.started_at + self.turn_timeout,
+                journal=JournalEntry.submitting(
+                    self.marker, 0, turn_timeout=self.turn_timeout, at=self.started_at
                 ),
             )
             self.written = chat_id

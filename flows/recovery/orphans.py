@@ -25,7 +25,6 @@ checkpoint, ``recover-turn`` strands every other chat of the workflow
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -232,18 +231,11 @@ async def _adopt(
     if not candidates:
         return OrphanCheck(stranded=left)
     adopted, marker = candidates[0][0].id, candidates[0][1]
-    now = time.time()
     await store.turns.record(
         workflow_id,
         adopted,
         None,
-        journal=JournalEntry(
-            state="submitting",
-            marker=marker,
-            attempt=0,
-            at=now,
-            deadline=None if turn_timeout is None else now + turn_timeout,
-        ),
+        journal=JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout),
     )
     log.warning(
         "orphan chat %s of workflow %s holds this step's prompt: adopted and checkpointed; "

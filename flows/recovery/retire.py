@@ -22,7 +22,7 @@ from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease
 from prefect_coder.flows.observe.observer import TurnObserver
 from prefect_coder.flows.observe.run_log import run_logger
-from prefect_coder.flows.recovery.before_send import journal_cut_short
+from prefect_coder.flows.recovery.send_journal import journal_cut_short
 
 __all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
 

@@ -15,14 +15,14 @@ from collections.abc import Awaitable
 from typing import Any, Literal
 
 from coder_chat.errors import CoderApiError
-from coder_chat.history import count_marker_attempts, fetch_until
+from coder_chat.history import marker_attempts
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import LeaseUnavailableError, workflow_key
 from prefect_coder.flows.observe.run_log import RunLogger
-from prefect_coder.flows.recovery.before_send import journal_cut_short
+from prefect_coder.flows.recovery.send_journal import journal_cut_short
 from prefect_coder.flows.sweeps.options import SweepOptions
 from prefect_coder.flows.sweeps.plan import (
     CRASHED_ATTEMPT_STATUSES,
@@ -32,7 +32,6 @@ from prefect_coder.flows.sweeps.plan import (
     crashed_attempt_left,
     crashed_attempt_refinement,
     paused_refinement,
-    step_turn_s,
 )
 from prefect_coder.flows.sweeps.reconcile import Reconciler, ReconcileRequest
 from prefect_coder.flows.sweeps.report import SweepReport, emit_chat_event
@@ -228,26 +227,18 @@ class SweepActor:
         entry = await self.store.journal.get(d.chat_id)
         if entry is None or entry.state == "cut-short":
             return None, None  # cut short already: nothing left to protect
-        marker = entry.marker
-        messages, _ = await fetch_until(
-            self.client,
-            d.chat_id,
-            lambda ms: count_marker_attempts(ms, marker)[1],
-            timeout=self.opts.request_timeout_s,
+        attempts = await marker_attempts(
+            self.client, d.chat_id, entry.marker, timeout=self.opts.request_timeout_s
         )
+        # The step's own deadline, written with its send (or revival), counts: a step
+        # may run with a longer turn timeout than this sweep's settings say.
         left = crashed_attempt_left(
-            state=entry.state,
-            marker=marker,
-            journal_attempt=entry.attempt,
-            journal_at=entry.at,
-            attempts=count_marker_attempts(messages, marker)[0],
+            entry,
+            attempts,
             now=time.time(),
             turn_timeout_s=self.turn_timeout_s,
-            # The step's own deadline, written with its send (or revival): a step
-            # may run with a longer turn timeout than this sweep's settings say.
-            journal_deadline=entry.deadline,
         )
-        return left, step_turn_s(entry.at, entry.deadline, self.turn_timeout_s)
+        return left, entry.turn_s(self.turn_timeout_s)
 
     async def _preview(self, d: SweepDecision) -> tuple[SweepDecision, str]:
         """Dry run: the same refinements from read-only probes; nothing is written."""

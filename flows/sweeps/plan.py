@@ -50,7 +50,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from coder_chat.core.follow import crashed_pause_budget
+from coder_chat.core.journal import JournalView, classify_entry
 from prefect_coder.flows.common.labels import owned_by, workflow_of
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
     "paused_refinement",
     "plan_orphan",
     "plan_stuck",
-    "step_turn_s",
 ]
 
 #: Statuses with a run in flight or a pause waiting for an answer.
@@ -289,63 +288,29 @@ def busy_refinement(d: SweepDecision, *, lease_holder: str | None) -> SweepDecis
 
 
 def crashed_attempt_left(
-    *,
-    state: str,
-    marker: str,
-    journal_attempt: int,
-    journal_at: float,
-    attempts: int,
-    now: float,
-    turn_timeout_s: float,
-    journal_deadline: float | None = None,
+    entry: JournalView, attempts: int, *, now: float, turn_timeout_s: float
 ) -> float | None:
     """Seconds left of the step's turn deadline when the chat's live run is that
     step's crashed attempt; ``None`` when it is not (or the deadline has passed).
 
-    The same rule as the workflow's own recovery
-    (:func:`coder_chat.core.follow.crashed_pause_budget`, with
-    ``follows_crashed_attempt`` for a running chat): the journal's ``submitting``
+    The workflow's own recovery reads the journal the same way
+    (:func:`coder_chat.core.journal.classify_entry`): the journal's ``submitting``
     entry sits below the step's attempt count (``attempts``: user messages carrying
-    the journal's marker) — the send landed, the run is that attempt's — or a
+    the entry's marker) — the send landed, the run is that attempt's — or a
     recovery pass journaled ``resumed`` for this very attempt (it revived the run).
 
-    The deadline is the one the entry recorded (``journal_deadline``: the
-    journal's ``at`` plus the STEP's turn timeout, written with the send or the
-    revival): for a ``submitting`` entry the send's write-ahead is where the
-    crashed ``generate()``'s own turn bound started (recovery follows it for the
-    same time); for ``resumed``, the answer that revived the run — so each
-    answered pause gives the revived run one more turn timeout, never more, and a
-    chat whose workflow is gone for good is swept at most one turn timeout after
-    the last sign of its attempt. An entry without a deadline (written before the
-    field existed) falls back to ``at`` plus ``turn_timeout_s``, the sweep's own
-    setting (the workflows' settings by default).
+    The deadline is the one the entry recorded (the journal's ``at`` plus the STEP's
+    turn timeout, written with the send or the revival): for a ``submitting`` entry
+    the send's write-ahead is where the crashed ``generate()``'s own turn bound
+    started (recovery follows it for the same time); for ``resumed``, the answer
+    that revived the run — so each answered pause gives the revived run one more
+    turn timeout, never more, and a chat whose workflow is gone for good is swept at
+    most one turn timeout after the last sign of its attempt. An entry without a
+    deadline (written before the field existed) falls back to ``at`` plus
+    ``turn_timeout_s``, the sweep's own setting (the workflows' settings by default).
     """
-    turn_s = step_turn_s(journal_at, journal_deadline, turn_timeout_s)
-    budget = crashed_pause_budget(
-        state=state,
-        entry_marker=marker,
-        entry_attempt=journal_attempt,
-        entry_at=journal_at,
-        marker=marker,
-        attempts=attempts,
-        now=now,
-        turn_budget=turn_s,
-    )
-    if budget is None:
-        return None
-    # crashed_pause_budget gives a revived ("resumed") run a whole turn budget from
-    # now; the sweep counts it from the revival, or a run nobody will ever finish
-    # would be left forever.
-    left = min(budget, journal_at + turn_s - now)
-    return left if left > 0 else None
-
-
-def step_turn_s(journal_at: float, journal_deadline: float | None, fallback_s: float) -> float:
-    """The crashed attempt's step's turn timeout: what its journal entry recorded
-    (``deadline - at``), else ``fallback_s`` (the sweep's own turn timeout)."""
-    if journal_deadline is not None and journal_deadline > journal_at:
-        return journal_deadline - journal_at
-    return fallback_s
+    reading = classify_entry(entry, entry.marker, attempts, turn_timeout=turn_timeout_s)
+    return reading.crashed_attempt_left(now)
 
 
 def crashed_attempt_refinement(

@@ -9,7 +9,7 @@ When the pause is a checkpointed step's crashed attempt within its turn deadline
 :func:`prefect_coder.flows.sweeps.plan.crashed_attempt_refinement`), a call
 with no ledger entry (it never ran) is run through the ledger too, not cut
 short — the rule the workflow's own recovery follows
-(:func:`coder_chat.core.follow.crashed_pause_budget`). Cutting it short made the
+(:func:`coder_chat.core.recovery.crashed_pause_budget`). Cutting it short made the
 workflow's rerun resubmit the step, and the model repeated the attempt's earlier,
 committed tool calls under new call ids (chaos seeds 14/71, docs/chaos.md).
 """
@@ -26,7 +26,6 @@ from coder_chat.history import fetch_turn
 from coder_chat.recovery import RecoveryTimings, TurnRecovery
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
-from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.toolset import Toolset, bind_crash_safe
 from prefect_coder.flows.observe.run_log import run_logger
@@ -118,7 +117,6 @@ async def reconcile_with_ledger(req: ReconcileRequest) -> str:
         req.chat_id,
         marker,
         tools=bind_crash_safe(tools, req.store.ledger),
-        journal_entry=JournalEntry,
         timings=RecoveryTimings(probe_bound=req.bound_s, poll_interval=min(1.0, req.bound_s)),
         logger=run_logger(__name__),
         turn_timeout=req.turn_timeout_s,

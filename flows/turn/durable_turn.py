@@ -64,16 +64,15 @@ from prefect_coder.flows.observe.artifacts import publish_turn_artifact
 from prefect_coder.flows.observe.live_progress import LiveProgress
 from prefect_coder.flows.observe.observer import TurnObserver
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger
-from prefect_coder.flows.recovery.before_send import (
-    SendPlan,
+from prefect_coder.flows.recovery.before_send import recover_before_send
+from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint
+from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, may_have_orphans
+from prefect_coder.flows.recovery.recovered import SendPlan, recovery_timings
+from prefect_coder.flows.recovery.send_journal import (
     journal_cut_short,
     journal_send,
     note_failed_attempt,
-    recover_before_send,
-    recovery_timings,
 )
-from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint
-from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, may_have_orphans
 
 __all__ = [
     "StructuredAnswerError",
@@ -256,7 +255,6 @@ async def _record_after_turn(
         left_live = agent.left_run_live is not None
         # The send's turn deadline goes with it (JournalEntry.deadline): the stuck-turn
         # sweep leaves a crashed attempt live until then, whatever its own timeout.
-        deadline = started_at + turn_timeout
         if eagerly_journaled == chat_id:
             # The eager checkpoint committed this chat's entry with this step's marker
             # (attempt 0), and under the workflow's lease only this turn writes it: a
@@ -265,8 +263,8 @@ async def _record_after_turn(
             # every turn is a first turn: docs/performance.md, round 7).
             journal = None
             if failed is not None and not left_live:
-                journal = JournalEntry(
-                    state="submitting", marker=marker, attempt=1, at=started_at, deadline=deadline
+                journal = JournalEntry.submitting(
+                    marker, 1, turn_timeout=turn_timeout, at=started_at
                 )
             await store.turns.record(
                 workflow_id, chat_id, agent.last_seen_message_id, journal=journal
@@ -278,24 +276,12 @@ async def _record_after_turn(
             if failed is not None and not left_live:
                 await tx.journal.set(
                     chat_id,
-                    JournalEntry(
-                        state="submitting",
-                        marker=marker,
-                        attempt=1,
-                        at=started_at,
-                        deadline=deadline,
-                    ),
+                    JournalEntry.submitting(marker, 1, turn_timeout=turn_timeout, at=started_at),
                 )
             elif entry is None or entry.marker != marker:
                 await tx.journal.set(
                     chat_id,
-                    JournalEntry(
-                        state="submitting",
-                        marker=marker,
-                        attempt=0,
-                        at=started_at,
-                        deadline=deadline,
-                    ),
+                    JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout, at=started_at),
                 )
         return
     # The SDK discarded the session (stream lost on a chat this call created):

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coder_chat.core.journal import JournalEntry, classify_entry
 from coder_chat.core.recovery import (
     LedgerAction,
     SettleAction,
     batch_verdict,
     classify_attempt,
+    crashed_pause_budget,
     cut_short_after_interrupt,
-    follow_budget,
     follows_crashed_attempt,
     horizon_remaining,
     is_timeout_result,
@@ -47,6 +49,7 @@ class Entry:
     marker: str
     attempt: int
     at: float = 0.0
+    deadline: float | None = None
 
 
 # ----------------------------------------------------------------------------- scoping
@@ -246,8 +249,11 @@ def test_no_entry_is_never_followed() -> None:
 
 @given(st.floats(0, 1e6), st.floats(0, 1e6), st.floats(1, 1e4))
 def test_follow_budget_is_the_attempts_own_deadline(at: float, now: float, turn: float) -> None:
-    left = follow_budget(at, now, turn)
-    assert left <= turn  # a clock running behind never stretches the turn
+    landed = JournalEntry.submitting("[wf/a]", 0, at=at)  # no deadline: at + our turn
+    left = classify_entry(landed, "[wf/a]", 1, turn_timeout=turn).left(now)
+    # a clock running behind never stretches the turn (the deadline is at + turn, so
+    # deadline - at is the turn up to a rounding of the sum)
+    assert left <= turn or left == pytest.approx(turn)
     assert left == pytest.approx(min(turn, at + turn - now))
     assert (left > 0) == (at + turn - now > 0)
 
@@ -289,21 +295,17 @@ def test_lost_outcomes_need_a_timeout_and_a_ledger_effect() -> None:
 # --------------------------------------------------------------------------- issue 15 / 11 rules
 
 
-def _pause_budget(state: str | None, attempt: int | None, attempts: int, **kw: object) -> object:
-    from coder_chat.core.follow import crashed_pause_budget
-
-    args: dict[str, object] = {
-        "state": state,
-        "entry_marker": "[w/s]" if state else None,
-        "entry_attempt": attempt,
-        "entry_at": 100.0,
-        "marker": "[w/s]",
-        "attempts": attempts,
-        "now": 103.0,
-        "turn_budget": 10.0,
-    }
-    args.update(kw)
-    return crashed_pause_budget(**args)  # type: ignore[arg-type]
+def _pause_budget(
+    state: str | None,
+    attempt: int | None,
+    attempts: int,
+    *,
+    now: float = 103.0,
+    entry_marker: str = "[w/s]",
+) -> object:
+    entry = None if state is None else Entry(state, entry_marker, attempt or 0, at=100.0)
+    reading = classify_entry(entry, "[w/s]", attempts, turn_timeout=10.0)
+    return crashed_pause_budget(reading, now, revived_s=10.0)
 
 
 def test_a_crashed_attempts_pause_is_answered_within_its_own_deadline() -> None:
@@ -331,7 +333,7 @@ def test_a_crashed_attempts_pause_is_answered_within_its_own_deadline() -> None:
     ],
 )
 def test_a_pause_that_is_not_the_crashed_attempts_own_is_cut_short(
-    state: str | None, attempt: int | None, attempts: int, kw: dict[str, object]
+    state: str | None, attempt: int | None, attempts: int, kw: dict[str, Any]
 ) -> None:
     assert _pause_budget(state, attempt, attempts, **kw) is None
 
@@ -340,8 +342,8 @@ def _msg(mid: int, role: str, text: str) -> dict[str, object]:
     return {"id": mid, "role": role, "content": [{"type": "text", "text": text}]}
 
 
-def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() -> None:
-    from prefect_coder.flows.recovery.before_send import locate_step
+def test_step_attempts_find_the_last_attempt_and_whether_the_workflow_moved_on() -> None:
+    from coder_chat.core.attempts import StepAttempts
 
     history = [
         _msg(1, "user", "[w/a] first"),
@@ -352,20 +354,20 @@ def test_locate_step_finds_the_last_attempt_and_whether_the_workflow_moved_on() 
         _msg(6, "assistant", "B"),
         _msg(7, "user", "[w/c] third"),
     ]
-    a = locate_step(reversed(history), "[w/a]")  # any order
+    a = StepAttempts.of(reversed(history), "[w/a]")  # any order
     assert (a.attempts, a.last_user_message_id, a.tail) == (1, 1, False)
-    b = locate_step(history, "[w/b]")
+    b = StepAttempts.of(history, "[w/b]")
     assert (b.attempts, b.last_user_message_id, b.tail) == (2, 5, False)
-    c = locate_step(history, "[w/c]")
+    c = StepAttempts.of(history, "[w/c]")
     assert (c.attempts, c.last_user_message_id, c.tail) == (1, 7, True)
-    d = locate_step(history, "[w/d]")
+    d = StepAttempts.of(history, "[w/d]")
     assert (d.attempts, d.last_user_message_id, d.tail) == (0, None, False)
-    assert locate_step(history[:6], "[w/b]").tail  # b's resubmission is the newest turn
+    assert StepAttempts.of(history[:6], "[w/b]").tail  # b's resubmission is the newest turn
 
 
 def test_an_archived_chats_newest_attempt_is_trusted_only_on_positive_evidence() -> None:
     from prefect_coder.blocks.state import JournalEntry
-    from prefect_coder.flows.recovery.before_send import archived_tail_finished
+    from prefect_coder.flows.recovery.from_history import archived_tail_finished
 
     def e(state: str, attempt: int, marker: str = "[w/s]") -> JournalEntry:
         return JournalEntry(state=state, marker=marker, attempt=attempt)  # type: ignore[arg-type]

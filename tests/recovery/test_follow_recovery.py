@@ -69,9 +69,7 @@ async def _run(
     client: ChatClient, store: StateStore, chat_id: str, marker: str, **kw: Any
 ) -> tuple[Any, CoderAgent]:
     agent = CoderAgent(client=client, chat_id=chat_id, request_timeout=5.0)
-    recovery = TurnRecovery(
-        client, store, chat_id, marker, journal_entry=JournalEntry, follower=agent, **kw
-    )
+    recovery = TurnRecovery(client, store, chat_id, marker, follower=agent, **kw)
     try:
         return await recovery.run(), agent
     finally:

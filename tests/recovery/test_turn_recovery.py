@@ -71,7 +71,6 @@ def _recovery(
         chat_id,
         marker,
         tools=tools,
-        journal_entry=JournalEntry,
         timings=kw.pop("timings", FAST),
         **kw,
     )
@@ -365,11 +364,8 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
     # server that is not there, any read would fail.
     from coder_chat.errors import CoderTransportError
     from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
-    from prefect_coder.flows.recovery.before_send import (
-        earlier_steps,
-        recover_before_send,
-        recovery_timings,
-    )
+    from prefect_coder.flows.recovery.before_send import earlier_steps, recover_before_send
+    from prefect_coder.flows.recovery.recovered import recovery_timings
 
     wf = f"wf-{uuid.uuid4().hex[:8]}"
     first, second = Step(name="a", prompt="A"), Step(name="b", prompt="B")

@@ -116,7 +116,6 @@ async def test_a_send_committed_between_the_status_and_the_history_read_is_follo
                 store,
                 chat_id,
                 marker,
-                journal_entry=JournalEntry,
                 timings=FAST,
                 follower=follower,
                 turn_timeout=10.0,

@@ -60,6 +60,7 @@ from test_crash_followups import (  # noqa: E402
 
 from coder_chat.emulator import Emulator  # noqa: E402
 from prefect_coder.blocks import ChatStateStore, StateStore  # noqa: E402
+from prefect_coder.blocks.state import JournalEntry  # noqa: E402
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker  # noqa: E402
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings  # noqa: E402
 from prefect_coder.flows.deployments.sweep_stuck_turns import sweep_stuck_turns  # noqa: E402
@@ -69,7 +70,6 @@ from prefect_coder.flows.sweeps.plan import (  # noqa: E402
     SweepDecision,
     crashed_attempt_left,
     crashed_attempt_refinement,
-    step_turn_s,
 )
 from prefect_coder.flows.sweeps.report import SweepReport, SweepRow  # noqa: E402
 
@@ -364,15 +364,8 @@ def _decision(action: Action = Action.INTERRUPT, status: str = "running") -> Swe
 
 def _left(state: str, journal_attempt: int, attempts: int, now: float) -> float | None:
     """The rule for a journal entry written at t=100 s, a 20 s turn timeout."""
-    return crashed_attempt_left(
-        state=state,
-        marker="[wf/pay]",
-        journal_attempt=journal_attempt,
-        journal_at=100.0,
-        attempts=attempts,
-        now=now,
-        turn_timeout_s=20.0,
-    )
+    entry = JournalEntry(state=state, marker="[wf/pay]", attempt=journal_attempt, at=100.0)  # type: ignore[arg-type]
+    return crashed_attempt_left(entry, attempts, now=now, turn_timeout_s=20.0)
 
 
 def test_the_rule_is_recoverys_own_a_landed_send_or_a_revived_run_within_the_deadline() -> None:
@@ -392,16 +385,14 @@ def test_the_rule_is_recoverys_own_a_landed_send_or_a_revived_run_within_the_dea
 
 def test_a_recorded_deadline_replaces_the_sweeps_turn_timeout_and_old_rows_fall_back() -> None:
     def left(state: str, journal_attempt: int, now: float, deadline: float | None) -> float | None:
-        return crashed_attempt_left(
-            state=state,
+        entry = JournalEntry(
+            state=state,  # type: ignore[arg-type]
             marker="[wf/pay]",
-            journal_attempt=journal_attempt,
-            journal_at=100.0,
-            attempts=1,
-            now=now,
-            turn_timeout_s=20.0,  # the sweep's own
-            journal_deadline=deadline,
+            attempt=journal_attempt,
+            at=100.0,
+            deadline=deadline,
         )
+        return crashed_attempt_left(entry, 1, now=now, turn_timeout_s=20.0)  # the sweep's own
 
     # the step ran with a 60 s turn timeout (deadline 160): left past the sweep's 20 s
     assert left("submitting", 0, now=130.0, deadline=160.0) == pytest.approx(30.0)
@@ -414,8 +405,9 @@ def test_a_recorded_deadline_replaces_the_sweeps_turn_timeout_and_old_rows_fall_
     assert left("submitting", 0, now=115.0, deadline=None) == pytest.approx(5.0)
     # a nonsensical recorded deadline (not after the send) is ignored, not trusted
     assert left("submitting", 0, now=115.0, deadline=90.0) == pytest.approx(5.0)
-    assert step_turn_s(100.0, 160.0, 20.0) == 60.0
-    assert step_turn_s(100.0, None, 20.0) == 20.0
+    # the step's turn timeout a revival gets: recorded, else the sweep's own
+    assert JournalEntry.submitting("[wf/pay]", 0, at=100.0, turn_timeout=60.0).turn_s(20.0) == 60.0
+    assert JournalEntry.submitting("[wf/pay]", 0, at=100.0).turn_s(20.0) == 20.0
 
 
 def test_the_refinement_leaves_a_run_answers_a_pause_and_otherwise_acts_as_planned() -> None:
