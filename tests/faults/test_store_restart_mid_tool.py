@@ -14,6 +14,7 @@ and the row stayed ``committing`` for a re-ask to charge again under a new key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -47,6 +48,10 @@ ANSWER = "The charge went through."
 
 class Charge(BaseModel):
     amount_cents: int
+
+
+class Note(BaseModel):
+    text: str
 
 
 def charge_tool(log: EffectLog) -> CrashSafeTool[Any]:
@@ -164,4 +169,140 @@ async def test_store_down_between_effect_and_done_write_fails_the_turn_not_the_t
     assert len(tool_results) == 1 and not tool_results[0].get("is_error")
     assert tool_results[0]["result"] == entry.output
     assert "InterfaceError" not in _received(emu, chat_id)
+    await agent.aclose()
+
+
+def _agent(client: ChatClient, tools: list[Any]) -> CoderAgent:
+    return CoderAgent(
+        client=client,
+        tools=tools,
+        hooks=AgentHooks(leave_landed_runs=True),
+        timings=AgentTimings(action_grace=0.2, settle_deadline=2.0, settle_retry_delay=0.05),
+        stream_options=StreamOptions(backoff_initial_ms=20, backoff_cap_ms=80),
+        request_timeout=20,
+    )
+
+
+async def test_store_down_at_the_write_ahead_runs_no_effect_and_recovery_runs_it_once(
+    chatd_emulator: Emulator,
+    client: ChatClient,
+    pg_store: StateStore,
+    private_pg: PrivateCluster,
+    tmp_path: Path,
+) -> None:
+    emu, store = chatd_emulator, pg_store
+    log = EffectLog(tmp_path / "effects.jsonl")
+    stop_first = {"armed": False}
+
+    async def stop_store_first(ctx: Any) -> None:
+        # Right before the write-ahead: the store goes down under the tool.
+        if stop_first["armed"] and private_pg.running:
+            private_pg.stop()
+
+    tool = charge_tool(log).bind(
+        store.ledger, before_effect=stop_store_first, match_earlier_attempts=True
+    )
+    agent = _agent(client, [tool])
+    await agent.generate(directive(Script.text("ready"), "hello"))
+    chat_id = agent.chat_id
+    assert chat_id is not None
+    marker = f"[wf-{uuid.uuid4().hex[:8]}/pay]"
+    await store.journal.set(chat_id, JournalEntry.submitting(marker, 0, turn_timeout=60.0))
+    stop_first["armed"] = True
+    try:
+        with pytest.raises(ToolBookkeepingError) as info:
+            await agent.generate(
+                directive(
+                    Script.client_tool(
+                        "charge_card", {"amount_cents": 300}, then=ScriptStep((Text(ANSWER),))
+                    ),
+                    f"{marker} pay",
+                )
+            )
+    finally:
+        stop_first["armed"] = False
+        private_pg.start()
+    assert info.value.stage == "begin" and info.value.retryable
+    assert log.effects() == 0  # nothing ran without its write-ahead
+    assert emu.chat(chat_id)["status"] == "requires_action"
+    assert "Tool failed" not in _received(emu, chat_id)
+    # This step's crashed attempt within its turn deadline: recovery runs the call
+    # through the ledger (the call id's stable key) — once.
+    outcome = await TurnRecovery(
+        client,
+        store,
+        chat_id,
+        marker,
+        tools=[tool],
+        timings=FAST_RECOVERY,
+        turn_timeout=60.0,
+        follower=agent,
+    ).run()
+    assert outcome.classification == "followed", "\n".join(map(str, outcome.decisions))
+    assert outcome.followed is not None and outcome.followed.text == ANSWER
+    key = store.ledger.idempotency_key(chat_id, info.value.tool_call_id)
+    assert (log.effects(), log.effects(key)) == (1, 1)
+    await agent.aclose()
+
+
+async def test_siblings_of_a_failed_bookkeeping_finish_before_the_turn_fails(
+    chatd_emulator: Emulator,
+    client: ChatClient,
+    pg_store: StateStore,
+    private_pg: PrivateCluster,
+    tmp_path: Path,
+) -> None:
+    emu, store = chatd_emulator, pg_store
+    log = EffectLog(tmp_path / "effects.jsonl")
+    finished: list[str] = []
+
+    note_started = asyncio.Event()
+
+    @crash_safe_tool(name="slow_note", description="Write a note (slowly).")
+    async def slow_note(args: Note, ctx: EffectContext) -> str:
+        note_started.set()
+        await asyncio.sleep(0.3)
+        finished.append(ctx.idempotency_key)
+        return "noted"
+
+    @crash_safe_tool(name="charge_card", description="Charge the customer's card.")
+    async def charge_card(args: Charge, ctx: EffectContext) -> dict[str, Any]:
+        await note_started.wait()  # both effects are under way when the store goes
+        return log.charge(ctx.idempotency_key, args.amount_cents)
+
+    def stop_store(point: str) -> None:
+        if point == "tool.after_effect" and private_pg.running and not finished:
+            private_pg.stop()
+
+    agent = _agent(
+        client,
+        [
+            charge_card.bind(store.ledger, match_earlier_attempts=True),
+            slow_note.bind(store.ledger, match_earlier_attempts=True),
+        ],
+    )
+    await agent.generate(directive(Script.text("ready"), "hello"))
+    chat_id = agent.chat_id
+    assert chat_id is not None
+    marker = f"[wf-{uuid.uuid4().hex[:8]}/pay]"
+    await store.journal.set(chat_id, JournalEntry.submitting(marker, 0))
+    remove = add_crash_hook(stop_store)
+    try:
+        with pytest.raises(ToolBookkeepingError):
+            await agent.generate(
+                directive(
+                    Script.client_tools(
+                        [("charge_card", {"amount_cents": 5}), ("slow_note", {"text": "hi"})]
+                    ),
+                    f"{marker} pay",
+                )
+            )
+        # The sibling ran to its end before the turn failed: nothing of the round is
+        # left running to race the next attempt's re-drive of its call.
+        assert len(finished) == 1
+    finally:
+        remove()
+        if not private_pg.running:
+            private_pg.start()
+    assert emu.chat(chat_id)["status"] == "requires_action"
     await agent.aclose()
