@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from faults_effects import EffectLog
 from faults_pg import PrivateCluster
+from pydantic import SecretStr
 
 from coder_chat.crash_safe import add_crash_hook
 from coder_chat.emulator.server import Emulator
@@ -47,8 +48,8 @@ async def test_store_restart_between_effect_and_done_in_a_workflow(
     suffix = uuid.uuid4().hex[:8]
     await CoderCredentials(
         base_url=emu.base_url,
-        organization_id=emu.organization_id,
-        token=emu.token,
+        organization_id=uuid.UUID(emu.organization_id),
+        token=SecretStr(emu.token),
         request_timeout=15.0,
         turn_timeout=30.0,
     ).save(f"faults-coder-{suffix}", overwrite=True)
