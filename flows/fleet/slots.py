@@ -62,7 +62,14 @@ from prefect_coder.blocks import CoderCredentials, StateStore
 from prefect_coder.blocks.state import HeldLease, LeaseLostError
 from prefect_coder.flows.common.errors import TurnSlotLostError, TurnSlotUnavailableError
 from prefect_coder.flows.common.holders import run_holder
-from prefect_coder.flows.fleet.claim import SLOT_PREFIX, Claimer, slot_index, slot_key, slot_keys
+from prefect_coder.flows.fleet.claim import (
+    SLOT_PREFIX,
+    Claimer,
+    Log,
+    slot_index,
+    slot_key,
+    slot_keys,
+)
 from prefect_coder.flows.fleet.waiting import (
     WAITING_STATE_NAME,
     Gate,
@@ -90,7 +97,6 @@ SLOT_TRACE: list[tuple[str, float]] | None = None
 SHOW_WAITING_AFTER_S = 1.0
 #: Private: the global ``random`` is shared with (and reseeded by) other code.
 _rng = random.Random()
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 @dataclass(frozen=True)
