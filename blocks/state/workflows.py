@@ -188,32 +188,34 @@ class Workflows:
             )
             return res.first() is not None
 
+    def _with_chat(self) -> sa.Select[Any]:
+        # The workflow's checkpointed chat, joined (a record never stores it: the
+        # checkpoint is the one place a workflow's chat is written).
+        return sa.select(t, cp.c.chat_id.label("cp_chat_id")).select_from(
+            t.outerjoin(cp, sa.and_(cp.c.tenant == t.c.tenant, cp.c.workflow_id == t.c.workflow_id))
+        )
+
     async def get(self, key: str) -> WorkflowRecord | None:
-        """The record of ``key`` (any state), or None."""
+        """The record of ``key`` (any state), with its chat, or None."""
         async with self._ops.read() as conn:
-            row = (await conn.execute(sa.select(t).where(self._ours(key)))).one_or_none()
-        return None if row is None else _record(row)
+            row = (await conn.execute(self._with_chat().where(self._ours(key)))).one_or_none()
+        return None if row is None else _record(row, row.cp_chat_id)
 
     async def list(self, state: WorkflowState | None = None) -> list[WorkflowRecord]:
-        """Every record of this tenant (optionally in one state), by key."""
-        q = sa.select(t).where(t.c.tenant == self._ops.tenant)
+        """Every record of this tenant (optionally in one state), with its chat, by key."""
+        q = self._with_chat().where(t.c.tenant == self._ops.tenant)
         if state is not None:
             q = q.where(t.c.state == state)
         async with self._ops.read() as conn:
             rows = (await conn.execute(q.order_by(t.c.key))).all()
-        return [_record(r) for r in rows]
+        return [_record(r, r.cp_chat_id) for r in rows]
 
     async def snapshot(self, limit: int = 10_000) -> WorkflowsSnapshot:
         """The unfinished records (with their workflow's checkpointed chat), the lease
         rows they name, and the store clock — three reads in one transaction."""
         tenant = self._ops.tenant
         q = (
-            sa.select(t, cp.c.chat_id.label("cp_chat_id"))
-            .select_from(
-                t.outerjoin(
-                    cp, sa.and_(cp.c.tenant == t.c.tenant, cp.c.workflow_id == t.c.workflow_id)
-                )
-            )
+            self._with_chat()
             .where(t.c.tenant == tenant, t.c.state == "running")
             .order_by(t.c.updated_at)
             .limit(limit)

@@ -5,13 +5,16 @@ condition holds, and the counts the tests assert on."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fanout_env import user_messages_per_step
+from fanout_env import parent_of, user_messages_per_step
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun
+from warm_launch import behind
 
 from coder_chat.emulator import Emulator
 from prefect_coder.flows.common.params import WorkflowSettings
@@ -76,3 +79,16 @@ async def state_of(client: PrefectClient, run_id: Any) -> FlowRun:
 def one_message_per_step(emu: Emulator, item: FanoutItem, steps: tuple[str, ...]) -> dict[str, int]:
     """User messages per step marker, from the emulator's event log."""
     return user_messages_per_step(emu, [item], steps)
+
+
+def kill_run_process(run: FlowRun, worker_pid: int) -> bool:
+    """SIGKILL a run's process (the worker's child, and the engine forked behind it)."""
+    pid = str(run.infrastructure_pid or "").split(":")[-1]
+    if not pid or parent_of(int(pid)) != worker_pid:
+        return False
+    for target in {behind(int(pid)), int(pid)}:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return True

@@ -12,8 +12,6 @@ user message per step (the emulator's event log), every chat archived.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +24,6 @@ from fanout_env import (
     deployment_id,
     fanout_items,
     fanout_settings,
-    parent_of,
     runs_of,
     start_worker,
     stop_worker,
@@ -34,9 +31,14 @@ from fanout_env import (
     until,
 )
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun, StateType
-from reconcile_env import FAST, TICK_S, one_message_per_step, reconciler_settings
-from warm_launch import behind
+from prefect.client.schemas.objects import StateType
+from reconcile_env import (
+    FAST,
+    TICK_S,
+    kill_run_process,
+    one_message_per_step,
+    reconciler_settings,
+)
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
@@ -51,19 +53,6 @@ from prefect_coder.flows.liveness.track import workflow_record_key
 STEPS = ("plan", "do")
 #: Crashes of the recovery in a row.
 RECOVERY_KILLS = 2
-
-
-def _kill_run_process(run: FlowRun, worker_pid: int) -> bool:
-    """SIGKILL a run's process (the worker's child, and the engine forked behind it)."""
-    pid = str(run.infrastructure_pid or "").split(":")[-1]
-    if not pid or parent_of(int(pid)) != worker_pid:
-        return False
-    for target in {behind(int(pid)), int(pid)}:
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return True
 
 
 async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_completes(
@@ -96,7 +85,7 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
                 if not log or any(e["kind"] == "turn_end" for e in log):
                     return False
                 current = await client.read_flow_run(run.id)
-                return _kill_run_process(current, worker.pid)
+                return kill_run_process(current, worker.pid)
 
             await until("the first turn", 240, first_turn_running, every_s=0.2)
             killed.append(str(run.id))
@@ -114,7 +103,7 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
                             record is not None
                             and record.flow_run_id == str(r.id)
                             and str(r.id) not in killed
-                            and _kill_run_process(r, worker.pid)
+                            and kill_run_process(r, worker.pid)
                         ):
                             killed.append(str(r.id))
                 rows = await reconcile_workflows(reconciler_settings(settings), FAST)

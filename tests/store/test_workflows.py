@@ -104,6 +104,9 @@ async def test_snapshot_has_lease_rows_chat_and_store_clock(store: StateStore) -
         snap = await wf.snapshot()
     [record] = snap.records
     assert record.chat_id == "chat-2"
+    got = await wf.get("workflow:wf-2")
+    assert got is not None and got.chat_id == "chat-2"
+    assert [r.chat_id for r in await wf.list("running")] == ["chat-2"]
     lease = snap.leases["workflow:wf-2"]
     assert lease.holder == "h@run=x"
     assert lease.acquired_at <= snap.now < lease.expires_at <= snap.now + 30.5
