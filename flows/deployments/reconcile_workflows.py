@@ -21,8 +21,10 @@ write, artifact or event (docs/reconciler.md, "Cost").
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -449,72 +451,78 @@ async def reconcile_once(
     *,
     store_block: str | None = None,
     dry_run: bool = False,
+    client: PrefectClient | None = None,
 ) -> list[ReconcileRow]:
-    """One tick: observe, decide, act (unless ``dry_run``); one row per workflow."""
+    """One tick: observe, decide, act (unless ``dry_run``); one row per workflow.
+    ``client``: a Prefect client to reuse (a looping run keeps one open)."""
+    if client is None:
+        async with get_client() as own:
+            return await reconcile_once(
+                store, options, store_block=store_block, dry_run=dry_run, client=own
+            )
     options = options or ReconcileOptions()
     timing = options.timing()
-    async with get_client() as client:
-        snapshot = await store.workflows.snapshot()
-        now = datetime.now(UTC)
-        if options.adopt and not dry_run:
+    snapshot = await store.workflows.snapshot()
+    now = datetime.now(UTC)
+    if options.adopt and not dry_run:
+        try:
+            older = now - timedelta(seconds=min(options.pending_grace_s, 30.0))
+            if await _adopt(client, store, snapshot, store_block, older):
+                snapshot = await store.workflows.snapshot()
+                now = datetime.now(UTC)
+        except Exception as exc:
+            logger.warning("could not look for runs to adopt: %s", type(exc).__name__)
+    if not snapshot.records:
+        return []
+    ids = [r.flow_run_id for r in snapshot.records if r.flow_run_id]
+    runs = await _runs_by_id(client, ids)
+    live = [
+        i
+        for i in ids
+        if runs is not None
+        and i in runs
+        and (s := runs[i].state) is not None
+        and s.type in (StateType.RUNNING, StateType.PENDING)
+    ]
+    since = now - timedelta(seconds=max(timing.heartbeat_grace_s, timing.heartbeat_fresh_s) * 2)
+    beats = await _heartbeats(client, live, since) if live else {}
+    rows: list[ReconcileRow] = []
+    for record in snapshot.records:
+        acted_age = None if record.acted_at is None else snapshot.now - record.acted_at
+        run = None if runs is None or not record.flow_run_id else runs.get(record.flow_run_id)
+        found = runs is None or not record.flow_run_id or run is not None
+        observation = Observation(
+            key=record.key,
+            attempts=record.attempts,
+            acted_age_s=acted_age,
+            run=None if run is None else run_facts(run, beats.get(str(run.id)), now),
+            found=found and record.flow_run_id is not None,
+            lease=lease_facts(record, snapshot.leases, snapshot.now),
+        )
+        if runs is None:
+            decision = Decision(Action.LEAVE, "the flow runs could not be read")
+        else:
+            decision = decide(observation, timing)
+        state = None if run is None or run.state is None else run.state.name
+        row = ReconcileRow(
+            key=record.key,
+            workflow_id=record.workflow_id,
+            chat_id=record.chat_id,
+            flow_run_id=record.flow_run_id,
+            state=state,
+            attempts=record.attempts,
+            action=decision.action.value,
+            why=decision.why,
+        )
+        if not dry_run and decision.action != Action.LEAVE:
             try:
-                older = now - timedelta(seconds=min(options.pending_grace_s, 30.0))
-                if await _adopt(client, store, snapshot, store_block, older):
-                    snapshot = await store.workflows.snapshot()
-                    now = datetime.now(UTC)
+                row.acted, row.rerun_id = await _act(client, store, record, decision, state)
+            except ObjectNotFound:
+                row.why += " (its deployment no longer exists)"
             except Exception as exc:
-                logger.warning("could not look for runs to adopt: %s", type(exc).__name__)
-        if not snapshot.records:
-            return []
-        ids = [r.flow_run_id for r in snapshot.records if r.flow_run_id]
-        runs = await _runs_by_id(client, ids)
-        live = [
-            i
-            for i in ids
-            if runs is not None
-            and i in runs
-            and (s := runs[i].state) is not None
-            and s.type in (StateType.RUNNING, StateType.PENDING)
-        ]
-        since = now - timedelta(seconds=max(timing.heartbeat_grace_s, timing.heartbeat_fresh_s) * 2)
-        beats = await _heartbeats(client, live, since) if live else {}
-        rows: list[ReconcileRow] = []
-        for record in snapshot.records:
-            acted_age = None if record.acted_at is None else snapshot.now - record.acted_at
-            run = None if runs is None or not record.flow_run_id else runs.get(record.flow_run_id)
-            found = runs is None or not record.flow_run_id or run is not None
-            observation = Observation(
-                key=record.key,
-                attempts=record.attempts,
-                acted_age_s=acted_age,
-                run=None if run is None else run_facts(run, beats.get(str(run.id)), now),
-                found=found and record.flow_run_id is not None,
-                lease=lease_facts(record, snapshot.leases, snapshot.now),
-            )
-            if runs is None:
-                decision = Decision(Action.LEAVE, "the flow runs could not be read")
-            else:
-                decision = decide(observation, timing)
-            state = None if run is None or run.state is None else run.state.name
-            row = ReconcileRow(
-                key=record.key,
-                workflow_id=record.workflow_id,
-                chat_id=record.chat_id,
-                flow_run_id=record.flow_run_id,
-                state=state,
-                attempts=record.attempts,
-                action=decision.action.value,
-                why=decision.why,
-            )
-            if not dry_run and decision.action != Action.LEAVE:
-                try:
-                    row.acted, row.rerun_id = await _act(client, store, record, decision, state)
-                except ObjectNotFound:
-                    row.why += " (its deployment no longer exists)"
-                except Exception as exc:
-                    row.why += f" (act failed: {type(exc).__name__}; next tick retries)"
-            rows.append(row)
-        return rows
+                row.why += f" (act failed: {type(exc).__name__}; next tick retries)"
+        rows.append(row)
+    return rows
 
 
 @flow(name="reconcile-workflows", persist_result=False, log_prints=False)
@@ -522,6 +530,8 @@ async def reconcile_workflows(
     settings: SweepSettings | None = None,
     options: ReconcileOptions | None = None,
     dry_run: bool = False,
+    run_for_s: float = 0.0,
+    tick_s: float = 30.0,
 ) -> list[ReconcileRow]:
     """Drive every unfinished workflow on the store to an end (docs/reconciler.md).
 
@@ -530,22 +540,47 @@ async def reconcile_workflows(
             (the ``&settings`` anchor of prefect.yaml) are accepted.
         options: the clocks and bounds (grace periods, attempts, backoff).
         dry_run: decide and report, act on nothing.
+        run_for_s: 0: one tick. Otherwise tick every ``tick_s`` for this long in this
+            one flow run: a flow run on a process worker is a process start (seconds of
+            CPU), an idle tick in a running process costs milliseconds
+            (docs/reconciler.md, "Cost").
+        tick_s: seconds between two ticks of a looping run.
+
+    Returns the last tick's rows.
     """
     settings = settings or SweepSettings()
     log = run_logger(__name__)
     store = await load_store(settings.workflow_settings())
-    rows = await reconcile_once(store, options, store_block=settings.store_block, dry_run=dry_run)
+    end = time.monotonic() + max(0.0, run_for_s)
+    async with get_client() as client:
+        while True:
+            started = time.monotonic()
+            rows = await reconcile_once(
+                store,
+                options,
+                store_block=settings.store_block,
+                dry_run=dry_run,
+                client=client,
+            )
+            await _report(rows, log)
+            if started + tick_s >= end:
+                return rows
+            await asyncio.sleep(max(0.0, started + tick_s - time.monotonic()))
+
+
+async def _report(rows: list[ReconcileRow], log: Any) -> None:
+    """A log line and a table artifact for a tick that acted; nothing for an idle one."""
     acted = [r for r in rows if r.action != Action.LEAVE.value]
-    if acted:
-        log.info(
-            "reconcile: %d workflow(s), acted on %d: %s",
-            len(rows),
-            len(acted),
-            "; ".join(f"{r.key} {r.action} ({r.why})" for r in acted[:10]),
-        )
-        await acreate_table_artifact(
-            key="reconcile-workflows",
-            table=[r.model_dump(mode="json") for r in acted],
-            description=f"reconcile-workflows: acted on {len(acted)} of {len(rows)}",
-        )
-    return rows
+    if not acted:
+        return
+    log.info(
+        "reconcile: %d workflow(s), acted on %d: %s",
+        len(rows),
+        len(acted),
+        "; ".join(f"{r.key} {r.action} ({r.why})" for r in acted[:10]),
+    )
+    await acreate_table_artifact(
+        key="reconcile-workflows",
+        table=[r.model_dump(mode="json") for r in acted],
+        description=f"reconcile-workflows: acted on {len(acted)} of {len(rows)}",
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,10 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymen
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
+from prefect_coder.blocks import ChatStateStore, StateStore
 from prefect_coder.flows.deployments.agent_fanout import agent_fanout
+from prefect_coder.flows.deployments.reconcile_workflows import reconcile_workflows
+from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.deployments.zombies import PRODUCT_FLOWS, zombie_automation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,3 +86,36 @@ async def test_the_fanout_crashed_trigger_passes_all_parameters(prefect_server: 
         async with get_client() as client:
             await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
             await client.delete_deployment(dep_id)
+
+
+def test_the_shipped_reconciler_parameters_validate() -> None:
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    [entry] = [d for d in spec["deployments"] if d["name"] == "reconcile-workflows"]
+    params = reconcile_workflows.validate_parameters(entry["parameters"])
+    assert params["run_for_s"] < entry["schedules"][0]["interval"]  # no overlap to cancel
+    assert entry["concurrency_limit"]["limit"] == 1
+
+
+async def test_a_looping_reconciler_ticks_until_its_time_is_up(
+    prefect_server: Path, tmp_path: Path
+) -> None:
+    store = StateStore(f"sqlite+aiosqlite:///{tmp_path / 'state.db'}")
+    block = f"loop-{uuid.uuid4().hex[:8]}"
+    await ChatStateStore(url=store.url).save(block, overwrite=True)
+    settings = SweepSettings(store_block=block)
+    # A record of a run that does not exist: every tick reruns it (no deployment: the
+    # act fails and says so), so the ticks are counted from the rows' reasons.
+    await store.workflows.started(
+        "workflow:gone",
+        deployment=str(uuid.uuid4()),
+        parameters={"workflow_id": "gone"},
+        flow_run_id=str(uuid.uuid4()),
+        workflow_id="gone",
+    )
+    started = time.monotonic()
+    rows = await reconcile_workflows(settings, dry_run=True, run_for_s=1.5, tick_s=0.5)
+    assert time.monotonic() - started >= 1.0  # it looped
+    assert [(r.key, r.action) for r in rows] == [("workflow:gone", "recover")]
+    record = await store.workflows.get("workflow:gone")
+    assert record is not None and record.attempts == 0  # dry run: nothing done
+    await store.aclose()
