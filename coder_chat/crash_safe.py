@@ -15,6 +15,10 @@ to history, so both sides survive the crash):
 3. ``done`` + output is written after — an effect with a stranded result is
    answered from the ledger, nothing re-executes.
 
+If either write fails (the store restarted under the tool), the tool's outcome is
+not reported at all: :class:`~coder_chat.errors.ToolBookkeepingError` fails the turn
+with the pause unanswered, and recovery finishes the call under the same key.
+
 Recovery (:mod:`coder_chat.recovery`) reconciles a ``requires_action`` pause
 with the same ledger and calls :meth:`CrashSafeTool.redrive` for a
 ``committing`` entry.
@@ -180,10 +184,19 @@ class CrashSafeTool(ClientTool[M]):
         match_earlier_attempts: ask the ledger to answer a call that repeats one an
             EARLIER attempt of the same step already applied (same tool, same
             arguments; count-based) with that call's recorded output instead of
-            running the effect again under the new call id's key. Needs a ledger
-            whose ``begin`` takes ``match_earlier_attempts`` (``blocks``' does; it
+            running the effect again under the new call id's key — and a call that
+            repeats one whose effect never reported (its entry still ``committing``:
+            the effect raised, or its ``done`` write failed) by re-driving the
+            effect under THAT call's key. Needs a ledger whose ``begin`` takes
+            ``match_earlier_attempts`` and ``in_flight`` (``blocks``' does; it
             scopes calls by the chat's send journal). Durable workflows turn it on
             (``prefect_coder.flows.common.toolset.bind_crash_safe``).
+
+    A failed ledger write (the write-ahead, the ``done`` write, ``before_effect``)
+    raises :class:`~coder_chat.errors.ToolBookkeepingError`, which fails the turn
+    instead of becoming the tool's result: the effect may have run, and the model
+    must not be told it failed (docs/durable-workflows.md, "When the ledger write
+    fails").
     """
 
     def __init__(

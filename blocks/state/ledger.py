@@ -243,7 +243,12 @@ class ToolLedger:
         # rows): the count and the match are taken here. A call id that already has
         # an entry gets no new row (the insert does not land), so what is computed
         # for it is never written.
-        unscoped = sa.or_(t.c.args_fp.is_(None), t.c.marker.is_(None), t.c.attempt.is_(None))
+        # Unscoped: older code's rows (no fingerprint), or rows with this fingerprint
+        # but no step attempt (written without a journal entry).
+        unscoped = sa.or_(
+            t.c.args_fp.is_(None),
+            sa.and_(t.c.args_fp == fp, sa.or_(t.c.marker.is_(None), t.c.attempt.is_(None))),
+        )
         rows = (
             await conn.execute(
                 sa.select(
