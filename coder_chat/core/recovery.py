@@ -164,9 +164,8 @@ def pin_after_horizon(journaled: JournalView | None, attempts_now: int) -> bool:
     """
     return (
         journaled is not None
-        and journaled.state == "submitting"
-        and attempts_now == journaled.attempt
         and journaled.attempt > 0
+        and classify_entry(journaled, journaled.marker, attempts_now).standing is Standing.UNSENT
     )
 
 

@@ -31,7 +31,13 @@ def test_named_constructors() -> None:
 
 
 def _e(state: str, attempt: int, marker: str = M, deadline: float | None = None) -> JournalEntry:
-    return JournalEntry(state=state, marker=marker, attempt=attempt, at=100.0, deadline=deadline)  # type: ignore[arg-type]
+    return JournalEntry(
+        state=state,  # type: ignore[arg-type]
+        marker=marker,
+        attempt=attempt,
+        at=100.0,
+        deadline=deadline,
+    )
 
 
 @pytest.mark.parametrize(

@@ -364,7 +364,12 @@ def _decision(action: Action = Action.INTERRUPT, status: str = "running") -> Swe
 
 def _left(state: str, journal_attempt: int, attempts: int, now: float) -> float | None:
     """The rule for a journal entry written at t=100 s, a 20 s turn timeout."""
-    entry = JournalEntry(state=state, marker="[wf/pay]", attempt=journal_attempt, at=100.0)  # type: ignore[arg-type]
+    entry = JournalEntry(
+        state=state,  # type: ignore[arg-type]
+        marker="[wf/pay]",
+        attempt=journal_attempt,
+        at=100.0,
+    )
     return crashed_attempt_left(entry, attempts, now=now, turn_timeout_s=20.0)
 
 
