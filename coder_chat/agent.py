@@ -47,11 +47,8 @@ from coder_chat.agent_cleanup import BackgroundStops, archive_targets
 from coder_chat.agent_options import (
     AgentHooks,
     AgentTimings,
-    BeforeInterrupt,
-    BeforeSend,
     ChatOptions,
     check_session,
-    hooks_from_keywords,
 )
 from coder_chat.agent_session import AgentSession
 from coder_chat.core.segment import SegmentKind
@@ -149,21 +146,11 @@ class CoderAgent:
         stream_options: StreamOptions | None = None,
         timings: AgentTimings | None = None,
         hooks: AgentHooks | None = None,
-        # removed when the flows pass hooks=: the three old keywords below.
-        before_interrupt: BeforeInterrupt | None = None,
-        before_send: BeforeSend | None = None,
-        leave_landed_runs: bool = False,
     ) -> None:
         check_session(chat_id, last_seen_message_id)
         if max_steps < 1:
             raise CoderAgentError("max_steps must be >= 1")
-        # removed when the flows pass hooks=: then simply `hooks or AgentHooks()`.
-        self._hooks = hooks_from_keywords(
-            hooks,
-            before_send=before_send,
-            before_interrupt=before_interrupt,
-            leave_landed_runs=leave_landed_runs,
-        )
+        self._hooks = hooks or AgentHooks()
         self._tools: dict[str, ClientTool[Any]] = {}
         try:
             tool_definitions(tools)

@@ -109,29 +109,6 @@ class AgentHooks:
     leave_landed_runs: bool = False
 
 
-# removed when the flows pass hooks=: the old keywords' one funnel into AgentHooks.
-def hooks_from_keywords(
-    hooks: AgentHooks | None,
-    *,
-    before_send: BeforeSend | None,
-    before_interrupt: BeforeInterrupt | None,
-    leave_landed_runs: bool,
-) -> AgentHooks:
-    """The agent's hooks from ``hooks=`` or the old keywords (never both)."""
-    legacy = before_send is not None or before_interrupt is not None or leave_landed_runs
-    if hooks is not None and legacy:
-        raise CoderAgentError(
-            "pass hooks=AgentHooks(...) or before_send/before_interrupt/leave_landed_runs, not both"
-        )
-    if hooks is not None:
-        return hooks
-    return AgentHooks(
-        before_send=before_send,
-        before_interrupt=before_interrupt,
-        leave_landed_runs=leave_landed_runs,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class ChatOptions:
     """How the agent's first turn creates its chat (ignored when resuming)."""

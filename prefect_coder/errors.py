@@ -18,6 +18,8 @@ from prefect_coder.blocks.state.errors import (
     StateStoreError,
 )
 from prefect_coder.flows.common.errors import (
+    ChatNotArchivedError,
+    StructuredAnswerError,
     TurnSlotLostError,
     TurnSlotUnavailableError,
     WorkflowBusyError,
@@ -25,6 +27,7 @@ from prefect_coder.flows.common.errors import (
 )
 
 __all__ = [
+    "ChatNotArchivedError",
     "InvalidCoderCredentialsError",
     "LeaseLostError",
     "LeaseUnavailableError",
@@ -32,6 +35,7 @@ __all__ = [
     "SchemaVersionError",
     "StateStoreConfigError",
     "StateStoreError",
+    "StructuredAnswerError",
     "TurnSlotLostError",
     "TurnSlotUnavailableError",
     "WorkflowBusyError",

@@ -8,9 +8,12 @@ parameters, so they must be actionable without reading code.
 
 from __future__ import annotations
 
+from coder_chat.errors import CoderAgentError
 from prefect_coder.blocks.errors import PrefectCoderError
 
 __all__ = [
+    "ChatNotArchivedError",
+    "StructuredAnswerError",
     "TurnSlotLostError",
     "TurnSlotUnavailableError",
     "WorkflowBusyError",
@@ -94,3 +97,28 @@ class TurnSlotLostError(PrefectCoderError, RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.index, self.stale_s))
+
+
+class StructuredAnswerError(PrefectCoderError, CoderAgentError):
+    """A structured step's model filed no answer that validates, even after the
+    re-ask: the step fails (a ``Completed`` step with ``structured=None`` would
+    pass a missing answer off as a result). Not retried by Prefect: the same
+    prompt on the same chat meets the same model.
+
+    ``step``, ``output_model``, ``chat_id`` and ``attempts`` (sends of the step,
+    the re-ask included) name what failed; the chat keeps the filed calls.
+    """
+
+    def __init__(self, step: str, output_model: str | None, chat_id: str | None, attempts: int):
+        super().__init__(
+            f"step {step!r} asked for {output_model!r} but the model filed no valid answer, "
+            f"also not after the re-ask (chat {chat_id}, {attempts} send(s))"
+        )
+        self.step = step
+        self.output_model = output_model
+        self.chat_id = chat_id
+        self.attempts = attempts
+
+
+class ChatNotArchivedError(PrefectCoderError, RuntimeError):
+    """A chat to retire did not come to rest and archive within the sweep's bounds."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect.states import State
 
-from coder_chat.errors import CoderChatError, CoderStreamError, is_transient
+from coder_chat.errors import CoderError, is_transient
 from prefect_coder.blocks.errors import PrefectCoderError
 
 __all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
@@ -47,12 +47,9 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     """
     if is_transient(exc):
         return True
-    if isinstance(exc, PrefectCoderError):
+    # Every error of the client and of the product says it in one attribute.
+    if isinstance(exc, CoderError | PrefectCoderError):
         return exc.retryable
-    if isinstance(exc, CoderChatError):
-        return exc.retryable
-    if isinstance(exc, CoderStreamError):
-        return exc.is_retryable
     return False
 
 

@@ -21,6 +21,7 @@ from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import LeaseUnavailableError, workflow_key
+from prefect_coder.flows.common.errors import ChatNotArchivedError
 from prefect_coder.flows.observe.run_log import RunLogger
 from prefect_coder.flows.recovery.send_journal import journal_cut_short
 from prefect_coder.flows.sweeps.options import SweepOptions
@@ -37,10 +38,6 @@ from prefect_coder.flows.sweeps.reconcile import Reconciler, ReconcileRequest
 from prefect_coder.flows.sweeps.report import SweepReport, emit_chat_event
 
 __all__ = ["ChatNotArchivedError", "SweepActor", "bring_to_rest"]
-
-
-class ChatNotArchivedError(RuntimeError):
-    """A chat to retire did not come to rest and archive within the sweep's bounds."""
 
 
 async def bring_to_rest(

@@ -38,9 +38,8 @@ from typing import Any
 from prefect import task
 from prefect.context import TaskRunContext
 
-from coder_chat.agent import CoderAgent, GenerateResult
+from coder_chat.agent import AgentHooks, CoderAgent, GenerateResult
 from coder_chat.crash_safe import crash_point
-from coder_chat.errors import CoderAgentError
 from coder_chat.events import TransportEvent, WsDial
 from coder_chat.history import fetch_until
 from coder_chat.rest import ChatClient
@@ -48,6 +47,7 @@ from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import HeldLease, JournalEntry
+from prefect_coder.flows.common.errors import StructuredAnswerError
 from prefect_coder.flows.common.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease, load_resources
@@ -75,34 +75,12 @@ from prefect_coder.flows.recovery.send_journal import (
 )
 
 __all__ = [
-    "StructuredAnswerError",
     "execute_turn",
     "is_retryable_failure",
     "retry_if_retryable",
     "run_turn",
     "turn_result",
 ]
-
-
-class StructuredAnswerError(CoderAgentError):
-    """A structured step's model filed no answer that validates, even after the
-    re-ask: the step fails (a ``Completed`` step with ``structured=None`` would
-    pass a missing answer off as a result). Not retried by Prefect: the same
-    prompt on the same chat meets the same model.
-
-    ``step``, ``output_model``, ``chat_id`` and ``attempts`` (sends of the step,
-    the re-ask included) name what failed; the chat keeps the filed calls.
-    """
-
-    def __init__(self, step: str, output_model: str | None, chat_id: str | None, attempts: int):
-        super().__init__(
-            f"step {step!r} asked for {output_model!r} but the model filed no valid answer, "
-            f"also not after the re-ask (chat {chat_id}, {attempts} send(s))"
-        )
-        self.step = step
-        self.output_model = output_model
-        self.chat_id = chat_id
-        self.attempts = attempts
 
 
 async def _prompt_was(agent: CoderAgent, user_message_id: int | None, text: str) -> bool:
@@ -485,9 +463,11 @@ async def _turn_under_lease(
         # cut-short first (a later recovery's own 409 must not pass the truncated
         # attempt off as finished), and a transient failure after a send landed
         # leaves the live run for recovery to follow (issue 11, items 1 and 6).
-        before_interrupt=journal_before_interrupt,
-        before_send=still_ours,
-        leave_landed_runs=True,
+        hooks=AgentHooks(
+            before_interrupt=journal_before_interrupt,
+            before_send=still_ours,
+            leave_landed_runs=True,
+        ),
     )
     attempt = 1
     followed: GenerateResult | None = None

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sample_tools import add
 
-from coder_chat import AgentHooks, AgentTimings, CoderAgent, CoderAgentError
+from coder_chat import AgentHooks, AgentTimings, CoderAgent
 from coder_chat.emulator.script import Script
 from coder_chat.emulator.server import Emulator
 from coder_chat.stream import StreamOptions
@@ -99,24 +99,3 @@ async def test_a_refusal_on_a_resumed_chat_leaves_it_untouched(
     # no message, and no interrupt of the chat at rest (nothing was cut short)
     assert _posts(emu) == posts
     assert agent.chat_id == first.chat_id
-
-
-async def test_the_old_keyword_reaches_the_same_hook(chatd_emulator: Emulator) -> None:
-    # removed when the flows pass hooks=: the before_send= keyword of prefect_coder's turn.
-    emu = chatd_emulator
-
-    async def refuse(chat_id: str | None) -> None:
-        raise SlotGone("the slot was taken over")
-
-    async with _agent(emu, before_send=refuse) as agent:
-        with pytest.raises(SlotGone):
-            await agent.generate("never sent")
-    assert _posts(emu) == []
-
-
-def test_hooks_and_the_old_keywords_are_not_mixed(chatd_emulator: Emulator) -> None:
-    async def hook(chat_id: str | None) -> None:
-        return None
-
-    with pytest.raises(CoderAgentError, match="not both"):
-        _agent(chatd_emulator, hooks=AgentHooks(before_send=hook), leave_landed_runs=True)

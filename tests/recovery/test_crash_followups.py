@@ -38,8 +38,8 @@ from payments import Payments
 
 from coder_chat.emulator import Emulator
 from coder_chat.recovery import ToolOutcomeLostError
+from prefect_coder.errors import StructuredAnswerError
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
-from prefect_coder.flows.turn.durable_turn import StructuredAnswerError
 
 #: How long the scripted model keeps generating after the crash: long enough that the
 #: rerun (lease lapse + flow start) finds it running on a loaded machine, short
