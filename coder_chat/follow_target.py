@@ -51,6 +51,11 @@ class NoTurnToFollowError(CoderAgentError):
         self.user_message_id = user_message_id
         self.marker = marker
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Prefect persists a failed task's exception: rebuild it from its fields
+        # (the default would call __init__ with the message alone and fail).
+        return (type(self), (self.chat_id, self.cursor, self.user_message_id, self.marker))
+
 
 @dataclass(frozen=True, slots=True)
 class FollowHint:

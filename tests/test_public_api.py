@@ -152,3 +152,32 @@ def test_the_blocks_package_keeps_store_internals_out_of_its_surface() -> None:
     for internal in ("JournalEntry", "StoreTransaction", "chat_key", "workflow_key", "HeldLease"):
         assert internal not in blocks.__all__
         assert not hasattr(blocks, internal), f"prefect_coder.blocks.{internal} is reachable"
+
+
+def test_every_product_error_survives_pickling() -> None:
+    # Prefect persists a failed task's or flow's exception (and ships it between
+    # processes): an error that cannot be rebuilt turns a clear failure into a
+    # TypeError about missing arguments.
+    import pickle
+
+    from coder_chat.follow_target import NoTurnToFollowError
+    from prefect_coder import errors
+
+    samples: list[Exception] = [
+        NoTurnToFollowError("chat-1", 4, None, "[wf/s]"),
+        errors.WorkflowParameterError("settings.lease_ttl_s", "too long", "use at most 3600"),
+        errors.WorkflowBusyError("wf-1", 2.5),
+        errors.TurnSlotUnavailableError(5, 60.0),
+        errors.TurnSlotLostError(2, 31.0),
+        errors.StructuredAnswerError("s", "plan", "chat-1", 2),
+        errors.ChatNotArchivedError("chat-1 did not archive"),
+        errors.LeaseLostError("wf/wf-1", "holder-1"),
+        errors.LeaseUnavailableError("wf/wf-1", holder="h", expires_in=3.0, waited=1.5),
+        errors.SchemaVersionError("schema 9 is newer than this code (4)"),
+        errors.StateStoreConfigError("url: not a database URL"),
+        errors.InvalidCoderCredentialsError("coder", "base_url: must be an http(s) URL"),
+    ]
+    for exc in samples:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc), exc
+        assert isinstance(back, errors.PrefectCoderError) or type(back) is NoTurnToFollowError

@@ -5,6 +5,8 @@ Every message names what to fix; none ever carries a password or token.
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import PrefectCoderError
 
 
@@ -36,6 +38,15 @@ class LeaseUnavailableError(StateStoreError):
             "or raise `wait`)"
         )
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled with its fields (Prefect persists a failed run's exception).
+        return (
+            functools.partial(
+                type(self), holder=self.holder, expires_in=self.expires_in, waited=self.waited
+            ),
+            (self.key,),
+        )
+
 
 class LeaseLostError(StateStoreError):
     """A held lease could no longer be renewed (it expired and was taken over)."""
@@ -47,3 +58,6 @@ class LeaseLostError(StateStoreError):
             f"lease {key!r} held by {holder!r} was lost (not renewed within its ttl); "
             "another holder may now be running: stop acting on this key"
         )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.key, self.holder))

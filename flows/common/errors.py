@@ -119,6 +119,9 @@ class StructuredAnswerError(PrefectCoderError, CoderAgentError):
         self.chat_id = chat_id
         self.attempts = attempts
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.step, self.output_model, self.chat_id, self.attempts))
+
 
 class ChatNotArchivedError(PrefectCoderError, RuntimeError):
     """A chat to retire did not come to rest and archive within the sweep's bounds."""
