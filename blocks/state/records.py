@@ -63,10 +63,11 @@ class LedgerEntry(_Record):
     as the chat's journal named it at the write-ahead (``attempt`` is 0-based: the
     step's first send is 0); None when the call was not scoped (``begin`` without
     ``match_earlier_attempts``, no journal entry, or a row from an older version).
-    ``replay_of``: set when this call of a resubmitted attempt repeated a call an
-    earlier attempt of the step had already applied (same tool, same arguments) —
-    the id of that call, whose recorded output this entry holds; the effect did not
-    run again.
+    ``replay_of``: set when this call repeated an applied call of the step (same tool,
+    same arguments) — the id of that call. On a ``done`` entry its recorded output is
+    this entry's and the effect did not run again; on a ``committing`` entry the
+    earlier call's outcome is unknown and the tool re-drives the effect under THAT
+    call's idempotency key (blocks/state/ledger.py).
     """
 
     chat_id: NonEmptyStr
