@@ -143,6 +143,18 @@ class CoderCredentials(Block):
             "turns), or at once when the server cannot be asked."
         ),
     )
+    store_block: str | None = Field(
+        default=None,
+        max_length=255,
+        title="State store block",
+        description=(
+            "Name of the ChatStateStore block that every deployment using these "
+            "credentials keeps its state in — workflows, recover-turn, the sweeps and the "
+            "reconciler — so that none of them can look at another store. Empty: the local "
+            "SQLite default (one machine only). A run's settings.store_block may repeat it "
+            "but not name another."
+        ),
+    )
     ai_gateway_openai_provider: str = Field(
         default="openai",
         title="AI Gateway OpenAI provider",

@@ -36,6 +36,7 @@ from prefect_coder.flows.liveness.track import (
 )
 from prefect_coder.flows.observe.finish_log import quiet_routine_turn_finish
 from prefect_coder.flows.observe.observer import TransportRouter, TurnObserver
+from prefect_coder.flows.observe.run_log import run_logger
 
 __all__ = [
     "FREEZE_ENV",
@@ -116,11 +117,82 @@ async def load_credentials(settings: WorkflowSettings) -> CoderCredentials:
     return creds
 
 
-async def load_store(settings: WorkflowSettings) -> StateStore:
-    """The ``ChatStateStore`` named by ``settings.store_block`` (default: local SQLite)."""
+_log = logging.getLogger(__name__)
+
+#: Work pools whose workers this process has already counted (once per process).
+_POOLS_CHECKED: set[str] = set()
+
+
+async def warn_if_local_store_is_shared(store: StateStore, pool: str | None = None) -> int | None:
+    """Say loudly when a run on a pool of several workers keeps its state in this
+    machine's SQLite file: the other workers' runs use *their* files, so a workflow
+    crashed here is invisible to a recovery there, and a sweep there would see this
+    machine's chats as orphans. Once per process and pool; never fails a run.
+    Returns the number of online workers counted (None: not checked)."""
+    if store.backend != "sqlite":
+        return None
+    from prefect import get_client
+    from prefect.context import FlowRunContext
+
+    if pool is None:  # the pool of the flow run this code runs in, if any
+        ctx = FlowRunContext.get()
+        flow_run = ctx.flow_run if ctx is not None else None
+        pool = flow_run.work_pool_name if flow_run is not None else None
+    if not pool or pool in _POOLS_CHECKED:
+        return None
+    _POOLS_CHECKED.add(pool)
+    try:
+        async with get_client() as client:
+            workers = await client.read_workers_for_work_pool(pool)
+    except Exception:  # a check for the operator must never break a run
+        _log.debug("could not count the workers of pool %r", pool, exc_info=True)
+        return None
+    online = sum(1 for w in workers if str(w.status).upper().endswith("ONLINE"))
+    if online > 1:
+        run_logger(__name__).warning(
+            "LOCAL STATE STORE ON A SHARED POOL: this run keeps its checkpoints, journal, "
+            "tool ledger and leases in this machine's SQLite file (%s), while work pool %r "
+            "has %d workers online. Runs on the other workers use their own files: "
+            "recovery there cannot see this workflow, and their sweeps see its chats as "
+            "orphans. Save a PostgreSQL ChatStateStore and name it in "
+            "CoderCredentials.store_block (docs/deploy.md, 'Several worker machines').",
+            store.url,
+            pool,
+            online,
+        )
+    return online
+
+
+async def load_store(
+    settings: WorkflowSettings, credentials: CoderCredentials | None = None
+) -> StateStore:
+    """The state store of a run: the ``ChatStateStore`` its credentials block names
+    (``CoderCredentials.store_block``: chosen once for every deployment), else the one
+    ``settings.store_block`` names, else the local SQLite default.
+
+    A run whose settings name a different store than its credentials fails here, at
+    the edge: a sweep or a recovery reading another store than the workflows would
+    see their chats as orphans (issue 31: a sweep on its worker's local SQLite file
+    answered "would retire" for a chat checkpointed in the shared PostgreSQL store).
+    ``credentials`` saves a block load when the caller has them already.
+    """
+    if credentials is None and settings.credentials_block:
+        credentials = await load_credentials(settings)
+    chosen = credentials.store_block if credentials is not None else None
     name = settings.store_block
+    if chosen and name and name != chosen:
+        raise WorkflowParameterError(
+            "settings.store_block",
+            f"names the store {name!r}, but the credentials block "
+            f"{settings.credentials_block!r} keeps every deployment's state in {chosen!r}",
+            "leave settings.store_block empty (the credentials' store is used), or change "
+            "CoderCredentials.store_block for every deployment at once",
+        )
+    name = name or chosen
     if not name:
-        return ChatStateStore().get_store()
+        store = ChatStateStore().get_store()
+        await warn_if_local_store_is_shared(store)
+        return store
     try:
         block = cast(ChatStateStore, await ChatStateStore.aload(name))
     except ValidationError as exc:
@@ -136,7 +208,9 @@ async def load_store(settings: WorkflowSettings) -> StateStore:
             f"create it (ChatStateStore(url=...).save({name!r})), leave the field empty "
             "for the local SQLite default, or fix the name",
         ) from None
-    return block.get_store()
+    store = block.get_store()
+    await warn_if_local_store_is_shared(store)
+    return store
 
 
 #: Environment variable: ``0`` leaves the garbage collector's generations alone.
@@ -173,7 +247,8 @@ async def load_resources(settings: WorkflowSettings) -> TurnResources:
     :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`)."""
     freeze_startup_heap()
     quiet_routine_turn_finish()
-    return TurnResources(await load_credentials(settings), await load_store(settings))
+    credentials = await load_credentials(settings)
+    return TurnResources(credentials, await load_store(settings, credentials))
 
 
 @contextlib.asynccontextmanager
