@@ -42,15 +42,18 @@ async def test_a_run_keeps_its_state_in_the_store_its_credentials_name(
     chosen: tuple[str, str], settings: WorkflowSettings, workflow_id: str
 ) -> None:
     creds, store_name = chosen
-    run_settings = settings.model_copy(update={"credentials_block": creds, "store_block": None})
+    run_settings = settings.model_copy(
+        update={"credentials_block": creds, "store_block": None, "keep_chat": True}
+    )
     (result,) = await agent_workflow(
         workflow_id, [Step(name="s", prompt="hi" + say("hello"))], run_settings
     )
     assert result.text == "hello"
     store = (await ChatStateStore.aload(store_name)).get_store()
     try:
-        # The workflow's record is in the credentials' store (the reconciler finds it there).
-        assert await store.workflows.get(f"workflow:{workflow_id}") is not None
+        # The workflow's checkpoint is in the credentials' store (kept: keep_chat).
+        checkpoint = await store.checkpoints.get(workflow_id)
+        assert checkpoint is not None and checkpoint.chat_id == result.chat_id
     finally:
         await store.aclose()
     # And a sweep's settings resolve to the same store without naming it.
