@@ -111,8 +111,9 @@ class WorkflowSettings(BaseModel):
     store_block: str | None = Field(
         default=None,
         description=(
-            "Name of a saved ChatStateStore block. Empty: the default SQLite store "
-            "under PREFECT_HOME (one machine only)."
+            "Leave empty: the store named by the credentials block (store_block) is "
+            "used by every deployment. Set, it must be that same store. Empty in both: "
+            "the default SQLite store under PREFECT_HOME (one machine only)."
         ),
     )
     keep_chat: bool = Field(
