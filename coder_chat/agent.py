@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, SecretStr
 
@@ -56,7 +57,7 @@ from coder_chat.core.text_ledger import Episode
 from coder_chat.core.translator import ToolCall
 from coder_chat.core.usage import sum_usages
 from coder_chat.errors import CoderAgentError, CoderError, ToolBookkeepingError
-from coder_chat.events import TransportEmitter, TransportEventHandler
+from coder_chat.events import ToolRun, TransportEmitter, TransportEventHandler
 from coder_chat.follow_target import FollowHint, NoTurnToFollowError
 from coder_chat.rest import ChatClient
 from coder_chat.results import (
@@ -190,6 +191,7 @@ class CoderAgent:
             chat_id=chat_id, cursor=last_seen_message_id or 0, last_known_chat_id=chat_id
         )
         self._stops = BackgroundStops(client, self._timings, self._hooks)
+        self._emitter = TransportEmitter(on_transport_event)
         self._segments = SegmentRunner(
             client,
             self._session,
@@ -209,7 +211,7 @@ class CoderAgent:
             timings=self._timings,
             stream_options=stream_options,
             hooks=self._hooks,
-            emitter=TransportEmitter(on_transport_event),
+            emitter=self._emitter,
         )
         self._in_flight = False
         self._closed = False
@@ -483,7 +485,28 @@ class CoderAgent:
                     True,
                 )
             ctx = ToolContext(tool_call_id=call.tool_call_id, chat_id=chat_id, tool_name=tool.name)
-            return await tool.run(call.input, ctx)
+            started = time.monotonic()
+            outcome: Literal["ok", "error", "failed-turn"] = "failed-turn"
+            error: str | None = None
+            try:
+                result = await tool.run(call.input, ctx)
+                outcome = "error" if result.is_error else "ok"
+                error = result.error
+                return result
+            finally:
+                # One event per executed call (the run's log shows it): name, time,
+                # outcome — never the arguments or the output.
+                took = (time.monotonic() - started) * 1000
+                self._emitter.emit(
+                    lambda: ToolRun(
+                        chat_id=chat_id,
+                        tool_call_id=call.tool_call_id,
+                        tool_name=call.tool_name,
+                        duration_ms=took,
+                        outcome=outcome,
+                        error=error,
+                    )
+                )
 
         # Every sibling runs to its end before a failure propagates: a tool left
         # running past the turn would race the next attempt's re-drive of its call.

@@ -227,6 +227,30 @@ class SegmentSettle:
     error: dict[str, str] | None = None
 
 
+# ----------------------------------------------------------------------- tools
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolRun:
+    """A client tool call ran in this process (once per call the agent executes).
+
+    ``outcome``: ``"ok"``, ``"error"`` (the model is told the tool failed) or
+    ``"failed-turn"`` (the call's bookkeeping failed: the turn fails and the pause
+    stays for recovery). Never carries the call's arguments or output: they may hold
+    secrets, and a log line must not.
+    """
+
+    type: Literal["tool:run"] = field(default="tool:run", init=False)
+    timestamp: int = field(default_factory=_ts)
+    chat_id: str
+    tool_call_id: str
+    tool_name: str
+    duration_ms: float
+    outcome: Literal["ok", "error", "failed-turn"]
+    #: For ``"error"``: what was raised and its error id (:attr:`ToolOutcome.error`).
+    error: str | None = None
+
+
 TransportEvent = (
     HttpRequest
     | HttpResponse
@@ -239,6 +263,7 @@ TransportEvent = (
     | WsRedial
     | SegmentStart
     | SegmentSettle
+    | ToolRun
 )
 
 TransportEventHandler = Callable[[TransportEvent], object]

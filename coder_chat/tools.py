@@ -90,6 +90,9 @@ class ToolOutcome:
     is_error: bool = False
     #: The validated input (``None`` when validation failed).
     input: Any = None
+    #: For a tool that raised: its exception type and error id (``"RuntimeError
+    #: [tool-err-1a2b3c4d]"``), what a run's log may show — never the message.
+    error: str | None = None
 
 
 ToolFn = Callable[[Any, ToolContext], Awaitable[Any]]
@@ -134,8 +137,9 @@ def _invalid_input_text(exc: ValidationError) -> str:
     return f"Invalid tool input: {issues}"
 
 
-def failure_text(exc: Exception, tool_name: str, tool_call_id: str) -> str:
-    """The ``is_error`` output for a tool that raised ``exc``.
+def failure_text(exc: Exception, tool_name: str, tool_call_id: str) -> tuple[str, str]:
+    """The ``is_error`` output for a tool that raised ``exc``, and what a run's log may
+    show of it (:attr:`ToolOutcome.error`: the type and the error id).
 
     A :class:`ToolError` is the author's message for the model. Anything else may
     carry internal text (SQL, paths, hosts, credentials in URLs) that must reach
@@ -144,7 +148,7 @@ def failure_text(exc: Exception, tool_name: str, tool_call_id: str) -> str:
     with its traceback) under that id.
     """
     if isinstance(exc, ToolError):
-        return f"Tool failed: {exc}"
+        return f"Tool failed: {exc}", "ToolError"
     error_id = f"tool-err-{secrets.token_hex(4)}"
     _log.error(
         "client tool %s (call %s) raised %s [error id %s]",
@@ -157,7 +161,7 @@ def failure_text(exc: Exception, tool_name: str, tool_call_id: str) -> str:
     return (
         f"Tool failed with an internal error (error id {error_id}). "
         "The details are in the run's log under that id."
-    )
+    ), f"{type(exc).__name__} [{error_id}]"
 
 
 class ClientTool(Generic[M]):
@@ -225,8 +229,8 @@ class ClientTool(Generic[M]):
         except Exception as exc:  # a tool bug is the model's problem to route around
             if fails_turn(exc):
                 raise
-            text = failure_text(exc, self.name, ctx.tool_call_id)
-            return ToolOutcome(ctx.tool_call_id, self.name, text, True, value)
+            text, error = failure_text(exc, self.name, ctx.tool_call_id)
+            return ToolOutcome(ctx.tool_call_id, self.name, text, True, value, error)
         return ToolOutcome(ctx.tool_call_id, self.name, _jsonable(output), False, value)
 
     def wrap(

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from prefect.events import emit_event
 
-from coder_chat.events import SegmentSettle, SegmentStart, TransportEvent, WsError, WsRedial
+from coder_chat.events import (
+    SegmentSettle,
+    SegmentStart,
+    ToolRun,
+    TransportEvent,
+    WsError,
+    WsRedial,
+)
 from prefect_coder.flows.observe import background
 
 if TYPE_CHECKING:
@@ -102,6 +109,19 @@ def describe(ev: TransportEvent) -> OperatorNote | None:
         return OperatorNote(logging.DEBUG, f"stream error on chat {ev.chat_id}: {ev.message}")
     if isinstance(ev, SegmentStart):
         return OperatorNote(logging.DEBUG, f"segment {ev.segment} started")
+    if isinstance(ev, ToolRun):
+        # One line per client tool call, so the run's log tells what the turn did
+        # while it ran (issue 31: the logs showed nothing during a 55 s turn). The
+        # name, time and outcome only: arguments and output may hold secrets.
+        said = {
+            "ok": "answered",
+            "error": f"failed: {ev.error or 'invalid input'} (the model was told)",
+            "failed-turn": "could not be recorded: the turn fails and recovery finishes it",
+        }[ev.outcome]
+        return OperatorNote(
+            logging.INFO if ev.outcome == "ok" else logging.WARNING,
+            f"tool {ev.tool_name} (call {ev.tool_call_id}) {said} in {ev.duration_ms / 1000:.2f} s",
+        )
     return None
 
 
