@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -33,14 +34,18 @@ import recovery_deployed as rd  # noqa: E402
 from deployed_env import deployed_env, snapshot_head  # noqa: E402
 
 
-async def _reconciler(env: Any, client: Any, tick_s: float) -> Any:
+async def _reconciler(env: Any, client: Any, tick_s: float, options: str | None) -> Any:
     """Start the looping reconciler on a worker of its own; its flow run once Running."""
     from prefect.deployments import run_deployment
 
     await env.start_worker("reconciler", "--limit", "1")
     run = await run_deployment(  # type: ignore[misc]
         "reconcile-workflows/reconcile-workflows",
-        parameters={"run_for_s": 7200, "tick_s": tick_s},
+        parameters={
+            "run_for_s": 7200,
+            "tick_s": tick_s,
+            **({"options": json.loads(options)} if options else {}),
+        },
         timeout=0,
         client=client,
     )
@@ -61,6 +66,7 @@ async def run(args: argparse.Namespace) -> None:
     from payments import running_payments
 
     tmp = Path(args.tmp or tempfile.mkdtemp(prefix="bench-reconcile-hostloss-"))
+    os.chmod(tmp, 0o755)
     print(f"load at start: {os.getloadavg()}; work dir {tmp}", flush=True)
     source = tmp / "src"
     print(f"flow runs run HEAD {snapshot_head(source)[:10]}", flush=True)
@@ -79,7 +85,7 @@ async def run(args: argparse.Namespace) -> None:
                 from prefect.client.orchestration import get_client
 
                 async with get_client() as client:
-                    reconciler = await _reconciler(env, client, args.tick_s)
+                    reconciler = await _reconciler(env, client, args.tick_s, args.options)
                     print(f"reconciler running: {reconciler.id}", flush=True)
                     for i in range(args.workers):
                         await env.start_worker(f"w{i + 1}")
@@ -134,6 +140,9 @@ def main() -> None:
     rd.add_arguments(parser)
     parser.add_argument("--tick-s", type=float, default=30.0, help="the reconciler's tick")
     parser.add_argument("--continuation", type=float, default=5.0)
+    parser.add_argument(
+        "--options", default=None, help="the reconciler's options as JSON (default: prefect.yaml's)"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

@@ -114,13 +114,18 @@ class ReconcileOptions(BaseModel):
     lost_grace_s: float = Field(
         default=5.0,
         ge=0,
-        description="Silence past two missed lease renewals before a host is lost.",
+        description="Silence past the missed lease renewals before a host is lost.",
+    )
+    missed_renewals: float = Field(
+        default=1.5,
+        gt=0,
+        description="Lease renewals (every ttl / 3) a holder may miss before it is silent.",
     )
     heartbeat_grace_s: float = Field(
         default=90.0, gt=0, description="No lease to ask: heartbeats silent this long mean lost."
     )
     heartbeat_fresh_s: float = Field(
-        default=45.0, ge=0, description="A heartbeat this recent vetoes the lease's evidence."
+        default=35.0, ge=0, description="A heartbeat this recent vetoes the lease's evidence."
     )
     crashed_grace_s: float = Field(
         default=20.0, ge=0, description="A Crashed run is left this long to the Crashed triggers."
@@ -139,6 +144,7 @@ class ReconcileOptions(BaseModel):
         return Timing(
             pending_grace_s=self.pending_grace_s,
             lost_grace_s=self.lost_grace_s,
+            missed_renewals=self.missed_renewals,
             heartbeat_grace_s=self.heartbeat_grace_s,
             heartbeat_fresh_s=self.heartbeat_fresh_s,
             crashed_grace_s=self.crashed_grace_s,

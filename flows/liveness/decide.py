@@ -57,12 +57,12 @@ class Timing:
     #: Extra silence past the missed renewals before a lease counts as stopped.
     lost_grace_s: float = 5.0
     #: Renewals a holder may miss (it renews every ttl / 3) before it counts as silent.
-    missed_renewals: float = 2.0
+    missed_renewals: float = 1.5
     #: With no lease to ask: heartbeats silent this long (3 beats of 30 s) ⇒ stopped.
     heartbeat_grace_s: float = 90.0
     #: A heartbeat this recent vetoes a lease's evidence (a stalled event loop stops
-    #: renewing while the heartbeat thread still beats): 1.5 beats of 30 s.
-    heartbeat_fresh_s: float = 45.0
+    #: renewing while the heartbeat thread still beats): a beat of 30 s plus jitter.
+    heartbeat_fresh_s: float = 35.0
     #: A Crashed run is left this long to the fast path (the Crashed trigger's
     #: ``recover-turn``) before the reconciler reruns it itself.
     crashed_grace_s: float = 20.0
