@@ -84,6 +84,16 @@ class ChatStateStore(Block):
         le=HOUR,
         description="Seconds to connect, and on SQLite to wait for the write lock.",
     )
+    transient_retry_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=HOUR,
+        description=(
+            "Seconds one store call keeps trying while the database is unreachable or "
+            "busy (a restart, a failover, another process holding the write lock) "
+            "before the step fails retryably with its chat left live; 0 tries once."
+        ),
+    )
 
     @field_validator("url")
     @classmethod
@@ -114,4 +124,5 @@ class ChatStateStore(Block):
             password=self.password,
             tenant=self.tenant,
             connect_timeout=self.connect_timeout,
+            transient_retry_s=self.transient_retry_s,
         )

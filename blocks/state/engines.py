@@ -36,6 +36,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from .faults import TransientRetry
 from .sqlite_pool import SqlitePool
 from .urls import Backend
 
@@ -173,19 +174,46 @@ def close_sqlite_pool(path: str) -> None:
         anchor.close()
 
 
+#: Test a pooled PostgreSQL connection with a round trip before handing it out
+#: (SQLAlchemy's ``pool_pre_ping``). Off: the local check below finds the connections
+#: a restart closed for nothing, and the store runs a statement whose connection was
+#: found closed again on a fresh one (docs/performance.md, "Pre-ping or a local check").
+PRE_PING = False
+
+
+def _drop_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Pool check-out hook: a connection the server closed (a restart, a failover,
+    ``pg_terminate_backend``) is replaced before anyone uses it, without a round trip.
+
+    asyncpg marks a connection closed as soon as the event loop read the server's
+    goodbye (or the socket's end); SQLAlchemy then discards it and checks out another
+    (``DisconnectionError``, up to 3 times). What this cannot see — a loop that has not
+    run since the restart — fails its first statement with "connection is closed",
+    nothing sent: ``store.autocommit()`` runs that statement again on a fresh
+    connection, and SQLAlchemy recycles the rest of the pool on that first failure.
+    """
+    raw = getattr(dbapi_conn, "_connection", None)
+    is_closed = getattr(raw, "is_closed", None)
+    if is_closed is not None and is_closed():
+        raise sa.exc.DisconnectionError("the server closed this pooled connection")
+
+
 def _create(url: URL, password: str | None, connect_timeout: float, pool_size: int) -> AsyncEngine:
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    return create_async_engine(
+    engine = create_async_engine(
         url.set(password=password) if password is not None else url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=connect_timeout,
+        pool_pre_ping=PRE_PING,
         connect_args={
             "timeout": connect_timeout,
             "server_settings": {"application_name": "prefect-coder-state"},
         },
     )
+    event.listen(engine.sync_engine, "checkout", _drop_closed)
+    return engine
 
 
 def get_engine(
@@ -231,8 +259,23 @@ def pop_engine(url: URL, password: str | None) -> AsyncEngine | None:
         return per_loop.pop(loop, None) if per_loop is not None else None
 
 
+async def connect(engine: AsyncEngine, retry: TransientRetry | None = None) -> AsyncConnection:
+    """A pooled PostgreSQL connection (pre-pinged: a connection the server closed is
+    replaced), tried again while the server refuses or drops connections (a restart,
+    a failover) within ``retry``'s bound. Nothing is sent before it returns, so
+    retrying it is always safe."""
+    while True:
+        try:
+            return await engine.connect()
+        except Exception as exc:
+            if retry is None or not await retry.again(exc):
+                raise
+
+
 @asynccontextmanager
-async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
+async def transaction(
+    engine: AsyncEngine, *, write: bool, retry: TransientRetry | None = None
+) -> AsyncIterator[AsyncConnection]:
     """One pooled PostgreSQL connection; a write runs in one transaction (committed on
     success, rolled back on error).
 
@@ -241,7 +284,8 @@ async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[Asyn
     add two round trips per read and no guarantee (measured: they were most of a read's
     cost on a loaded machine).
     """
-    async with engine.connect() as conn:
+    conn = await connect(engine, retry)
+    try:
         if not write:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
@@ -249,6 +293,9 @@ async def transaction(engine: AsyncEngine, *, write: bool) -> AsyncIterator[Asyn
         await conn.execution_options(**{_WRITE_OPTION: True})
         async with conn.begin():
             yield conn
+    finally:
+        # As ``async with conn`` would: back to the pool even when cancelled.
+        await asyncio.shield(conn.close())
 
 
 # The database clock in Unix epoch seconds: the one place it is spelled. ``julianday``

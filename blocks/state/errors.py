@@ -61,3 +61,71 @@ class LeaseLostError(StateStoreError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.key, self.holder))
+
+
+class StoreUnavailableError(StateStoreError):
+    """The store could not be reached or was busy for longer than its own retries
+    (``transient_retry_s``): a transient fault (``faults.is_transient``), not a bug.
+
+    ``retryable``: the step that hit it may run again (Prefect's task retries, a rerun,
+    ``recover-turn``); its chat stays live. The message names the store (its URL
+    without a password) and what to check; ``cause`` is the last fault's short name.
+    ``outcome_unknown``: the last attempt was a write whose connection died while it
+    was in flight — it may have committed.
+    """
+
+    retryable = True
+    #: The chat of the step that hit it, when the step knows it (the failure handler
+    #: names it in ``coder.workflow.resumable`` without asking the store).
+    chat_id: str | None = None
+
+    def __init__(
+        self,
+        store: str,
+        cause: str,
+        *,
+        backend: str = "",
+        waited: float = 0.0,
+        attempts: int = 1,
+        outcome_unknown: bool = False,
+    ) -> None:
+        self.store = store
+        self.cause = cause
+        self.backend = backend
+        self.waited = waited
+        self.attempts = attempts
+        self.outcome_unknown = outcome_unknown
+        check = (
+            "check that no other process holds the SQLite file's write lock for long "
+            "(a stopped or stuck worker) and that its disk is not full; raise "
+            "`connect_timeout` or `transient_retry_s` on the ChatStateStore block if "
+            "long writes are expected"
+            if backend == "sqlite"
+            else "check that PostgreSQL is up and reachable from this worker (restart, "
+            "failover, network, max_connections); raise `transient_retry_s` on the "
+            "ChatStateStore block to ride out longer restarts"
+        )
+        unknown = (
+            " The last write's connection died in flight: it may have committed."
+            if outcome_unknown
+            else ""
+        )
+        super().__init__(
+            f"state store {store} unavailable after {attempts} attempt(s) in "
+            f"{waited:.1f}s ({cause}); {check}. The step may be retried: its chat stays "
+            f"live.{unknown}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled with its fields (Prefect persists a failed run's exception).
+        return (
+            functools.partial(
+                type(self),
+                backend=self.backend,
+                waited=self.waited,
+                attempts=self.attempts,
+                outcome_unknown=self.outcome_unknown,
+            ),
+            (self.store, self.cause),
+            {"chat_id": self.chat_id},
+        )

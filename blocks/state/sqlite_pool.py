@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from .faults import TransientRetry
+
 T = TypeVar("T")
 Job = Callable[[sa.Connection], Any]
 
@@ -264,18 +266,24 @@ class ThreadConnection:
     """
 
     def __init__(
-        self, worker: _Worker, dialect: sa.Dialect, begin: Callable[[sa.Connection], None]
+        self,
+        worker: _Worker,
+        dialect: sa.Dialect,
+        begin: Callable[[sa.Connection], None],
+        retry: TransientRetry | None = None,
     ):
         self._worker = worker
         self._begin: Callable[[sa.Connection], None] | None = begin
+        self._retry = retry
         self.dialect = dialect
 
     def _job(self, body: Callable[[sa.Connection], T]) -> asyncio.Future[T]:
         begin, self._begin = self._begin, None
+        retry = self._retry
 
         def job(conn: sa.Connection) -> T:
             if begin is not None:
-                begin(conn)
+                _begin_retrying(begin, conn, retry)
             return body(conn)
 
         return self._worker.call(job)
@@ -287,6 +295,24 @@ class ThreadConnection:
     async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run ``fn(sync_connection)`` on the worker, inside this transaction."""
         return await self._job(fn)
+
+
+def _begin_retrying(
+    begin: Callable[[sa.Connection], None], conn: sa.Connection, retry: TransientRetry | None
+) -> None:
+    """``begin(conn)``, again while it fails transiently (another process holds the write
+    lock past ``busy_timeout``; this process's writer lock is busy) within ``retry``'s
+    bound. Safe without asking the caller: nothing of the transaction has run yet, so
+    its body runs once, after a BEGIN that succeeded (issue 30, item 3)."""
+    while True:
+        try:
+            begin(conn)
+            return
+        except Exception as exc:
+            if conn.in_transaction():
+                conn.rollback()
+            if retry is None or not retry.again_blocking(exc):
+                raise
 
 
 def _execute_buffered(statement: sa.Executable, conn: sa.Connection) -> sa.Result[Any]:
@@ -362,19 +388,24 @@ async def run_direct(pool: SqlitePool, body: DirectBody[T]) -> T:
 
 @asynccontextmanager
 async def transaction(
-    pool: SqlitePool, begin: Callable[[sa.Connection], None], *, write: bool
+    pool: SqlitePool,
+    begin: Callable[[sa.Connection], None],
+    *,
+    write: bool,
+    retry: TransientRetry | None = None,
 ) -> AsyncIterator[ThreadConnection]:
     """One worker, one transaction: committed on success, rolled back on any error.
 
     A write's COMMIT is awaited; a read's COMMIT and the check-in are queued behind
     it on the worker (nothing to lose), so a one-statement read costs one hop.
     Rollback and check-in also run on the worker, after whatever it is still doing
-    for a cancelled caller, so a worker is never handed on mid-transaction.
+    for a cancelled caller, so a worker is never handed on mid-transaction. ``retry``:
+    a BEGIN that fails transiently is tried again on the worker within its bound.
     """
     worker = await pool.checkout()
     if write:
         begin = pool.writer_begin(worker, begin)
-    conn = ThreadConnection(worker, pool.engine.dialect, begin)
+    conn = ThreadConnection(worker, pool.engine.dialect, begin, retry)
     checkin = functools.partial(pool.checkin, worker)
     try:
         yield conn

@@ -21,15 +21,15 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from . import engines, sqlite_pool
+from . import engines, faults, sqlite_pool
 from ._ops import StoreConnection
 from .checkpoints import Checkpoints
-from .errors import StateStoreConfigError
+from .errors import StateStoreConfigError, StoreUnavailableError
 from .journal import Journal
 from .leases import HeldLease, HolderGone, Leases
 from .ledger import ToolLedger
@@ -106,6 +106,11 @@ class StateStore:
         connect_timeout: seconds to connect (and, on SQLite, to wait for the write lock).
         pool_size: PostgreSQL connections per event loop; SQLite connections (worker
             threads) per process.
+        transient_retry_s: how long one call keeps trying while the database is
+            unreachable or busy (a restart, a failover, another process holding
+            SQLite's write lock) before it raises ``StoreUnavailableError`` (retryable);
+            0 tries once. On SQLite each attempt also waits up to ``connect_timeout``
+            for the write lock. See docs/state-store.md, "Faults of the store".
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class StateStore:
         tenant: str = "default",
         connect_timeout: float = 10.0,
         pool_size: int = 5,
+        transient_retry_s: float = 20.0,
     ) -> None:
         self._url, self._backend = parse_store_url(url)
         if not tenant or len(tenant) > 128:
@@ -129,6 +135,11 @@ class StateStore:
             )
         if connect_timeout <= 0:
             raise StateStoreConfigError("connect_timeout: must be > 0 seconds")
+        if not 0 <= transient_retry_s <= 3600:  # also rejects NaN
+            raise StateStoreConfigError(
+                "transient_retry_s: must be 0-3600 seconds (e.g. 20: ride out a restart)"
+            )
+        self._transient_retry_s = float(transient_retry_s)
         self._password = password
         self._tenant = tenant
         self._connect_timeout = connect_timeout
@@ -187,28 +198,67 @@ class StateStore:
             self._url.database, connect_timeout=self._connect_timeout, pool_size=self._pool_size
         )
 
-    def _transaction(self, write: bool) -> AbstractAsyncContextManager[StoreConnection]:
+    @property
+    def transient_retry_s(self) -> float:
+        """How long one call keeps trying through a transient fault."""
+        return self._transient_retry_s
+
+    def _retry(self) -> faults.TransientRetry:
+        return faults.TransientRetry(self.url, self._backend, self._transient_retry_s)
+
+    def _transaction(
+        self, write: bool, retry: faults.TransientRetry | None = None
+    ) -> AbstractAsyncContextManager[StoreConnection]:
         if self._backend == "sqlite":
             return sqlite_pool.transaction(
-                self._sqlite_pool(), engines.sqlite_begin(write), write=write
+                self._sqlite_pool(), engines.sqlite_begin(write), write=write, retry=retry
             )
-        return engines.transaction(self._engine(), write=write)
+        return engines.transaction(self._engine(), write=write, retry=retry)
 
     async def run_direct(self, body: sqlite_pool.DirectBody[T]) -> T:
         """SQLite only: ``body(sqlite3_connection, take_writer)`` on a worker in one hop,
         each statement it runs by itself a transaction of its own (see
-        ``sqlite_pool.run_direct``): the leases, the turn slot's read, ``store.turns``."""
+        ``sqlite_pool.run_direct``): the leases, the turn slot's read, ``store.turns``.
+
+        A body that fails transiently (another process holds the write lock past
+        ``connect_timeout``) runs again within ``transient_retry_s``: on SQLite a
+        failed statement or BEGIN IMMEDIATE wrote nothing, and the bodies run each
+        write in one statement or one transaction, so running them again is safe."""
         assert self._backend == "sqlite"
-        await self.ensure_schema()
-        return await sqlite_pool.run_direct(self._sqlite_pool(), body)
+        retry = self._retry()
+        while True:
+            try:
+                await self.ensure_schema()
+                return await sqlite_pool.run_direct(self._sqlite_pool(), body)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                if not await retry.again(exc):
+                    raise
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[engines.AsyncConnection]:
         """PostgreSQL: a pooled connection in autocommit, for ONE statement that is
-        atomic (and durable once it returns) by itself: one round trip, no BEGIN/COMMIT."""
+        atomic (and durable once it returns) by itself: one round trip, no BEGIN/COMMIT.
+
+        A statement that fails transiently with nothing applied (a connection refused
+        or found closed, a serialization failure) runs again, on a fresh connection,
+        within ``transient_retry_s``; one whose connection died in flight (it may have
+        committed) raises ``StoreUnavailableError`` at once."""
         await self.ensure_schema()
-        async with engines.transaction(self._engine(), write=False) as conn:
-            yield conn
+        retry = self._retry()
+        conn = _Autocommit(self._engine(), retry)
+        try:
+            await conn.open()
+            yield cast("engines.AsyncConnection", conn)
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            if faults.is_transient(exc, raw_network=True):
+                raise retry.unavailable(exc, unknown=faults.outcome_unknown(exc)) from exc
+            raise
+        finally:
+            await conn.close()
 
     async def ensure_schema(self) -> None:
         """Create tables / check the schema version (done automatically on first use)."""
@@ -226,15 +276,38 @@ class StateStore:
         async with lock:
             if marker in _schema_ready:
                 return
-            async with self._transaction(write=True) as conn:
-                await ensure_schema(conn, self.now())
+            retry = self._retry()
+            while True:
+                try:
+                    # Idempotent (CREATE … IF NOT EXISTS, versioned migrations): run it
+                    # again after any transient fault, even one that hit its COMMIT.
+                    async with self._transaction(write=True) as conn:
+                        await ensure_schema(conn, self.now())
+                    break
+                except StoreUnavailableError:
+                    raise
+                except Exception as exc:
+                    if not await retry.again(exc, idempotent=True):
+                        raise
             _schema_ready.add(marker)
 
     @asynccontextmanager
     async def _tx(self, write: bool) -> AsyncIterator[StoreConnection]:
         await self.ensure_schema()
-        async with self._transaction(write) as conn:
-            yield conn
+        # Connecting (PostgreSQL) and BEGIN (SQLite: the write lock) are tried again
+        # within the bound: nothing of the body has run then. A transient fault inside
+        # the body (the connection died mid-transaction: rolled back by the server)
+        # fails the call as StoreUnavailableError, which the step retries.
+        retry = self._retry()
+        try:
+            async with self._transaction(write, retry) as conn:
+                yield conn
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            if faults.is_transient(exc, raw_network=True):
+                raise retry.unavailable(exc, unknown=faults.outcome_unknown(exc)) from exc
+            raise
 
     def read(self) -> AbstractAsyncContextManager[StoreConnection]:
         """A connection in a read transaction (pooled; checked in after)."""
@@ -303,6 +376,64 @@ class StateStore:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class _Autocommit:
+    """What ``store.autocommit()`` yields: ONE pooled PostgreSQL connection in autocommit
+    whose statements are each tried again on a fresh connection after a transient fault
+    that applied nothing (``faults``), within the call's bound."""
+
+    def __init__(self, engine: engines.AsyncEngine, retry: faults.TransientRetry) -> None:
+        self._engine = engine
+        self._retry = retry
+        self._conn: engines.AsyncConnection | None = None
+
+    async def open(self) -> None:
+        conn = await engines.connect(self._engine, self._retry)
+        try:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def _again(self, exc: BaseException) -> bool:
+        if not await self._retry.again(exc):
+            return False
+        # The old connection is dead (SQLAlchemy invalidated it): a fresh one.
+        try:
+            await self.close()
+        except Exception:
+            pass
+        await self.open()
+        return True
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
+        while True:
+            assert self._conn is not None
+            try:
+                return await self._conn.exec_driver_sql(statement, parameters)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                if not await self._again(exc):
+                    raise
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any:
+        while True:
+            assert self._conn is not None
+            try:
+                return await self._conn.execute(statement, parameters)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                if not await self._again(exc):
+                    raise
 
 
 __all__ = ["StateStore", "StoreTransaction"]

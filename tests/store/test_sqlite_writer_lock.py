@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state.errors import StoreUnavailableError
 
 #: Short, so that a leaked lock fails the check fast instead of hanging.
 TIMEOUT_S = 1.0
@@ -24,7 +24,10 @@ TIMEOUT_S = 1.0
 async def store(tmp_path: Path) -> AsyncIterator[StateStore]:
     # A file of its own: the pool (and its timeout) is per process and file.
     s = StateStore(
-        f"sqlite+aiosqlite:///{tmp_path}/lock/state.db", pool_size=3, connect_timeout=TIMEOUT_S
+        f"sqlite+aiosqlite:///{tmp_path}/lock/state.db",
+        pool_size=3,
+        connect_timeout=TIMEOUT_S,
+        transient_retry_s=0,  # one attempt: a stuck writer fails after the timeout
     )
     await s.checkpoints.set("wf", "chat", 1)
     yield s
@@ -88,7 +91,7 @@ async def test_a_writer_waits_its_turn_and_a_stuck_one_times_out(store: StateSto
     # the lock: it fails after the timeout as SQLite's own busy wait would (no hang).
     async with store.transaction() as tx:
         await tx.checkpoints.set("wf", "chat", 42)
-        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+        with pytest.raises(StoreUnavailableError, match="database is locked"):
             await store.checkpoints.set("other", "chat", 1)
     await _write_promptly(store, 43)
 

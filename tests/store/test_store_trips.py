@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import event
 
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import workflow_key
+from prefect_coder.blocks.state.errors import StoreUnavailableError
 from prefect_coder.blocks.state.records import JournalEntry
 from prefect_coder.flows.fleet.slots import turn_slot
 
@@ -108,7 +108,13 @@ async def test_direct_statements_commit_before_they_return(tmp_path: Path) -> No
     and a failed one changed nothing and leaves the worker usable."""
     path = tmp_path / "state.db"
     # A short busy timeout (the pool of a file is per process: set by its first store).
-    store = StateStore(f"sqlite+aiosqlite:///{path}", tenant="t", pool_size=1, connect_timeout=0.3)
+    store = StateStore(
+        f"sqlite+aiosqlite:///{path}",
+        tenant="t",
+        pool_size=1,
+        connect_timeout=0.3,
+        transient_retry_s=0,  # one attempt: the failure below comes after the busy timeout
+    )
     other = sqlite3.connect(path, isolation_level=None)
     try:
         got = await store.leases.acquire("k", "a", 30)
@@ -131,7 +137,7 @@ async def test_direct_statements_commit_before_they_return(tmp_path: Path) -> No
         # SQLAlchemy's error after the busy timeout, changes nothing, and the worker
         # then serves the next call.
         other.execute("BEGIN IMMEDIATE")
-        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+        with pytest.raises(StoreUnavailableError, match="database is locked"):
             await store.leases.release("k", "a")
         other.execute("ROLLBACK")
         assert await store.leases.release("k", "a") is True
