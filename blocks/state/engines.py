@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import select
 import sqlite3
 import threading
 import weakref
@@ -185,17 +186,29 @@ def _drop_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
     """Pool check-out hook: a connection the server closed (a restart, a failover,
     ``pg_terminate_backend``) is replaced before anyone uses it, without a round trip.
 
-    asyncpg marks a connection closed as soon as the event loop read the server's
-    goodbye (or the socket's end); SQLAlchemy then discards it and checks out another
-    (``DisconnectionError``, up to 3 times). What this cannot see — a loop that has not
-    run since the restart — fails its first statement with "connection is closed",
-    nothing sent: ``store.autocommit()`` runs that statement again on a fresh
-    connection, and SQLAlchemy recycles the rest of the pool on that first failure.
+    An idle connection has nothing to read; one the server closed has its goodbye (an
+    ``ErrorResponse`` 57P01) or the socket's end waiting — also when the event loop has
+    not run since (a loop that was blocked, a worker thread's loop between tasks), so
+    asyncpg has not marked it closed yet. One ``poll(0)`` on the socket sees both (a
+    system call, no round trip); SQLAlchemy then discards the connection and opens
+    another (``DisconnectionError``, up to 3 times). A connection that dies after the
+    check fails its statement — ``store.autocommit()`` runs it again when nothing was
+    applied, and SQLAlchemy recycles the rest of the pool on that first failure.
     """
     raw = getattr(dbapi_conn, "_connection", None)
+    if raw is None:
+        return
     is_closed = getattr(raw, "is_closed", None)
     if is_closed is not None and is_closed():
         raise sa.exc.DisconnectionError("the server closed this pooled connection")
+    transport = getattr(raw, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    if poller.poll(0):
+        raise sa.exc.DisconnectionError("the server ended this pooled connection")
 
 
 def _create(url: URL, password: str | None, connect_timeout: float, pool_size: int) -> AsyncEngine:

@@ -167,9 +167,9 @@ def describe(exc: BaseException) -> str:
     first line (never the statement's SQL or parameters)."""
     inner = exc
     for e in _chain(exc):
+        # The deepest link: the driver's own error (asyncpg's class, not the adapter's).
         if not isinstance(e, sa.exc.StatementError):
             inner = e
-            break
     line = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
     line = line.split("[SQL:")[0].strip()
     return f"{type(inner).__name__}: {line[:200]}" if line else type(inner).__name__

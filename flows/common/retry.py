@@ -26,6 +26,7 @@ from prefect.states import State
 
 from coder_chat.errors import CoderError, is_transient
 from prefect_coder.blocks.errors import PrefectCoderError
+from prefect_coder.blocks.state import faults
 
 __all__ = ["is_retryable_failure", "is_transient_failure", "retry_if_retryable"]
 
@@ -43,10 +44,21 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
     workflow and every programming error hit the same wall on every attempt.
     The product's own errors say it themselves (:attr:`PrefectCoderError.retryable`):
     a turn slot lost before the send (``TurnSlotLostError``: nothing was sent) is
-    retried, and the retry waits for a slot again.
+    retried, and the retry waits for a slot again; so is a state store that stayed
+    unreachable or locked past its own retries (``StoreUnavailableError``).
     """
     if is_transient(exc):
         return True
+    # The state store's faults, classified in one place (blocks/state/faults.py): a
+    # restart, a failover or a held SQLite write lock that outlasted the store's own
+    # retries is StoreUnavailableError (retryable, below); a raw database error that
+    # escaped it is judged by the same rule.
+    if (
+        isinstance(exc, BaseException)
+        and not isinstance(exc, CoderError | PrefectCoderError)
+        and faults.is_store_error(exc)
+    ):
+        return faults.is_transient(exc)
     # Every error of the client and of the product says it in one attribute.
     if isinstance(exc, CoderError | PrefectCoderError):
         return exc.retryable

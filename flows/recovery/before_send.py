@@ -38,6 +38,7 @@ from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common.params import Step
 from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.chat_state import chat_archived
 from prefect_coder.flows.recovery.from_history import StepSend, look_in_history
 from prefect_coder.flows.recovery.recovered import (
     SendPlan,
@@ -114,7 +115,14 @@ async def recover_before_send(
             entry = await store.journal.get(chat_id)
         before = entry
     if before is None or before.marker != marker:
-        if before is not None and before.marker in (_EARLIER.get() or ()):
+        if (
+            before is not None
+            and before.marker in (_EARLIER.get() or ())
+            # ...and the chat takes messages: an archived one (a failure handler's or an
+            # operator's archive) goes the archived-chat path below, never a 400. Free
+            # when this process knows the chat (chat_state.py).
+            and not await chat_archived(client, chat_id, bound_s=timings.probe_bound)
+        ):
             # The common send: the journal names an EARLIER step of this workflow,
             # which proves this one never sent (its write-ahead would name it).
             if not journaled:

@@ -28,6 +28,7 @@ from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import JournalEntry
 from prefect_coder.flows.common.params import Step, step_marker
 from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.chat_state import note_archived
 from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans
 from prefect_coder.flows.recovery.recovered import SendPlan, publish_recovery, recovered_result
 from prefect_coder.flows.recovery.send_journal import send_entry
@@ -275,6 +276,7 @@ async def look_in_history(
         timeout=send.timings.settle_budget,
     )
     if chat.archived:
+        note_archived(send.chat_id)
         return await _on_archived(
             send, status=chat.status, before=before, wrote=wrote, messages=messages
         )

@@ -22,6 +22,7 @@ from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease
 from prefect_coder.flows.observe.observer import TurnObserver
 from prefect_coder.flows.observe.run_log import run_logger
+from prefect_coder.flows.recovery.chat_state import note_archived
 from prefect_coder.flows.recovery.send_journal import journal_cut_short
 
 __all__ = ["INTERRUPT_BOUND_S", "ArchiveOutcome", "retire_workflow_chat"]
@@ -80,6 +81,8 @@ async def _retire_one(
         if settled:
             verdict = await _archive_at_rest(client, chat_id)
             if verdict is not None:
+                if verdict != "gone":
+                    note_archived(chat_id)
                 return verdict
         journaled = False
 
@@ -102,6 +105,7 @@ async def _retire_one(
             if exc.status == 404:
                 return "gone"
             raise
+    note_archived(chat_id)
     if stopped.was_archived:
         return "already"
     if not stopped.archived:

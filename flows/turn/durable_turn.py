@@ -47,6 +47,7 @@ from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import HeldLease, JournalEntry
+from prefect_coder.blocks.state.errors import StoreUnavailableError
 from prefect_coder.flows.common.errors import StructuredAnswerError
 from prefect_coder.flows.common.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
@@ -65,6 +66,7 @@ from prefect_coder.flows.observe.live_progress import LiveProgress
 from prefect_coder.flows.observe.observer import TurnObserver
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger
 from prefect_coder.flows.recovery.before_send import recover_before_send
+from prefect_coder.flows.recovery.chat_state import note_live
 from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, may_have_orphans
 from prefect_coder.flows.recovery.recovered import SendPlan, recovery_timings
@@ -555,19 +557,26 @@ async def _turn_under_lease(
             generate_ms = (time.perf_counter() - t0) * 1000
             try:
                 await eager.drain()
-                await _record_after_turn(
-                    store,
-                    workflow_id=workflow_id,
-                    agent=agent,
-                    had_chat=chat_id is not None,
-                    failed=failed,
-                    marker=marker,
-                    started_at=started_at,
-                    turn_timeout=turn_timeout,
-                    logger=logger,
-                    observer=observer,
-                    eagerly_journaled=eager.written,
-                )
+                crash_point("turn.before_checkpoint")  # test seam: the store faulted here
+                try:
+                    await _record_after_turn(
+                        store,
+                        workflow_id=workflow_id,
+                        agent=agent,
+                        had_chat=chat_id is not None,
+                        failed=failed,
+                        marker=marker,
+                        started_at=started_at,
+                        turn_timeout=turn_timeout,
+                        logger=logger,
+                        observer=observer,
+                        eagerly_journaled=eager.written,
+                    )
+                except StoreUnavailableError as exc:
+                    # Transient: the step fails retryably and its chat stays live; the
+                    # failure handler names the chat without asking the store.
+                    exc.chat_id = agent.chat_id
+                    raise
                 await eager.after_turn(agent.chat_id)
                 if failed is not None:
                     # A timeout, an error or a cancellation: the SDK already fired its
@@ -608,6 +617,9 @@ async def _turn_under_lease(
             attempt=attempt,
             generate_ms=generate_ms,
         )
+        # The chat took this step's turn: live, as far as this process knows (the next
+        # step's common send then needs no read to rule out an archived chat).
+        note_live(result.chat_id)
     finally:
         # The agent never owns its client: close one built for this turn only.
         try:

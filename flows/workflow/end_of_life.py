@@ -7,7 +7,8 @@ retires the chat of a run that finally failed.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prefect import Flow, task
 from prefect.cache_policies import NO_CACHE
@@ -15,15 +16,21 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events import emit_event
 from prefect.states import State
 
+from coder_chat.errors import CoderChatError
 from prefect_coder.blocks.state import LeaseLostError
-from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
+from prefect_coder.flows.common.errors import (
+    StructuredAnswerError,
+    WorkflowBusyError,
+    WorkflowParameterError,
+)
 from prefect_coder.flows.common.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.common.resources import TurnResources, load_resources
-from prefect_coder.flows.common.retry import is_transient_failure
+from prefect_coder.flows.common.retry import is_retryable_failure
+from prefect_coder.flows.observe.observer import chat_resource
 from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.retire import ArchiveOutcome, retire_workflow_chat
 
-__all__ = ["archive_chat", "archive_on_failure"]
+__all__ = ["ArchiveVerdict", "archive_chat", "archive_on_failure", "archive_verdict"]
 
 
 # NO_CACHE: archiving must really run every time (it is idempotent), and its
@@ -42,30 +49,84 @@ async def archive_chat(
     )
 
 
-async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
-    """Failure handler: the workflow owns its chat's end of life, so a finally
-    failed run retires its chat (abandoned runs must not accumulate live chats).
+#: ``CoderChatError`` kinds the client makes up itself (a lost queued submission, a
+#: failed ledger write, an archive that did not finish): not the server's verdict on
+#: the chat's run, so never final.
+_CLIENT_KINDS = frozenset(
+    {"timeout", "stream_closed", "queued_submission_lost", "tool_bookkeeping", "archive_incomplete"}
+)
 
-    Not when the run never drove the chat: bad parameters or a busy workflow
-    must not archive a chat that an earlier or a concurrent run still uses. Nor
-    when it lost the workflow's lease (it stalled past the ttl and another run
-    took the workflow over): that run drives the chat now.
-    Not when the failure was transient (a reset connection, an httpx timeout, a
-    5xx — only the retries ran out): the checkpointed chat is continued by a
-    rerun of the same ``workflow_id`` or by ``recover-turn``, which an archive
-    would make impossible. The run emits ``coder.workflow.resumable`` instead;
-    ``archive-workflow-chat`` (or a later run's final archive) retires the chat.
+
+@dataclass(frozen=True, slots=True)
+class ArchiveVerdict:
+    """What the failure handler does with the chat of a run that finally failed.
+
+    ``archive``: the failure is final for the workflow — retire its chat.
+    ``keep-live``: a rerun or ``recover-turn`` may continue it — leave it live and emit
+    ``coder.workflow.resumable``. ``leave``: this run does not own the chat (it never
+    drove one, or another run drives it now) — touch nothing, say nothing.
+    """
+
+    action: Literal["archive", "keep-live", "leave"]
+    why: str
+
+
+def archive_verdict(failure: BaseException | None) -> ArchiveVerdict:
+    """The failure handler's verdict on ``failure`` (pure; table-tested).
+
+    An archive cannot be undone, so it needs a POSITIVE verdict: only failures known
+    to be final for the workflow archive (an allow-list). A run that fails the same
+    way every time it is run again: a structured answer that never validated (its
+    re-ask included), a chat run the server failed for good (a non-retryable
+    ``CoderChatError``), the turn's own total deadline (a builtin ``TimeoutError``:
+    the same prompt meets the same deadline). Everything else — a transient fault of
+    the store, of the Prefect API, of the network, anything retryable, and anything
+    unknown — keeps the chat live: wrongly keeping a chat costs a live chat that
+    ``archive-workflow-chat`` or a later run's final archive retires; wrongly
+    archiving it costs the workflow (issue 30: a store fault archived chats).
+    """
+    if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
+        return ArchiveVerdict("leave", "the run failed before driving the chat")
+    if isinstance(failure, LeaseLostError):
+        return ArchiveVerdict("leave", "another run took the workflow over and drives the chat")
+    if failure is None:
+        return ArchiveVerdict("keep-live", "the failure could not be read")
+    if is_retryable_failure(failure):
+        return ArchiveVerdict("keep-live", "transient: only the retries ran out")
+    if isinstance(failure, StructuredAnswerError):
+        return ArchiveVerdict("archive", "the step's structured answer never validated")
+    if type(failure) is TimeoutError:
+        return ArchiveVerdict("archive", "the turn's total deadline ran out")
+    if (
+        isinstance(failure, CoderChatError)
+        and not failure.retryable
+        and failure.kind not in _CLIENT_KINDS
+    ):
+        return ArchiveVerdict("archive", f"the chat's run failed for good ({failure.kind})")
+    return ArchiveVerdict("keep-live", "not known to be final")
+
+
+async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """Failure handler: the workflow owns its chat's end of life, so a run whose
+    failure is final for the workflow retires its chat (abandoned runs must not
+    accumulate live chats) — and only then (:func:`archive_verdict`).
+
+    Not when the run never drove the chat (bad parameters, a busy workflow) nor when
+    it lost the workflow's lease: another run drives the chat. Not when the failure
+    is transient or unknown (the store, the Prefect API, the network; anything not
+    known to be final): the checkpointed chat is continued by a rerun of the same
+    ``workflow_id`` or by ``recover-turn``, which an archive would make impossible.
+    The run emits ``coder.workflow.resumable`` (naming the workflow and its chat)
+    instead; ``archive-workflow-chat`` (or a later run's final archive) retires it.
     """
     logger = run_logger(__name__)
     try:
         failure = await state.aresult(raise_on_failure=False)
     except Exception:
         failure = None
-    if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
-        logger.info("the run failed before driving the chat (%s): not archiving", failure)
-        return
-    if isinstance(failure, LeaseLostError):
-        logger.warning("another run took the workflow over (%s): not archiving", failure)
+    verdict = archive_verdict(failure if isinstance(failure, BaseException) else None)
+    if verdict.action == "leave":
+        logger.info("not archiving: %s (%s)", verdict.why, failure)
         return
     params = flow_run.parameters or {}
     try:
@@ -77,21 +138,8 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
     if settings.keep_chat:
         logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
         return
-    if isinstance(failure, BaseException) and is_transient_failure(failure):
-        logger.warning(
-            "the run of %s failed transiently (%s): leaving its chat live for a rerun or "
-            "recover-turn; archive-workflow-chat retires it",
-            workflow_id,
-            type(failure).__name__,
-        )
-        try:
-            emit_event(
-                event="coder.workflow.resumable",
-                resource={"prefect.resource.id": f"coder.workflow.{workflow_id}"},
-                payload={"error": type(failure).__name__, "message": str(failure)[:500]},
-            )
-        except Exception:
-            logger.debug("could not emit coder.workflow.resumable", exc_info=True)
+    if verdict.action == "keep-live":
+        await _resumable(workflow_id, settings, failure, verdict, logger)
         return
     try:
         resources = await load_resources(settings)
@@ -101,6 +149,57 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
             lease_wait_s=settings.lease_wait_s,
             lease_ttl_s=settings.lease_ttl_s,
         )
-        logger.info("failure handler archived %s", outcome.archived_chat_ids or "nothing")
+        logger.info(
+            "failure handler archived %s (%s)", outcome.archived_chat_ids or "nothing", verdict.why
+        )
     except Exception:
         logger.error("failure handler could not archive the chat of %s", workflow_id, exc_info=True)
+
+
+async def _resumable(
+    workflow_id: str,
+    settings: WorkflowSettings,
+    failure: object,
+    verdict: ArchiveVerdict,
+    logger: Any,
+) -> None:
+    """Leave the chat live and say so: ``coder.workflow.resumable`` on the checkpointed
+    chat (the workflow's resource when the store cannot tell which chat it is)."""
+    chat_id = getattr(failure, "chat_id", None)
+    try:
+        if not isinstance(chat_id, str) or not chat_id:
+            resources = await load_resources(settings)
+            checkpoint = await resources.store.checkpoints.get(workflow_id)
+            chat_id = checkpoint.chat_id if checkpoint is not None else None
+    except Exception:
+        # The store may be what failed: the event still names the workflow.
+        logger.debug("could not read the checkpoint of %s", workflow_id, exc_info=True)
+    name = type(failure).__name__ if isinstance(failure, BaseException) else "unknown"
+    logger.warning(
+        "the run of %s failed (%s: %s): leaving chat %s live for a rerun or recover-turn; "
+        "archive-workflow-chat retires it",
+        workflow_id,
+        name,
+        verdict.why,
+        chat_id or "(none checkpointed)",
+    )
+    try:
+        emit_event(
+            event="coder.workflow.resumable",
+            resource=chat_resource(chat_id, workflow_id),
+            related=[
+                {
+                    "prefect.resource.id": f"coder.workflow.{workflow_id}",
+                    "prefect.resource.role": "workflow",
+                }
+            ],
+            payload={
+                "workflow_id": workflow_id,
+                "chat_id": chat_id,
+                "error": name,
+                "message": str(failure)[:500],
+                "why": verdict.why,
+            },
+        )
+    except Exception:
+        logger.debug("could not emit coder.workflow.resumable", exc_info=True)

@@ -3,8 +3,9 @@
 ``done`` write, inside a real ``agent_workflow`` run on the session's Prefect test
 server, against the emulator.
 
-The ``done`` write hits a dead pooled connection. Before the fix the model was told
-``Tool failed: … [SQL: INSERT INTO coder_state_tool_ledger …]`` and the step completed
+The ``done`` write finds PostgreSQL down for longer than the store's own retry bound
+(``transient_retry_s``; it is started again for the failed turn's checkpoint). Before
+the fix the model was told ``Tool failed: … [SQL: INSERT INTO coder_state_tool_ledger …]`` and the step completed
 on that. Now the turn fails retryably with the pause unanswered, the task retry's
 recovery re-drives the call from the ``committing`` row under the same key, and the
 step completes with the charge's real answer: one charge in the tool's own log, one
@@ -53,9 +54,11 @@ async def test_store_restart_between_effect_and_done_in_a_workflow(
         request_timeout=15.0,
         turn_timeout=30.0,
     ).save(f"faults-coder-{suffix}", overwrite=True)
-    await ChatStateStore(url=private_pg.url, tenant=f"faults-{suffix}").save(
-        f"faults-pg-{suffix}", overwrite=True
-    )
+    # A short retry bound: the store rides out a restart by itself (issue 30, items 2-3),
+    # so PostgreSQL stays down across the done write until the bound is spent.
+    await ChatStateStore(
+        url=private_pg.url, tenant=f"faults-{suffix}", connect_timeout=1.0, transient_retry_s=0.3
+    ).save(f"faults-pg-{suffix}", overwrite=True)
     settings = WorkflowSettings(
         credentials_block=f"faults-coder-{suffix}",
         store_block=f"faults-pg-{suffix}",
@@ -79,8 +82,9 @@ async def test_store_restart_between_effect_and_done_in_a_workflow(
     def restart_store(point: str) -> None:
         if point == "tool.after_effect" and not restarted:
             restarted.append(point)
-            private_pg.stop()
-            private_pg.start()  # back at once: only the pool's connections are dead
+            private_pg.stop()  # down across the done write, longer than the retry bound
+        elif point == "turn.before_checkpoint" and restarted and not private_pg.running:
+            private_pg.start()  # back for the failed turn's checkpoint and the retry
 
     restarted: list[str] = []
     remove = add_crash_hook(restart_store)
