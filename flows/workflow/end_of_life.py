@@ -14,6 +14,7 @@ from prefect import Flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun
 from prefect.events import emit_event
+from prefect.exceptions import FailedRun
 from prefect.states import State
 
 from coder_chat.errors import CoderChatError
@@ -30,7 +31,13 @@ from prefect_coder.flows.observe.observer import chat_resource
 from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.retire import ArchiveOutcome, retire_workflow_chat
 
-__all__ = ["ArchiveVerdict", "archive_chat", "archive_on_failure", "archive_verdict"]
+__all__ = [
+    "APPROVAL_EXPIRED_MESSAGE",
+    "ArchiveVerdict",
+    "archive_chat",
+    "archive_on_failure",
+    "archive_verdict",
+]
 
 
 # NO_CACHE: archiving must really run every time (it is idempotent), and its
@@ -48,6 +55,10 @@ async def archive_chat(
         lease_ttl_s=settings.lease_ttl_s,
     )
 
+
+#: The message of the run Prefect failed when its approval's pause timed out (the
+#: server's, and ``expire-approvals``' when it fails such a run itself): final.
+APPROVAL_EXPIRED_MESSAGE = "The flow was paused and never resumed."
 
 #: ``CoderChatError`` kinds the client makes up itself (a lost queued submission, a
 #: failed ledger write, an archive that did not finish): not the server's verdict on
@@ -77,7 +88,8 @@ def archive_verdict(failure: BaseException | None) -> ArchiveVerdict:
     An archive cannot be undone, so it needs a POSITIVE verdict: only failures known
     to be final for the workflow archive (an allow-list). A run that fails the same
     way every time it is run again: a structured answer that never validated (its
-    re-ask included), a chat run the server failed for good (a non-retryable
+    re-ask included), an approval nobody decided before it expired, a chat run the
+    server failed for good (a non-retryable
     ``CoderChatError``), the turn's own total deadline (a builtin ``TimeoutError``:
     the same prompt meets the same deadline). Everything else — a transient fault of
     the store, of the Prefect API, of the network, anything retryable, and anything
@@ -93,6 +105,8 @@ def archive_verdict(failure: BaseException | None) -> ArchiveVerdict:
         return ArchiveVerdict("keep-live", "the failure could not be read")
     if is_retryable_failure(failure):
         return ArchiveVerdict("keep-live", "transient: only the retries ran out")
+    if isinstance(failure, FailedRun) and str(failure) == APPROVAL_EXPIRED_MESSAGE:
+        return ArchiveVerdict("archive", "its approval expired: nobody decided in time")
     if isinstance(failure, StructuredAnswerError):
         return ArchiveVerdict("archive", "the step's structured answer never validated")
     if type(failure) is TimeoutError:

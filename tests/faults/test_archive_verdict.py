@@ -11,6 +11,7 @@ import asyncpg
 import httpx
 import pytest
 import sqlalchemy as sa
+from prefect.exceptions import FailedRun
 
 from coder_chat.errors import (
     CoderApiError,
@@ -26,7 +27,7 @@ from prefect_coder.flows.common.errors import (
     WorkflowBusyError,
     WorkflowParameterError,
 )
-from prefect_coder.flows.workflow.end_of_life import archive_verdict
+from prefect_coder.flows.workflow.end_of_life import APPROVAL_EXPIRED_MESSAGE, archive_verdict
 
 URL = "postgresql+asyncpg://coder@db:5432/state"
 
@@ -57,6 +58,7 @@ CASES: list[tuple[str, BaseException | None, str]] = [
     # Final for the workflow: archive.
     ("structured answer never validated", StructuredAnswerError("s", "M", "chat-1", 2), "archive"),
     ("the turn's total deadline", TimeoutError(), "archive"),
+    ("an approval expired", FailedRun(APPROVAL_EXPIRED_MESSAGE), "archive"),
     ("the server failed the chat's run", CoderChatError("model failed", kind="generic"), "archive"),
     # Not this run's chat: leave it alone, say nothing.
     (
@@ -108,6 +110,7 @@ CASES: list[tuple[str, BaseException | None, str]] = [
         "keep-live",
     ),
     ("a bug", KeyError("x"), "keep-live"),
+    ("a run failed without an exception", FailedRun("Flow run was crashed"), "keep-live"),
     ("unreadable failure", None, "keep-live"),
 ]
 
@@ -124,5 +127,12 @@ def test_only_the_allow_list_archives() -> None:
     assert archiving == [
         "structured answer never validated",
         "the turn's total deadline",
+        "an approval expired",
         "the server failed the chat's run",
     ]
+
+
+def test_expire_approvals_fails_runs_with_the_message_the_verdict_archives() -> None:
+    from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE
+
+    assert EXPIRED_MESSAGE == APPROVAL_EXPIRED_MESSAGE
