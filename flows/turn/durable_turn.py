@@ -574,8 +574,11 @@ async def _turn_under_lease(
                     )
                 except StoreUnavailableError as exc:
                     # Transient: the step fails retryably and its chat stays live; the
-                    # failure handler names the chat without asking the store.
+                    # failure handler names the chat without asking the store, and a
+                    # finished turn whose checkpoint failed still says coder.turn.failed.
                     exc.chat_id = agent.chat_id
+                    if failed is None:
+                        failed = exc
                     raise
                 await eager.after_turn(agent.chat_id)
                 if failed is not None:

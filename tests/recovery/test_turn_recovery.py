@@ -364,6 +364,7 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
     # server that is not there, any read would fail.
     from coder_chat.errors import CoderTransportError
     from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+    from prefect_coder.flows.recovery import chat_state
     from prefect_coder.flows.recovery.before_send import earlier_steps, recover_before_send
     from prefect_coder.flows.recovery.recovered import recovery_timings
 
@@ -390,8 +391,14 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
             "journaled": start.journaled,
             "replaced": start.replaced,
         }
-        with earlier_steps([step_marker(wf, first.name)]):
-            plan = await recover_before_send(**kw)
+        # The earlier step's turn settled on the chat in this process: known live
+        # (flows/recovery/chat_state.py), so not even the archived check reads it.
+        chat_state.note_live("chat-1")
+        try:
+            with earlier_steps([step_marker(wf, first.name)]):
+                plan = await recover_before_send(**kw)
+        finally:
+            chat_state.forget("chat-1")
         assert plan.attempt == 1 and plan.result is None and not plan.fresh_chat
         # Without the step order (agent-turn, recover-turn) it must look first.
         with pytest.raises(CoderTransportError):
