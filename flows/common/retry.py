@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from prefect.states import State
 
 from coder_chat.errors import CoderError, is_transient
@@ -59,6 +60,13 @@ def is_retryable_failure(exc: BaseException | None) -> bool:
         and faults.is_store_error(exc)
     ):
         return faults.is_transient(exc)
+    # The Prefect API's faults (a server restart, a 5xx, a reset connection) come out of
+    # Prefect's client as raw httpx errors (the Coder client wraps its own, above).
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        return status in (408, 425, 429) or status >= 500
+    if isinstance(exc, httpx.TransportError):
+        return True
     # Every error of the client and of the product says it in one attribute.
     if isinstance(exc, CoderError | PrefectCoderError):
         return exc.retryable

@@ -105,7 +105,8 @@ async def _retire_one(
             if exc.status == 404:
                 return "gone"
             raise
-    note_archived(chat_id)
+    if stopped.was_archived or stopped.archived:
+        note_archived(chat_id)
     if stopped.was_archived:
         return "already"
     if not stopped.archived:

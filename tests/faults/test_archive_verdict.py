@@ -27,6 +27,7 @@ from prefect_coder.flows.common.errors import (
     WorkflowBusyError,
     WorkflowParameterError,
 )
+from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.workflow.end_of_life import APPROVAL_EXPIRED_MESSAGE, archive_verdict
 
 URL = "postgresql+asyncpg://coder@db:5432/state"
@@ -136,3 +137,23 @@ def test_expire_approvals_fails_runs_with_the_message_the_verdict_archives() -> 
     from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE
 
     assert EXPIRED_MESSAGE == APPROVAL_EXPIRED_MESSAGE
+
+
+RETRY_CASES: list[tuple[str, BaseException, bool]] = [
+    ("store unavailable", StoreUnavailableError(URL, "ConnectionRefusedError"), True),
+    ("raw SQLite lock timeout", _locked(), True),
+    ("raw closed PostgreSQL connection", _closed(), True),
+    ("schema bug", sa.exc.ProgrammingError("SELECT", None, Exception("no such table")), False),
+    ("store misconfigured", StateStoreConfigError("url: bad"), False),
+    ("Prefect API 503", _http_503(), True),
+    ("Prefect API unreachable", httpx.ConnectError("refused"), True),
+    ("the turn's total deadline", TimeoutError(), False),
+    ("bare connection refused", ConnectionRefusedError(111, "refused"), False),
+]
+
+
+@pytest.mark.parametrize(("case", "failure", "retry"), RETRY_CASES, ids=[c[0] for c in RETRY_CASES])
+def test_task_retries_follow_the_one_fault_model(
+    case: str, failure: BaseException, retry: bool
+) -> None:
+    assert is_retryable_failure(failure) is retry, case
