@@ -24,6 +24,10 @@ The rules, in the order they apply:
   the workflow's own deployment with all its parameters (every turn recovers before
   it sends, so a rerun is recovery), with a backoff between attempts.
 * **Recoveries exhausted ⇒ give up**, loudly (an event and an artifact), chat left live.
+
+The chat's status on the Coder server is not an input: a rerun brings its chat to
+an end itself (follow, history, ledger) before it sends anything, so no verdict here
+needs it — and the reconciler then needs no Coder credentials.
 """
 
 from __future__ import annotations
@@ -123,8 +127,6 @@ class Observation:
     found: bool = True
     #: None: the workflow has no lease to ask (a fan-out), or the read failed.
     lease: LeaseFacts | None = None
-    #: The chat's status on the Coder server, if known (for the reasons given).
-    chat_status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
