@@ -28,6 +28,7 @@ from fanout_env import (
     deploy,
     deployment_id,
     fanout_settings,
+    runs_of,
     start_worker,
     stop_worker,
     undeploy,
@@ -43,6 +44,7 @@ from warm_python import WarmPython
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
 from prefect_coder.flows.common.params import Step, step_marker
+from prefect_coder.flows.deployments.expire_approvals import expire_approvals
 from prefect_coder.flows.deployments.fanout_shard import FanoutItem
 from prefect_coder.flows.deployments.reconcile_workflows import ReconcileRow
 from prefect_coder.flows.deployments.zombies import apply_zombie_automation
@@ -160,3 +162,67 @@ def _done(store: StateStore, wf: str) -> Any:
         return record is not None and record.state == "done"
 
     return check
+
+
+async def test_an_expired_approval_is_recorded_done_never_rerun(
+    prefect_harness: Any, warm_python: WarmPython, emu: Emulator, tmp_path: Path
+) -> None:
+    """The approval's own deadline (``timeout_s``, here 2 s) is its only clock: past it
+    the reconciler still leaves the Suspended run alone; once ``expire-approvals`` has
+    failed it (Prefect's message, the chat archived), the record is ``done`` — the
+    workflow is not rerun and the next step is never sent."""
+    wf = f"appr-x-{uuid.uuid4().hex[:6]}"
+    item = FanoutItem(
+        workflow_id=wf,
+        steps=[
+            Step(name="draft", prompt=f'{step_marker(wf, "draft")} #emu {{"text": "drafted"}}'),
+            Step(name="review", kind="approval", prompt="Ship it?", timeout_s=2),
+            Step(name="apply", prompt=f'{step_marker(wf, "apply")} #emu {{"text": "applied"}}'),
+        ],
+    )
+    store_url = f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
+    settings = await fanout_settings(emu, store_url, None)
+    pool = f"reconcile-expiry-{uuid.uuid4().hex[:6]}"
+    deployed = await deploy(pool, untriggered=("agent-fanout",))
+    env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
+    worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=1)
+    store = StateStore(store_url)
+    seen: list[ReconcileRow] = []
+    try:
+        async with get_client() as client:
+            run = await client.create_flow_run_from_deployment(
+                deployment_id(deployed, "agent-workflow"),
+                parameters={
+                    "workflow_id": wf,
+                    "steps": [s.model_dump(mode="json") for s in item.steps],
+                    "settings": settings.model_dump(mode="json"),
+                },
+            )
+
+            async def suspended() -> bool:
+                state = (await client.read_flow_run(run.id)).state
+                return state is not None and state.type == StateType.PAUSED
+
+            await until("the run to suspend at its approval", 240, suspended)
+            paused_at = time.monotonic()
+
+            async def past_deadline() -> bool:
+                return time.monotonic() - paused_at > 4
+
+            await tick_until("the deadline to pass", 60, settings, past_deadline, seen=seen)
+            assert seen == [], seen  # past its deadline, still left to Prefect
+            handled = await expire_approvals()
+            assert str(run.id) in handled
+            await tick_until("the record to be done", 60, settings, _done(store, wf), seen=seen)
+            record = await store.workflows.get(workflow_record_key(wf))
+            runs = await runs_of(client, deployment_id(deployed, "agent-workflow"), pool=pool)
+    finally:
+        await store.aclose()
+        await stop_worker(worker)
+        await undeploy(deployed)
+    assert record is not None and record.attempts == 0 and "Failed" in (record.reason or "")
+    assert [r.id for r in runs] == [run.id]  # never rerun
+    assert [r.action for r in seen] == ["done"], seen
+    counts = one_message_per_step(emu, item, ("draft", "apply"))
+    assert counts == {step_marker(wf, "draft"): 1}, counts  # apply never sent
+    assert [c["archived"] for c in emu.chats()] == [True]
