@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import event
 
 from prefect_coder.blocks import StateStore
+from prefect_coder.blocks.state.errors import StoreUnavailableError
 
 
 async def test_concurrent_first_calls_check_the_schema_once(tmp_path: Path) -> None:
@@ -48,14 +48,20 @@ async def test_begin_on_the_driver_connection_keeps_read_and_write_locks(tmp_pat
     path = tmp_path / "state.db"
     # One worker: every transaction below runs on the same connection, so a stale
     # read/write flag would show.
-    store = StateStore(f"sqlite+aiosqlite:///{path}", tenant="t", connect_timeout=0.3, pool_size=1)
+    store = StateStore(
+        f"sqlite+aiosqlite:///{path}",
+        tenant="t",
+        connect_timeout=0.3,
+        pool_size=1,
+        transient_retry_s=0,  # one attempt: the write below fails after the busy timeout
+    )
     other = sqlite3.connect(path, isolation_level=None)
     try:
         await store.checkpoints.set("wf", "chat", 1)
         other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
         got = await store.checkpoints.get("wf")  # a read is not blocked (WAL)
         assert got is not None and got.last_seen_message_id == 1
-        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+        with pytest.raises(StoreUnavailableError, match="database is locked"):
             await store.checkpoints.set("wf", "chat", 2)
         got = await store.checkpoints.get("wf")  # right after a write: still a read
         assert got is not None and got.last_seen_message_id == 1
