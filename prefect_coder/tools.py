@@ -27,11 +27,15 @@ package's ``prefect_coder.tools`` entry-point group (docs/deploy.md, "Your tools
 Every registered tool runs behind the write-ahead tool ledger in a durable workflow
 (``ctx.idempotency_key`` stays the same when recovery re-drives a call);
 ``pure=True`` declares a side-effect-free tool that recovery may simply run again.
+
+A tool that raises tells the model only that it failed, with an error id the run's
+log explains (its exception text may hold hosts, paths or credentials); raise
+:class:`ToolError` with a message meant for the model to pass that message on.
 """
 
 from __future__ import annotations
 
-from coder_chat.tools import ClientTool, ToolContext
+from coder_chat.tools import ClientTool, ToolContext, ToolError
 from prefect_coder.flows.common.registry import (
     TOOL_MODULES_ENV,
     TOOLS_ENTRY_POINT_GROUP,
@@ -46,6 +50,7 @@ __all__ = [
     "TOOL_MODULES_ENV",
     "ClientTool",
     "ToolContext",
+    "ToolError",
     "output_model",
     "register_output_model",
     "register_tool",
