@@ -37,6 +37,7 @@ __all__ = [
     "archive_chat",
     "archive_on_failure",
     "archive_verdict",
+    "end_failed_workflow",
 ]
 
 
@@ -133,15 +134,10 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
     The run emits ``coder.workflow.resumable`` (naming the workflow and its chat)
     instead; ``archive-workflow-chat`` (or a later run's final archive) retires it.
     """
-    logger = run_logger(__name__)
     try:
         failure = await state.aresult(raise_on_failure=False)
     except Exception:
         failure = None
-    verdict = archive_verdict(failure if isinstance(failure, BaseException) else None)
-    if verdict.action == "leave":
-        logger.info("not archiving: %s (%s)", verdict.why, failure)
-        return
     params = flow_run.parameters or {}
     try:
         settings = WorkflowSettings.model_validate(params.get("settings") or {})
@@ -149,14 +145,35 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
         validate_workflow_id(workflow_id)
     except Exception:
         return  # failed at the edge: no chat can exist
+    await end_failed_workflow(
+        workflow_id, settings, failure if isinstance(failure, BaseException) else None
+    )
+
+
+async def end_failed_workflow(
+    workflow_id: str,
+    settings: WorkflowSettings,
+    failure: BaseException | None,
+    resources: TurnResources | None = None,
+) -> ArchiveVerdict:
+    """What the failure handler does for a workflow that finally failed with
+    ``failure``, for callers that run workflows in process (the fan-out shard):
+    archive on a final failure, else leave the chat live and emit
+    ``coder.workflow.resumable`` (``leave``: touch nothing). Never raises for the
+    archive or the event; returns the verdict."""
+    logger = run_logger(__name__)
+    verdict = archive_verdict(failure)
+    if verdict.action == "leave":
+        logger.info("not archiving: %s (%s)", verdict.why, failure)
+        return verdict
     if settings.keep_chat:
         logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
-        return
+        return verdict
     if verdict.action == "keep-live":
-        await _resumable(workflow_id, settings, failure, verdict, logger)
-        return
+        await _resumable(workflow_id, settings, failure, verdict, logger, resources)
+        return verdict
     try:
-        resources = await load_resources(settings)
+        resources = resources or await load_resources(settings)
         outcome = await retire_workflow_chat(
             workflow_id,
             resources,
@@ -168,6 +185,7 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
         )
     except Exception:
         logger.error("failure handler could not archive the chat of %s", workflow_id, exc_info=True)
+    return verdict
 
 
 async def _resumable(
@@ -176,13 +194,14 @@ async def _resumable(
     failure: object,
     verdict: ArchiveVerdict,
     logger: Any,
+    resources: TurnResources | None = None,
 ) -> None:
     """Leave the chat live and say so: ``coder.workflow.resumable`` on the checkpointed
     chat (the workflow's resource when the store cannot tell which chat it is)."""
     chat_id = getattr(failure, "chat_id", None)
     try:
         if not isinstance(chat_id, str) or not chat_id:
-            resources = await load_resources(settings)
+            resources = resources or await load_resources(settings)
             checkpoint = await resources.store.checkpoints.get(workflow_id)
             chat_id = checkpoint.chat_id if checkpoint is not None else None
     except Exception:
