@@ -202,7 +202,11 @@ def _drop_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
     if is_closed is not None and is_closed():
         raise sa.exc.DisconnectionError("the server closed this pooled connection")
     transport = getattr(raw, "_transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None or transport.get_extra_info("ssl_object") is not None:
+        # TLS: records the loop has not read yet (e.g. session tickets) are not a
+        # goodbye; such a connection relies on is_closed() and the statement retry.
+        return
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return
     poller = select.poll()
