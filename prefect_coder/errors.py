@@ -16,6 +16,7 @@ from prefect_coder.blocks.state.errors import (
     SchemaVersionError,
     StateStoreConfigError,
     StateStoreError,
+    StoreUnavailableError,
 )
 from prefect_coder.flows.common.errors import (
     ChatNotArchivedError,
@@ -35,6 +36,7 @@ __all__ = [
     "SchemaVersionError",
     "StateStoreConfigError",
     "StateStoreError",
+    "StoreUnavailableError",
     "StructuredAnswerError",
     "TurnSlotLostError",
     "TurnSlotUnavailableError",

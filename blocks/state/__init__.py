@@ -10,6 +10,7 @@ from .errors import (
     SchemaVersionError,
     StateStoreConfigError,
     StateStoreError,
+    StoreUnavailableError,
 )
 from .leases import HeldLease, chat_key, default_holder, workflow_key
 from .records import Checkpoint, JournalEntry, Lease, LedgerEntry, StrandedChat
@@ -31,6 +32,7 @@ __all__ = [
     "StateStoreConfigError",
     "StateStoreError",
     "StoreTransaction",
+    "StoreUnavailableError",
     "StrandedChat",
     "chat_key",
     "default_holder",
