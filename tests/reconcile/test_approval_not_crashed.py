@@ -67,7 +67,13 @@ async def test_a_suspended_approval_outlives_the_zombie_window_and_runs_its_next
         workflow_id=wf,
         steps=[
             Step(name="draft", prompt=f'{step_marker(wf, "draft")} #emu {{"text": "drafted"}}'),
-            Step(name="review", kind="approval", prompt="Ship it?", timeout_s=600),
+            # Its deadline well after the watch (the approval's only clock).
+            Step(
+                name="review",
+                kind="approval",
+                prompt="Ship it?",
+                timeout_s=max(600, int(WITHIN_S + PAST_S + 300)),
+            ),
             Step(name="apply", prompt=f'{step_marker(wf, "apply")} #emu {{"text": "applied"}}'),
         ],
     )
