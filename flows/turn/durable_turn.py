@@ -29,6 +29,7 @@ Walk of one turn (``execute_turn``):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -288,8 +289,54 @@ async def execute_turn(
     ``toolset`` is the workflow's whole tool set (declared when the first step
     creates the chat; see :mod:`prefect_coder.flows.common.toolset`); the step's own tools are always
     included. ``retry_reason`` is set when Prefect retries the task.
+
+    The step's start and end are lines of the run's log (its attempt, time and how it
+    ended — never its prompt or answer): the run page tells what a turn did while it
+    ran (issue 31 §3), with a line per tool call in between.
     """
     logger = run_logger(__name__)
+    started = time.monotonic()
+    logger.info(
+        "step %s: started%s",
+        step.name,
+        f" (Prefect retry: {retry_reason})" if retry_reason else "",
+    )
+    try:
+        result = await _execute_turn(
+            workflow_id, step, settings, resources, logger, toolset, retry_reason
+        )
+    except asyncio.CancelledError:
+        logger.warning("step %s: cancelled after %.1f s", step.name, time.monotonic() - started)
+        raise
+    except Exception as exc:
+        logger.warning(
+            "step %s: failed after %.1f s: %s (%s)",
+            step.name,
+            time.monotonic() - started,
+            type(exc).__name__,
+            "retryable" if is_retryable_failure(exc) else "not retryable",
+        )
+        raise
+    logger.info(
+        "step %s: completed in %.1f s (attempt %d, chat %s, %d tool call(s))",
+        step.name,
+        time.monotonic() - started,
+        result.attempt,
+        result.chat_id,
+        len(result.tool_calls),
+    )
+    return result
+
+
+async def _execute_turn(
+    workflow_id: str,
+    step: Step,
+    settings: WorkflowSettings,
+    resources: TurnResources,
+    logger: RunLogger,
+    toolset: Toolset | None,
+    retry_reason: str | None,
+) -> TurnResult:
     marker = step_marker(workflow_id, step.name)
     resolved = (toolset or Toolset()).including(step).resolve()
     tools = resolved.tools

@@ -120,3 +120,39 @@ async def test_a_failing_tool_call_is_a_line_in_the_flow_runs_log(
     assert len(lines) == 1, lines
     assert "failed: RuntimeError [tool-err-" in lines[0] and "(the model was told)" in lines[0]
     assert all(SECRET_ARG not in log.message for log in logs)
+
+
+async def test_each_step_is_a_start_and_an_end_line_in_the_runs_log(
+    emu: Emulator, settings: WorkflowSettings, workflow_id: str
+) -> None:
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+
+    # The test harness ships WARNING and up; a deployment logs INFO (Prefect's
+    # default), which is what this test turns back on for the task runs' logger.
+    task_log = logging.getLogger("prefect.task_runs")
+    level = task_log.level
+    task_log.setLevel(logging.INFO)
+    try:
+        steps = [
+            Step(name="first", prompt="one" + emu_directive({"text": "1"})),
+            Step(name="second", prompt="two" + emu_directive({"text": "2"})),
+        ]
+        results = await agent_workflow(workflow_id, steps, settings)
+    finally:
+        task_log.setLevel(level)
+    assert [r.text for r in results] == ["1", "2"]
+    chat_id = results[0].chat_id
+    wanted = {
+        f"step {name}: {what}" for name in ("first", "second") for what in ("started", "completed")
+    }
+    async with get_client() as client:
+        for _ in range(40):
+            logs = await client.read_logs(limit=200, sort=LogSort.TIMESTAMP_DESC)
+            mine = [log.message for log in logs if log.message.startswith("step ")]
+            found = {m.split(" in ")[0].rstrip() for m in mine} & wanted
+            if found == wanted:
+                break
+            await asyncio.sleep(0.25)
+    assert found == wanted, mine
+    done = [m for m in mine if m.startswith("step second: completed in ")]
+    assert f"(attempt 1, chat {chat_id}, 0 tool call(s))" in done[0]
