@@ -55,7 +55,7 @@ def _fence(text: str) -> str:
     return f"{fence}text\n{text}\n{fence}"
 
 
-def _cell(value: Any, limit: int = 120) -> str:
+def table_cell(value: Any, limit: int = 120) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -95,8 +95,12 @@ def render_turn_markdown(result: TurnResult, prompt: str, *, base_url: str | Non
     if result.tool_calls:
         lines += ["| tool | runs on | input | output |", "|---|---|---|---|"]
         for call in result.tool_calls:
-            output = f"error: {_cell(call.output)}" if call.is_error else _cell(call.output)
-            lines.append(f"| `{_cell(call.name)}` | {call.kind} | {_cell(call.args)} | {output} |")
+            output = (
+                f"error: {table_cell(call.output)}" if call.is_error else table_cell(call.output)
+            )
+            lines.append(
+                f"| `{table_cell(call.name)}` | {call.kind} | {table_cell(call.args)} | {output} |"
+            )
     else:
         lines.append("none")
     lines += ["", "## Usage", ""]

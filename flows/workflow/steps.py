@@ -37,6 +37,7 @@ from prefect_coder.flows.common.resources import (
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.common.toolset import Toolset
 from prefect_coder.flows.observe import background
+from prefect_coder.flows.observe.summary import SummaryRow, publish_workflow_summary
 from prefect_coder.flows.recovery.before_send import earlier_steps
 from prefect_coder.flows.recovery.retire import retire_workflow_chat
 from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
@@ -96,6 +97,7 @@ async def run_steps(
     *,
     allow_approval: bool = True,
     archive_as_task: bool = True,
+    summary: bool = True,
 ) -> list[StepResult]:
     """The body of :func:`agent_workflow`: every step in order, then the archive.
 
@@ -104,12 +106,17 @@ async def run_steps(
     (it runs again on every re-run), so the task run only showed it in the UI — at
     the price of a second Prefect task run per one-turn workflow, i.e. three more
     state events for the server to record and the task engine's start and finish
-    in the worker. Its log line and ``coder.chat.archived`` event stay."""
+    in the worker. Its log line and ``coder.chat.archived`` event stay.
+
+    ``summary`` (with ``settings.artifacts``): publish the workflow's summary card
+    (:mod:`prefect_coder.flows.observe.summary`) when it ends, however it ends — a
+    fan-out, whose own table lists its workflows, passes False."""
     turn, model = _step_tasks(settings.retries, settings.retry_delay_s)
     # Client tools are declared once, when the first step creates the chat.
     toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
     results: list[StepResult] = []
     edited: dict[str, Step] = {}
+    failure: BaseException | None = None
     # This workflow's artifacts and events only: in a fan-out shard its neighbours'
     # share the loop, and its end must not wait on theirs.
     with background.scope() as own_background:
@@ -187,6 +194,47 @@ async def run_steps(
                         lease_ttl_s=settings.lease_ttl_s,
                         settled=True,
                     )
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            if settings.artifacts and summary:
+                rows, outcome = summary_rows(steps, results, failure)
+                publish_workflow_summary(workflow_id, rows, outcome=outcome)
             await background.drain(only=own_background)
     return results
+
+
+def summary_rows(
+    steps: list[Step], results: list[StepResult], failure: BaseException | None
+) -> tuple[list[SummaryRow], str]:
+    """The summary card's rows (every step, run or not) and the workflow's outcome."""
+    rows: list[SummaryRow] = []
+    for i, step in enumerate(steps):
+        if i < len(results):
+            rows.append(_row(step, results[i]))
+        elif i == len(results) and failure is not None:
+            rows.append(SummaryRow(step.name, step.kind, f"failed: {type(failure).__name__}"))
+        else:
+            rows.append(SummaryRow(step.name, step.kind, "not run"))
+    if failure is not None:
+        failed_at = steps[len(results)].name if len(results) < len(steps) else "the end"
+        return rows, f"failed at `{failed_at}` ({type(failure).__name__})"
+    last = results[-1] if results else None
+    if isinstance(last, ApprovalResult) and last.decision == "reject":
+        return rows, f"stopped: `{last.step}` rejected"
+    return rows, "completed"
+
+
+def _row(step: Step, result: StepResult) -> SummaryRow:
+    if isinstance(result, ApprovalResult):
+        decided = result.decision + (f" ({result.comment})" if result.comment else "")
+        if result.decision == "edit":
+            decided += ": the next prompt was edited"
+        state = "rejected" if result.decision == "reject" else "decided"
+        return SummaryRow(step.name, step.kind, state, "", None, decided)
+    if isinstance(result, ModelStepResult):
+        again = "re-asked once" if result.attempts > 1 else ""
+        return SummaryRow(step.name, step.kind, "completed", result.text, result.attempts, again)
+    again = f"recovered or resubmitted (attempt {result.attempt})" if result.attempt > 1 else ""
+    return SummaryRow(step.name, step.kind, "completed", result.text, result.attempt, again)
