@@ -23,12 +23,13 @@ from prefect.logging import get_run_logger
 from prefect.states import Failed
 
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+from prefect_coder.flows.liveness.decide import APPROVAL_EXPIRED_MESSAGE
 from prefect_coder.flows.workflow.end_of_life import archive_on_failure
 
 __all__ = ["EXPIRED_MESSAGE", "HANDLED_TAG", "expire_approvals"]
 
 #: The message Prefect's server gives a suspended run whose timeout passed.
-EXPIRED_MESSAGE = "The flow was paused and never resumed."
+EXPIRED_MESSAGE = APPROVAL_EXPIRED_MESSAGE
 #: Tag of the runs this flow has handled (it is idempotent).
 HANDLED_TAG = "coder-approval-expired-handled"
 

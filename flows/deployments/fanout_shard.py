@@ -43,7 +43,7 @@ from prefect_coder.flows.common.resources import (
     shared_client,
 )
 from prefect_coder.flows.liveness.track import batch_key, record_done, record_start, this_run
-from prefect_coder.flows.recovery.retire import retire_workflow_chat
+from prefect_coder.flows.workflow.end_of_life import end_failed_workflow
 from prefect_coder.flows.workflow.steps import run_steps
 
 __all__ = [
@@ -101,7 +101,8 @@ async def run_in_process(
 ) -> list[Any]:
     """One workflow inside the calling flow run: each step is a task of that flow
     run (its result is persisted when the step ends). On failure it applies the
-    workflow's failure handler itself (archives the chat unless ``keep_chat``).
+    workflow's failure handler itself: the chat is archived only on a failure known
+    to be final (``end_failed_workflow``); a transient one leaves it live.
 
     ``resources`` (credentials and store) may be shared by every workflow of a
     shard: they are the same blocks, and loading them is two API calls."""
@@ -119,20 +120,13 @@ async def run_in_process(
             resources,
             allow_approval=False,
             archive_as_task=False,
+            # The fan-out's own table lists its workflows: no card per workflow.
+            summary=False,
         )
-    except Exception:
-        if not settings.keep_chat:
-            try:
-                await retire_workflow_chat(
-                    workflow_id,
-                    resources,
-                    lease_wait_s=settings.lease_wait_s,
-                    lease_ttl_s=settings.lease_ttl_s,
-                )
-            except Exception:
-                get_run_logger().error(
-                    "could not archive the chat of %s", workflow_id, exc_info=True
-                )
+    except Exception as exc:
+        # The same verdict as a workflow's own failure hook: a store outage or any
+        # transient fault must not cost a shard's workflows their chats (issue 30).
+        await end_failed_workflow(workflow_id, settings, exc, resources)
         raise
 
 

@@ -12,8 +12,12 @@ The rules, in the order they apply:
   never crashed, never rerun: it sends no heartbeats and holds no lease by design.
   Its approval deadline is its only clock (Prefect fails it then; ``expire-approvals``
   archives its chat).
-* **Ended ⇒ record it.** Completed, Failed, Cancelled: ``done`` (a failure is an
-  outcome its failure handler reported, not a lost run).
+* **Ended ⇒ record it.** Completed, Cancelled: ``done``. Failed: its failure handler
+  records a failure known to be final (the chat archived) as ``done`` itself, so a
+  Failed run still unfinished here failed transiently or for an unknown reason — its
+  chat was kept live (``coder.workflow.resumable``) — and is recovered like a crashed
+  one after a grace that leaves the handler its turn; an expired approval (a
+  person's non-decision) is ``done``.
 * **Alive ⇒ leave alone.** Some holder's lease on the workflow is live and renewed,
   or a heartbeat is recent.
 * **Dead ⇒ mark it Crashed.** Only on positive evidence from two sources: the run
@@ -35,10 +39,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Action", "Decision", "LeaseFacts", "Observation", "RunFacts", "Timing", "decide"]
+__all__ = [
+    "APPROVAL_EXPIRED_MESSAGE",
+    "Action",
+    "Decision",
+    "LeaseFacts",
+    "Observation",
+    "RunFacts",
+    "Timing",
+    "decide",
+]
 
 #: Prefect state types (``StateType`` values) by what they mean here.
-_ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+_ENDED = frozenset({"COMPLETED", "CANCELLED"})
+#: The message Prefect's server gives a suspended run whose timeout passed (one home:
+#: the failure handler and ``expire-approvals`` read it from here).
+APPROVAL_EXPIRED_MESSAGE = "The flow was paused and never resumed."
 _NOT_STARTED = frozenset({"PENDING"})
 
 
@@ -185,6 +201,20 @@ def decide(o: Observation, t: Timing) -> Decision:
         return _leave(f"{run.state_name or 'Paused'}: waiting on a person ({left})")
     if kind in _ENDED:
         return Decision(Action.DONE, f"its run ended {run.state_name or kind.title()}")
+    if kind == "FAILED":
+        if run.state_message == APPROVAL_EXPIRED_MESSAGE:
+            return Decision(Action.DONE, "its approval expired: a person's (non-)decision")
+        if run.state_age_s < t.crashed_grace_s:
+            return _leave(
+                f"Failed {run.state_age_s:.0f}s ago: its failure handler has "
+                f"{t.crashed_grace_s:.0f}s to record a final failure"
+            )
+        return _recover_or_give_up(
+            o,
+            t,
+            f"its run Failed {run.state_age_s:.0f}s ago with no final verdict recorded "
+            "(transient or unknown: the chat was kept live)",
+        )
     if kind == "CRASHED":
         if run.state_age_s < t.crashed_grace_s:
             return _leave(

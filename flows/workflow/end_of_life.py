@@ -27,6 +27,8 @@ from prefect_coder.flows.common.errors import (
 from prefect_coder.flows.common.params import WorkflowSettings, validate_workflow_id
 from prefect_coder.flows.common.resources import TurnResources, load_resources
 from prefect_coder.flows.common.retry import is_retryable_failure
+from prefect_coder.flows.liveness.decide import APPROVAL_EXPIRED_MESSAGE
+from prefect_coder.flows.liveness.track import workflow_record_key
 from prefect_coder.flows.observe.observer import chat_resource
 from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.retire import ArchiveOutcome, retire_workflow_chat
@@ -59,7 +61,7 @@ async def archive_chat(
 
 #: The message of the run Prefect failed when its approval's pause timed out (the
 #: server's, and ``expire-approvals``' when it fails such a run itself): final.
-APPROVAL_EXPIRED_MESSAGE = "The flow was paused and never resumed."
+# (its one home is flows/liveness/decide.py: the reconciler reads it too)
 
 #: ``CoderChatError`` kinds the client makes up itself (a lost queued submission, a
 #: failed ledger write, an archive that did not finish): not the server's verdict on
@@ -146,7 +148,10 @@ async def archive_on_failure(_flow: Flow[..., Any], flow_run: FlowRun, state: St
     except Exception:
         return  # failed at the edge: no chat can exist
     await end_failed_workflow(
-        workflow_id, settings, failure if isinstance(failure, BaseException) else None
+        workflow_id,
+        settings,
+        failure if isinstance(failure, BaseException) else None,
+        flow_run_id=str(flow_run.id),
     )
 
 
@@ -155,6 +160,8 @@ async def end_failed_workflow(
     settings: WorkflowSettings,
     failure: BaseException | None,
     resources: TurnResources | None = None,
+    *,
+    flow_run_id: str | None = None,
 ) -> ArchiveVerdict:
     """What the failure handler does for a workflow that finally failed with
     ``failure``, for callers that run workflows in process (the fan-out shard):
@@ -163,6 +170,11 @@ async def end_failed_workflow(
     archive or the event; returns the verdict."""
     logger = run_logger(__name__)
     verdict = archive_verdict(failure)
+    if verdict.action != "keep-live" and flow_run_id is not None:
+        # Final (or not this run's to end): the reconciler must not rerun it. A
+        # resumable failure stays unfinished in the record, and the reconciler
+        # reruns it (flows/liveness/decide.py).
+        resources = await _record_final(workflow_id, settings, flow_run_id, resources, logger)
     if verdict.action == "leave":
         logger.info("not archiving: %s (%s)", verdict.why, failure)
         return verdict
@@ -186,6 +198,30 @@ async def end_failed_workflow(
     except Exception:
         logger.error("failure handler could not archive the chat of %s", workflow_id, exc_info=True)
     return verdict
+
+
+async def _record_final(
+    workflow_id: str,
+    settings: WorkflowSettings,
+    flow_run_id: str,
+    resources: TurnResources | None,
+    logger: Any,
+) -> TurnResources | None:
+    """Mark the workflow's record done for the failed run ``flow_run_id`` (if it is
+    still the record's run); never raises. Returns the resources it loaded."""
+    try:
+        resources = resources or await load_resources(settings)
+        await resources.store.workflows.finished(
+            workflow_record_key(workflow_id), flow_run_id=flow_run_id
+        )
+    except Exception as exc:
+        logger.warning(
+            "could not record the final failure of %s (%s): the reconciler may rerun it "
+            "until it gives up",
+            workflow_id,
+            type(exc).__name__,
+        )
+    return resources
 
 
 async def _resumable(

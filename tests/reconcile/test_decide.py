@@ -68,7 +68,32 @@ ROWS: list[tuple[str, Observation, Action]] = [
         obs(RunFacts("COMPLETED"), SILENT),
         Action.DONE,
     ),
-    ("Failed (an outcome, not a loss)", obs(RunFacts("FAILED", "Failed", 5)), Action.DONE),
+    # --- failed: a final failure is recorded done by its failure handler (so it is not
+    # seen here); one still unfinished kept its chat live and is recovered
+    (
+        "Failed just now: its failure handler has the grace to record a final verdict",
+        obs(RunFacts("FAILED", "Failed", 5)),
+        Action.LEAVE,
+    ),
+    (
+        "Failed, no final verdict recorded (transient: the chat kept live)",
+        obs(RunFacts("FAILED", "Failed", 60), RELEASED),
+        Action.RECOVER,
+    ),
+    (
+        "Failed and resumable, recoveries exhausted",
+        obs(RunFacts("FAILED", "Failed", 60), RELEASED, attempts=3),
+        Action.GIVE_UP,
+    ),
+    (
+        "Failed: its approval expired (a person's non-decision, never rerun)",
+        obs(
+            RunFacts(
+                "FAILED", "Failed", 600, state_message="The flow was paused and never resumed."
+            )
+        ),
+        Action.DONE,
+    ),
     ("Cancelled by a person", obs(RunFacts("CANCELLED", "Cancelled", 5)), Action.DONE),
     # --- alive
     ("Running, lease renewed", obs(RunFacts("RUNNING", "Running", 600), LIVE), Action.LEAVE),
@@ -223,7 +248,7 @@ def test_never_acts_on_a_paused_run_and_never_exceeds_the_attempts(
     if kind == "PAUSED" or kind is None:
         assert got.action == Action.LEAVE
     if got.action == Action.RECOVER:
-        assert attempts < T.max_attempts and kind == "CRASHED"
+        assert attempts < T.max_attempts and kind in ("CRASHED", "FAILED")
     if got.action == Action.MARK_CRASHED:
         assert kind in ("RUNNING", "PENDING")
         assert beat is None or beat >= T.heartbeat_fresh_s  # a fresh heartbeat vetoes
