@@ -179,8 +179,9 @@ async def test_an_expired_approval_is_recorded_done_never_rerun(
 ) -> None:
     """The approval's own deadline (``timeout_s``, here 2 s) is its only clock: past it
     the reconciler still leaves the Suspended run alone; once ``expire-approvals`` has
-    failed it (Prefect's message, the chat archived), the record is ``done`` — the
-    workflow is not rerun and the next step is never sent."""
+    failed it (Prefect's message, the chat archived), the record is ``done`` (its
+    failure handler records the final verdict) — the workflow is not rerun and the
+    next step is never sent."""
     wf = f"appr-x-{uuid.uuid4().hex[:6]}"
     item = FanoutItem(
         workflow_id=wf,
@@ -230,9 +231,11 @@ async def test_an_expired_approval_is_recorded_done_never_rerun(
         await store.aclose()
         await stop_worker(worker)
         await undeploy(deployed)
-    assert record is not None and record.attempts == 0 and "Failed" in (record.reason or "")
+    # Done by the failure handler that expire-approvals applied (a final verdict), or by
+    # a tick that saw the expiry's message first: either way never rerun.
+    assert record is not None and record.state == "done" and record.attempts == 0
     assert [r.id for r in runs] == [run.id]  # never rerun
-    assert [r.action for r in seen] == ["done"], seen
+    assert {r.action for r in seen} <= {"done"}, seen
     counts = one_message_per_step(emu, item, ("draft", "apply"))
     assert counts == {step_marker(wf, "draft"): 1}, counts  # apply never sent
     assert [c["archived"] for c in emu.chats()] == [True]
