@@ -3,7 +3,10 @@
 """REST client of the chatd API (agent-semantics §1, chatd-wire §1).
 
 :class:`ChatClient` holds one pooled ``httpx.AsyncClient`` and speaks every
-chat route the agent, the sweeps and the blocks need. Notes for users:
+chat route the agent, the sweeps and the blocks need. One module although it is
+long: every route shares the same request path (prefix lock, auth, error mapping,
+transport events, per-call deadline), and each route is a few lines over it —
+splitting them by route would scatter that one idea. Notes for users:
 
 * **Prefix.** Chat routes live under ``/api/v2/chats`` (newer servers) or
   ``/api/experimental/chats`` (older). Until the prefix is *locked*, a chat

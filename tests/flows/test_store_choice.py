@@ -86,6 +86,25 @@ async def test_settings_naming_another_store_fail_before_any_chat(
     await same.aclose()
 
 
+async def test_a_sweep_naming_another_store_than_its_credentials_does_nothing(
+    chosen: tuple[str, str], emu: Emulator, sqlite_block: str
+) -> None:
+    # The case of issue 31: a sweep reading another store than the workflows would
+    # take their live chats for orphans. It fails at its edge, before listing a chat.
+    from prefect_coder.flows.deployments.sweep_orphans import sweep_orphans
+    from prefect_coder.flows.deployments.sweep_settings import SweepSettings
+
+    creds, store_name = chosen
+    archived = [c for c in emu.chats() if c.get("archived")]
+    with pytest.raises(WorkflowParameterError) as info:
+        await sweep_orphans(
+            settings=SweepSettings(credentials_block=creds, store_block=sqlite_block),
+            grace_s=0,
+        )
+    assert info.value.field == "settings.store_block" and store_name in str(info.value)
+    assert [c for c in emu.chats() if c.get("archived")] == archived
+
+
 async def test_a_local_store_on_a_pool_of_several_workers_is_reported(
     prefect_env: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
