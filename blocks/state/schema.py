@@ -140,6 +140,17 @@ workflows = sa.Table(
     sa.CheckConstraint("attempts >= 0", name="ck_workflows_attempts"),
 )
 
+#: Facts about the database itself, not about a tenant's work: ``store_id`` — a random
+#: id written once, the store's identity. A chat's labels carry it, so a sweep acts only
+#: on chats of its own store (issue 31). Additive (``create_all`` makes it; older code
+#: ignores it), so no version bump: workers of the previous release keep working.
+meta = sa.Table(
+    "coder_state_meta",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
 ALL_TABLES = (
     schema_version,
     checkpoints,
@@ -148,6 +159,7 @@ ALL_TABLES = (
     stranded_chats,
     leases,
     workflows,
+    meta,
 )
 
 # Serialises concurrent first-use schema creation on PostgreSQL: concurrent

@@ -26,9 +26,10 @@ from typing import Any, Self, TypeVar, cast
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from . import engines, faults, sqlite_pool
+from . import engines, faults, schema, sqlite_pool
 from ._ops import StoreConnection
 from .checkpoints import Checkpoints
+from .engines import upsert
 from .errors import StateStoreConfigError, StoreUnavailableError
 from .journal import Journal
 from .leases import HeldLease, HolderGone, Leases
@@ -43,6 +44,8 @@ T = TypeVar("T")
 
 # (pid, engine cache key) pairs whose schema this process has already ensured.
 _schema_ready: set[tuple[int, str]] = set()
+#: Store identities by engine cache key: read once per process and database.
+_IDENTITIES: dict[Any, str] = {}
 # One schema check at a time per loop and store: the callers that arrive meanwhile wait
 # for it and then find the schema ready (asyncio locks belong to one loop).
 _schema_locks: weakref.WeakKeyDictionary[
@@ -145,6 +148,7 @@ class StateStore:
         self._connect_timeout = connect_timeout
         self._pool_size = pool_size
         self._cache_key = engines.cache_key(self._url, self._secret())
+        self._identity: str | None = None
         self.checkpoints = Checkpoints(self)
         self.journal = Journal(self)
         self.ledger = ToolLedger(self)
@@ -344,6 +348,35 @@ class StateStore:
             renew_interval=renew_interval,
             holder_gone=holder_gone,
         )
+
+    async def identity(self) -> str:
+        """The store's identity: a random id written once into the database (shared by
+        every tenant and every process that opens it), read once per store object.
+
+        Two stores of the same URL on two machines (each worker's local SQLite file under
+        the same PREFECT_HOME path) have different identities: that is the point. A
+        chat's labels carry its store's identity, and a sweep acts only on chats of its
+        own store (``flows/common/labels.py``)."""
+        if self._identity is None:
+            self._identity = _IDENTITIES.get(self._cache_key)
+        if self._identity is None:
+            import uuid
+
+            read = sa.select(schema.meta.c.value).where(schema.meta.c.key == "store_id")
+            async with self.read() as conn:
+                found = (await conn.execute(read)).scalar_one_or_none()
+            if found is None:
+                # First use: whoever writes first wins, every later reader agrees.
+                stmt = (
+                    upsert(self._backend, schema.meta)
+                    .values(key="store_id", value=str(uuid.uuid4()))
+                    .on_conflict_do_nothing(index_elements=[schema.meta.c.key])
+                )
+                async with self.write() as conn:
+                    await conn.execute(stmt)
+                    found = (await conn.execute(read)).scalar_one()
+            self._identity = _IDENTITIES[self._cache_key] = found
+        return self._identity
 
     async def forget_chat(self, chat_id: str) -> None:
         """Drop a chat's journal, ledger and stranded record at once (after archiving it)."""

@@ -13,6 +13,9 @@ and never touch anyone else's. Four labels (chatd-wire §6.2: ≤ 50 labels; key
                                   each would see the other's chats as orphans
 ``prefect-coder/workflow``        the workflow that created the chat
 ``prefect-coder/flow-run-id``     the Prefect flow run whose turn created it
+``prefect-coder/store``           the identity of the state store that checkpoints
+                                  it (``StateStore.identity``): a sweep acts only
+                                  on chats of its own store
 ===============================  ==============================================
 
 Values are sanitised (control characters → ``_``) and cut to 256 bytes with a
@@ -30,6 +33,7 @@ __all__ = [
     "COLLECTION",
     "LABEL_COLLECTION",
     "LABEL_FLOW_RUN",
+    "LABEL_STORE",
     "LABEL_TENANT",
     "LABEL_WORKFLOW",
     "MAX_KEY_BYTES",
@@ -39,6 +43,7 @@ __all__ = [
     "current_flow_run_id",
     "label_problems",
     "label_value",
+    "of_another_store",
     "owned_by",
     "scope_labels",
     "workflow_of",
@@ -50,6 +55,7 @@ LABEL_TENANT = "prefect-coder/tenant"
 #: The turn's own first-turn orphan check (``parts.orphan_check``) filters by it too.
 LABEL_WORKFLOW = "prefect-coder/workflow"
 LABEL_FLOW_RUN = "prefect-coder/flow-run-id"
+LABEL_STORE = "prefect-coder/store"
 
 MAX_LABELS = 50
 MAX_KEY_BYTES = 64
@@ -81,13 +87,34 @@ def scope_labels(tenant: str) -> dict[str, str]:
     return {LABEL_COLLECTION: COLLECTION, LABEL_TENANT: label_value(tenant)}
 
 
-def chat_labels(tenant: str, workflow_id: str, flow_run_id: object | None = None) -> dict[str, str]:
+def chat_labels(
+    tenant: str,
+    workflow_id: str,
+    flow_run_id: object | None = None,
+    store_id: str | None = None,
+) -> dict[str, str]:
     """The labels a turn puts on the chat it creates."""
     labels = scope_labels(tenant)
     labels[LABEL_WORKFLOW] = label_value(workflow_id)
     if flow_run_id is not None and str(flow_run_id):
         labels[LABEL_FLOW_RUN] = label_value(flow_run_id)
+    if store_id:
+        labels[LABEL_STORE] = label_value(store_id)
     return labels
+
+
+def of_another_store(labels: Mapping[str, str] | None, store_id: str | None) -> str | None:
+    """The store a chat's labels name when it is NOT ``store_id`` (else None).
+
+    A sweep must never act on such a chat: its own store has no checkpoint for it by
+    construction, so every one would look like an orphan (issue 31: a sweep on its
+    worker's local SQLite file answered "would retire" for a chat checkpointed in the
+    shared PostgreSQL store). A chat without the label (made before it existed) or a
+    sweep that does not know its store's identity: None (the older rules apply)."""
+    named = (labels or {}).get(LABEL_STORE)
+    if not named or not store_id or named == label_value(store_id):
+        return None
+    return named
 
 
 def current_flow_run_id() -> str | None:

@@ -76,6 +76,7 @@ async def store_accounting(store: StateStore) -> Accounting:
     stranded = await store.stranded.list()
     return Accounting(
         tenant=store.tenant,
+        store_id=await store.identity(),
         checkpointed={c.chat_id: c.workflow_id for c in checkpoints},
         stranded={s.chat_id: (s.workflow_id, s.reason) for s in stranded},
     )

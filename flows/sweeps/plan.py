@@ -51,7 +51,7 @@ from enum import StrEnum
 from typing import Any
 
 from coder_chat.core.journal import JournalView, classify_entry
-from prefect_coder.flows.common.labels import owned_by, workflow_of
+from prefect_coder.flows.common.labels import of_another_store, owned_by, workflow_of
 
 __all__ = [
     "BUSY_STATUSES",
@@ -126,6 +126,8 @@ class Accounting:
     """What the state store accounts for (read once per sweep)."""
 
     tenant: str
+    #: The store's identity (``StateStore.identity``); None: unknown (no fence).
+    store_id: str | None = None
     #: chat id → workflow id, from every checkpoint of the tenant
     checkpointed: Mapping[str, str] = field(default_factory=dict)
     #: chat id → (workflow id or None, reason), from the stranded-chat records
@@ -206,6 +208,14 @@ def plan_orphan(chat: ChatFacts, acct: Accounting, *, now: float, grace_s: float
         return d.but(Action.RETIRE, f"stranded ({why}): its session was discarded")
     if not owned_by(chat.labels, acct.tenant):
         return d.but(Action.IGNORE, "not labelled by this collection and tenant")
+    other = of_another_store(chat.labels, acct.store_id)
+    if other is not None:
+        return d.but(
+            Action.IGNORE,
+            f"checkpointed by another state store ({other}): this sweep's store cannot "
+            "account for it; left alone (run the sweeps with the workflows' store: "
+            "CoderCredentials.store_block)",
+        )
     if chat.archived:
         return d.but(Action.KEEP, "no checkpoint, already archived")
     if d.age_s is None:
@@ -240,6 +250,11 @@ def plan_stuck(
     )
     if not ours:
         return d.but(Action.IGNORE, "not labelled by this collection and tenant")
+    other = of_another_store(chat.labels, acct.store_id)
+    if other is not None and chat.chat_id not in acct.checkpointed:
+        # Its own store's workflow (and its recovery) drives it: a stuck-turn verdict
+        # here could interrupt a turn that store's recovery is following.
+        return d.but(Action.IGNORE, f"checkpointed by another state store ({other}): left alone")
     if chat.archived or chat.status not in BUSY_STATUSES:
         return d.but(Action.KEEP, f"{chat.status}: no run in flight")
     if d.idle_s is None:

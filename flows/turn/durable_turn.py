@@ -504,7 +504,10 @@ async def _turn_under_lease(
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,
         # Collection, tenant, workflow and flow run: the sweeps find (only) our chats.
-        labels=chat_labels(store.tenant, workflow_id, current_flow_run_id()),
+        # The store's identity too: a sweep of another store leaves the chat alone.
+        labels=chat_labels(
+            store.tenant, workflow_id, current_flow_run_id(), await store.identity()
+        ),
         request_timeout=request_timeout,
         on_transport_event=hook,
         stream_options=StreamOptions(backoff_initial_ms=settings.redial_backoff_ms),

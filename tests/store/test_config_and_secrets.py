@@ -98,6 +98,7 @@ async def test_secret_scan_every_row(store: StateStore, store_url: str, backend:
     await s.ledger.complete("chat-1", "call-1", {"receipt": "r-1"})
     await s.stranded.record("wf-1", "chat-2", "CoderStreamError")
     await s.workflows.started("workflow:wf-1", deployment="d", parameters={"x": 1}, flow_run_id="r")
+    assert await s.identity()  # the store's identity row
     async with s.lease("chat:chat-1", ttl=5):
         dump: list[str] = []
         engine = create_async_engine(store_url)

@@ -80,3 +80,16 @@ def test_label_problems_reports_each_violation() -> None:
     assert label_problems({"k": ""}) == ["invalid value for label 'k'"]
     assert label_problems({"k": "x" * 257}) == ["invalid value for label 'k'"]
     assert label_problems({f"k{i}": "v" for i in range(51)}) == ["too many labels (51 > 50)"]
+
+
+def test_a_chat_of_another_store_is_told_apart() -> None:
+    from prefect_coder.flows.common.labels import LABEL_STORE, chat_labels, of_another_store
+
+    labels = chat_labels("t", "wf", "run-1", "store-a")
+    assert labels[LABEL_STORE] == "store-a"
+    assert of_another_store(labels, "store-a") is None
+    assert of_another_store(labels, "store-b") == "store-a"
+    # A chat made before the label existed, or a sweep that does not know its store:
+    # no fence (the older rules apply).
+    assert of_another_store(chat_labels("t", "wf"), "store-b") is None
+    assert of_another_store(labels, None) is None
