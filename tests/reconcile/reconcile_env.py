@@ -73,6 +73,20 @@ async def tick_until(
     raise AssertionError(f"timed out waiting for {what}; acted: {seen}")
 
 
+async def start_workflow(
+    client: PrefectClient, deployment: Any, item: FanoutItem, settings: WorkflowSettings
+) -> FlowRun:
+    """Start ``item`` as an ``agent-workflow`` deployment run (what a user's "Run")."""
+    return await client.create_flow_run_from_deployment(
+        deployment,
+        parameters={
+            "workflow_id": item.workflow_id,
+            "steps": [s.model_dump(mode="json") for s in item.steps],
+            "settings": settings.model_dump(mode="json"),
+        },
+    )
+
+
 async def state_of(client: PrefectClient, run_id: Any) -> FlowRun:
     return await client.read_flow_run(run_id)
 

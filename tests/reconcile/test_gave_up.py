@@ -27,7 +27,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.objects import StateType
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-from reconcile_env import FAST, kill_run_process, tick_until
+from reconcile_env import FAST, kill_run_process, start_workflow, tick_until
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
@@ -53,13 +53,8 @@ async def test_exhausted_recoveries_give_up_with_an_event_and_an_artifact_and_a_
     seen: list[ReconcileRow] = []
     try:
         async with get_client() as client:
-            run = await client.create_flow_run_from_deployment(
-                deployment_id(deployed, "agent-workflow"),
-                parameters={
-                    "workflow_id": item.workflow_id,
-                    "steps": [s.model_dump(mode="json") for s in item.steps],
-                    "settings": settings.model_dump(mode="json"),
-                },
+            run = await start_workflow(
+                client, deployment_id(deployed, "agent-workflow"), item, settings
             )
 
             async def turn_running_and_killed() -> bool:

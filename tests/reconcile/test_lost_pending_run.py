@@ -31,7 +31,7 @@ from fanout_env import (
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
-from reconcile_env import one_message_per_step, tick_until
+from reconcile_env import one_message_per_step, start_workflow, tick_until
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
@@ -59,13 +59,8 @@ async def test_a_run_lost_while_pending_is_adopted_crashed_and_rerun(
     seen: list[ReconcileRow] = []
     try:
         async with get_client() as client:
-            run = await client.create_flow_run_from_deployment(
-                deployment_id(deployed, "agent-workflow"),
-                parameters={
-                    "workflow_id": item.workflow_id,
-                    "steps": [s.model_dump(mode="json") for s in item.steps],
-                    "settings": settings.model_dump(mode="json"),
-                },
+            run = await start_workflow(
+                client, deployment_id(deployed, "agent-workflow"), item, settings
             )
 
             async def pending() -> bool:

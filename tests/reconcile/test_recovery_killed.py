@@ -38,6 +38,7 @@ from reconcile_env import (
     kill_run_process,
     one_message_per_step,
     reconciler_settings,
+    start_workflow,
 )
 from warm_python import WarmPython
 
@@ -71,13 +72,8 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
     killed: list[str] = []
     try:
         async with get_client() as client:
-            run = await client.create_flow_run_from_deployment(
-                deployment_id(deployed, "agent-workflow"),
-                parameters={
-                    "workflow_id": item.workflow_id,
-                    "steps": [s.model_dump(mode="json") for s in item.steps],
-                    "settings": settings.model_dump(mode="json"),
-                },
+            run = await start_workflow(
+                client, deployment_id(deployed, "agent-workflow"), item, settings
             )
 
             async def first_turn_running() -> bool:
