@@ -75,7 +75,14 @@ async def client(chatd_emulator: Emulator) -> AsyncIterator[ChatClient]:
 
 @pytest.fixture
 async def pg_store(private_pg: PrivateCluster) -> AsyncIterator[StateStore]:
-    store = StateStore(private_pg.url, tenant=f"t-{uuid.uuid4().hex[:8]}", connect_timeout=5.0)
+    # A short transient bound: these tests keep the store down on purpose, and the
+    # default (20 s) would only be waited out.
+    store = StateStore(
+        private_pg.url,
+        tenant=f"t-{uuid.uuid4().hex[:8]}",
+        connect_timeout=5.0,
+        transient_retry_s=2.0,
+    )
     yield store
     await store.aclose()
 
