@@ -36,7 +36,13 @@ from coder_chat.rest import ChatClient
 from coder_chat.stop import stop_chat
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import HeldLease, JournalEntry
-from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value, owned_by, scope_labels
+from prefect_coder.flows.common.labels import (
+    LABEL_WORKFLOW,
+    label_value,
+    of_another_store,
+    owned_by,
+    scope_labels,
+)
 from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger
 
@@ -209,12 +215,14 @@ async def _adopt(
     log: RunLogger,
 ) -> OrphanCheck:
     stranded = {s.chat_id for s in await store.stranded.list(workflow_id)}
+    store_id = await store.identity()
     candidates: list[tuple[Chat, str]] = []
     others: list[Chat] = []
     async for chat in client.iter_chats(labels=_labels(store, workflow_id), timeout=bound_s):
         # Re-checked: a server that ignored the filter must never make us touch
-        # someone else's chat.
-        if not owned_by(chat.labels, store.tenant):
+        # someone else's chat — nor a chat another store checkpoints (same tenant and
+        # workflow id on another database: its own workflow drives it).
+        if not owned_by(chat.labels, store.tenant) or of_another_store(chat.labels, store_id):
             continue
         step = (
             None if chat.id in stranded else await _step_of(client, chat.id, workflow_id, bound_s)
@@ -255,10 +263,15 @@ async def _strand(
     log: RunLogger,
 ) -> list[str]:
     found: list[str] = []
+    store_id = await store.identity()
     async for chat in client.iter_chats(labels=_labels(store, workflow_id), timeout=bound_s):
         # Re-checked: a server that ignored the filter must never make us touch
-        # someone else's chat.
-        if chat.id == keep or not owned_by(chat.labels, store.tenant):
+        # someone else's chat, nor one of another store.
+        if (
+            chat.id == keep
+            or not owned_by(chat.labels, store.tenant)
+            or of_another_store(chat.labels, store_id)
+        ):
             continue
         found.append(chat.id)
         await _stop_and_record(client, store, workflow_id, chat.id, bound_s, log)
