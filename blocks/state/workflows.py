@@ -33,6 +33,10 @@ __all__ = ["LeaseView", "WorkflowRecord", "WorkflowState", "Workflows", "Workflo
 WorkflowState = Literal["running", "done", "gave-up"]
 
 
+#: The reason of a record whose run failed resumably (``Workflows.resumable``).
+RESUMABLE_PREFIX = "resumable: "
+
+
 class WorkflowRecord(BaseModel):
     """One tracked workflow run (see the module docstring); times: store-clock epoch s."""
 
@@ -272,6 +276,22 @@ class Workflows:
                 .where(self._ours(key), t.c.state == "running")
                 .values(reason=reason, acted_at=self._ops.now(), updated_at=self._ops.now())
             )
+
+    async def resumable(self, key: str, *, flow_run_id: str, why: str) -> bool:
+        """Mark that ``flow_run_id`` — still the record's run — failed in a way a rerun
+        can continue (its chat was kept live): the reconciler reruns it. True if marked."""
+        async with self._ops.write() as conn:
+            res = await conn.execute(
+                sa.update(t)
+                .where(self._ours(key), t.c.state == "running", t.c.flow_run_id == flow_run_id)
+                .values(
+                    reason=f"{RESUMABLE_PREFIX}{why}",
+                    acted_at=self._ops.now(),
+                    updated_at=self._ops.now(),
+                )
+                .returning(t.c.key)
+            )
+            return res.first() is not None
 
     async def give_up(self, key: str, *, expected_attempts: int, reason: str) -> bool:
         """Compare-and-set ``running`` → ``gave-up``; True for the one caller that did it

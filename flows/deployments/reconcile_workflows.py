@@ -57,7 +57,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prefect_coder.blocks.state.leases import RELEASED
 from prefect_coder.blocks.state.store import StateStore
-from prefect_coder.blocks.state.workflows import LeaseView, WorkflowRecord, WorkflowsSnapshot
+from prefect_coder.blocks.state.workflows import (
+    RESUMABLE_PREFIX,
+    LeaseView,
+    WorkflowRecord,
+    WorkflowsSnapshot,
+)
 from prefect_coder.flows.common.resources import load_store
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.liveness.decide import (
@@ -504,6 +509,7 @@ async def reconcile_once(
             run=None if run is None else run_facts(run, beats.get(str(run.id)), now),
             found=found and record.flow_run_id is not None,
             lease=lease_facts(record, snapshot.leases, snapshot.now),
+            resumable=(record.reason or "").startswith(RESUMABLE_PREFIX),
         )
         if runs is None:
             decision = Decision(Action.LEAVE, "the flow runs could not be read")

@@ -12,11 +12,11 @@ The rules, in the order they apply:
   never crashed, never rerun: it sends no heartbeats and holds no lease by design.
   Its approval deadline is its only clock (Prefect fails it then; ``expire-approvals``
   archives its chat).
-* **Ended ⇒ record it.** Completed, Cancelled: ``done``. Failed: its failure handler
-  records a failure known to be final (the chat archived) as ``done`` itself, so a
-  Failed run still unfinished here failed transiently or for an unknown reason — its
-  chat was kept live (``coder.workflow.resumable``) — and is recovered like a crashed
-  one after a grace that leaves the handler its turn; an expired approval (a
+* **Ended ⇒ record it.** Completed, Cancelled: ``done``. Failed: rerun only on positive
+  evidence — its failure handler marked it resumable (the failure was transient or
+  unknown and the chat was kept live, ``coder.workflow.resumable``); otherwise, after a
+  grace that leaves the handler its turn, ``done`` (a final failure, or a flow without
+  the handler: a rerun could repeat a final failure's turn). An expired approval (a
   person's non-decision) is ``done``.
 * **Alive ⇒ leave alone.** Some holder's lease on the workflow is live and renewed,
   or a heartbeat is recent.
@@ -143,6 +143,8 @@ class Observation:
     found: bool = True
     #: None: the workflow has no lease to ask (a fan-out), or the read failed.
     lease: LeaseFacts | None = None
+    #: Its failure handler marked the failed run resumable (the chat kept live).
+    resumable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,17 +206,22 @@ def decide(o: Observation, t: Timing) -> Decision:
     if kind == "FAILED":
         if run.state_message == APPROVAL_EXPIRED_MESSAGE:
             return Decision(Action.DONE, "its approval expired: a person's (non-)decision")
+        if o.resumable:
+            return _recover_or_give_up(
+                o,
+                t,
+                f"its run Failed {run.state_age_s:.0f}s ago and its failure handler kept "
+                "the chat live (transient or unknown failure)",
+            )
         if run.state_age_s < t.crashed_grace_s:
             return _leave(
                 f"Failed {run.state_age_s:.0f}s ago: its failure handler has "
-                f"{t.crashed_grace_s:.0f}s to record a final failure"
+                f"{t.crashed_grace_s:.0f}s to say whether a rerun can continue it"
             )
-        return _recover_or_give_up(
-            o,
-            t,
-            f"its run Failed {run.state_age_s:.0f}s ago with no final verdict recorded "
-            "(transient or unknown: the chat was kept live)",
-        )
+        # No positive mark: a failure that is final, or a flow without the handler
+        # (agent-turn, recover-turn, the fan-out): a rerun could repeat a final
+        # failure's turn, so it is an end.
+        return Decision(Action.DONE, f"its run ended {run.state_name or 'Failed'}")
     if kind == "CRASHED":
         if run.state_age_s < t.crashed_grace_s:
             return _leave(

@@ -170,11 +170,13 @@ async def end_failed_workflow(
     archive or the event; returns the verdict."""
     logger = run_logger(__name__)
     verdict = archive_verdict(failure)
-    if verdict.action != "keep-live" and flow_run_id is not None:
-        # Final (or not this run's to end): the reconciler must not rerun it. A
-        # resumable failure stays unfinished in the record, and the reconciler
-        # reruns it (flows/liveness/decide.py).
-        resources = await _record_final(workflow_id, settings, flow_run_id, resources, logger)
+    if verdict.action != "leave" and flow_run_id is not None:
+        # What the reconciler reads (flows/liveness/decide.py): a final failure is done;
+        # a resumable one is marked so, and rerun. ("leave": this run never drove the
+        # workflow, or another run drives it now — not its record to touch.)
+        resources = await _record_verdict(
+            workflow_id, settings, flow_run_id, verdict, resources, logger
+        )
     if verdict.action == "leave":
         logger.info("not archiving: %s (%s)", verdict.why, failure)
         return verdict
@@ -200,26 +202,32 @@ async def end_failed_workflow(
     return verdict
 
 
-async def _record_final(
+async def _record_verdict(
     workflow_id: str,
     settings: WorkflowSettings,
     flow_run_id: str,
+    verdict: ArchiveVerdict,
     resources: TurnResources | None,
     logger: Any,
 ) -> TurnResources | None:
-    """Mark the workflow's record done for the failed run ``flow_run_id`` (if it is
-    still the record's run); never raises. Returns the resources it loaded."""
+    """Tell the workflow's record (if ``flow_run_id`` is still its run) what the failure
+    means: ``done`` when final, resumable when the chat is kept live. Never raises;
+    returns the resources it loaded."""
+    key = workflow_record_key(workflow_id)
     try:
         resources = resources or await load_resources(settings)
-        await resources.store.workflows.finished(
-            workflow_record_key(workflow_id), flow_run_id=flow_run_id
-        )
+        if verdict.action == "keep-live":
+            await resources.store.workflows.resumable(key, flow_run_id=flow_run_id, why=verdict.why)
+        else:
+            await resources.store.workflows.finished(key, flow_run_id=flow_run_id)
     except Exception as exc:
         logger.warning(
-            "could not record the final failure of %s (%s): the reconciler may rerun it "
-            "until it gives up",
+            "could not record the failure verdict of %s (%s): %s",
             workflow_id,
             type(exc).__name__,
+            "a rerun or recover-turn continues it (the reconciler takes it for ended)"
+            if verdict.action == "keep-live"
+            else "the reconciler takes the failed run for ended",
         )
     return resources
 

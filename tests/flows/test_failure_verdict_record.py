@@ -1,12 +1,13 @@
 """The failure handler and the reconciler agree on what a failed run means: a failure
 known to be final is recorded ``done`` for that run (the reconciler never reruns it);
-a transient or unknown one keeps the chat live and the record unfinished, so the
+a transient or unknown one keeps the chat live and marks the record resumable, so the
 reconciler reruns the workflow (flows/liveness/decide.py) instead of forgetting it."""
 
 from __future__ import annotations
 
 import uuid
 
+from prefect_coder.blocks.state.workflows import RESUMABLE_PREFIX
 from prefect_coder.errors import StoreUnavailableError, StructuredAnswerError
 from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.common.resources import load_resources
@@ -50,6 +51,7 @@ async def test_a_final_failure_is_recorded_done_a_transient_one_stays_open(
     assert verdict.action == "keep-live"
     open_ = await store.workflows.get(workflow_record_key(other_id))
     assert open_ is not None and open_.state == "running"
+    assert (open_.reason or "").startswith(RESUMABLE_PREFIX)
 
     # Another run's failure never ends the record of the run that drives it now.
     newer = str(uuid.uuid4())

@@ -68,21 +68,25 @@ ROWS: list[tuple[str, Observation, Action]] = [
         obs(RunFacts("COMPLETED"), SILENT),
         Action.DONE,
     ),
-    # --- failed: a final failure is recorded done by its failure handler (so it is not
-    # seen here); one still unfinished kept its chat live and is recovered
+    # --- failed: rerun only on the failure handler's positive mark (chat kept live)
     (
-        "Failed just now: its failure handler has the grace to record a final verdict",
+        "Failed just now: its failure handler has the grace to mark it",
         obs(RunFacts("FAILED", "Failed", 5)),
         Action.LEAVE,
     ),
     (
-        "Failed, no final verdict recorded (transient: the chat kept live)",
-        obs(RunFacts("FAILED", "Failed", 60), RELEASED),
+        "Failed, marked resumable (transient: the chat kept live)",
+        obs(RunFacts("FAILED", "Failed", 5), RELEASED, resumable=True),
         Action.RECOVER,
     ),
     (
+        "Failed with no mark after the grace (final, or a flow without the handler)",
+        obs(RunFacts("FAILED", "Failed", 60), RELEASED),
+        Action.DONE,
+    ),
+    (
         "Failed and resumable, recoveries exhausted",
-        obs(RunFacts("FAILED", "Failed", 60), RELEASED, attempts=3),
+        obs(RunFacts("FAILED", "Failed", 60), RELEASED, attempts=3, resumable=True),
         Action.GIVE_UP,
     ),
     (
