@@ -16,6 +16,7 @@ import functools
 import json
 from typing import Any, cast
 
+from prefect.exceptions import Pause
 from prefect.utilities.annotations import quote
 
 from prefect_coder.flows.common import registry
@@ -117,6 +118,7 @@ async def run_steps(
     results: list[StepResult] = []
     edited: dict[str, Step] = {}
     failure: BaseException | None = None
+    waiting = False
     # This workflow's artifacts and events only: in a fan-out shard its neighbours'
     # share the loop, and its end must not wait on theirs.
     with background.scope() as own_background:
@@ -194,29 +196,44 @@ async def run_steps(
                         lease_ttl_s=settings.lease_ttl_s,
                         settled=True,
                     )
+        except Pause:
+            # An approval step suspended the run (the process exits and resumes): the
+            # card says so and is published again when the workflow ends.
+            failure = None
+            waiting = True
+            raise
         except BaseException as exc:
             failure = exc
             raise
         finally:
             if settings.artifacts and summary:
-                rows, outcome = summary_rows(steps, results, failure)
+                rows, outcome = summary_rows(steps, results, failure, waiting=waiting)
                 publish_workflow_summary(workflow_id, rows, outcome=outcome)
             await background.drain(only=own_background)
     return results
 
 
 def summary_rows(
-    steps: list[Step], results: list[StepResult], failure: BaseException | None
+    steps: list[Step],
+    results: list[StepResult],
+    failure: BaseException | None,
+    *,
+    waiting: bool = False,
 ) -> tuple[list[SummaryRow], str]:
-    """The summary card's rows (every step, run or not) and the workflow's outcome."""
+    """The summary card's rows (every step, run or not) and the workflow's outcome
+    (``waiting``: suspended at an approval step, waiting on a person)."""
     rows: list[SummaryRow] = []
     for i, step in enumerate(steps):
         if i < len(results):
             rows.append(_row(step, results[i]))
+        elif i == len(results) and waiting:
+            rows.append(SummaryRow(step.name, step.kind, "waiting on a person"))
         elif i == len(results) and failure is not None:
             rows.append(SummaryRow(step.name, step.kind, f"failed: {type(failure).__name__}"))
         else:
             rows.append(SummaryRow(step.name, step.kind, "not run"))
+    if waiting and len(results) < len(steps):
+        return rows, f"waiting for approval at `{steps[len(results)].name}`"
     if failure is not None:
         failed_at = steps[len(results)].name if len(results) < len(steps) else "the end"
         return rows, f"failed at `{failed_at}` ({type(failure).__name__})"

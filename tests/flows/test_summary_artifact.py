@@ -87,3 +87,10 @@ async def test_a_workflow_publishes_its_summary_card(
     assert "| `one` | agent | completed | first answer | 1 |" in md
     assert "second \\| answer" in md  # a table cell cannot break the table
     assert card.flow_run_id is not None and card.task_run_id is None
+
+
+def test_a_run_suspended_at_an_approval_is_waiting_not_failed() -> None:
+    steps = [Step(name="draft", prompt="d"), Step(name="review", prompt="r", kind="approval")]
+    rows, outcome = summary_rows(steps, [_turn("draft", "plan")], None, waiting=True)
+    assert outcome == "waiting for approval at `review`"
+    assert [r.state for r in rows] == ["completed", "waiting on a person"]
