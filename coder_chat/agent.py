@@ -486,27 +486,16 @@ class CoderAgent:
                 )
             ctx = ToolContext(tool_call_id=call.tool_call_id, chat_id=chat_id, tool_name=tool.name)
             started = time.monotonic()
-            outcome: Literal["ok", "error", "failed-turn"] = "failed-turn"
-            error: str | None = None
             try:
                 result = await tool.run(call.input, ctx)
-                outcome = "error" if result.is_error else "ok"
-                error = result.error
-                return result
-            finally:
-                # One event per executed call (the run's log shows it): name, time,
-                # outcome — never the arguments or the output.
-                took = (time.monotonic() - started) * 1000
-                self._emitter.emit(
-                    lambda: ToolRun(
-                        chat_id=chat_id,
-                        tool_call_id=call.tool_call_id,
-                        tool_name=call.tool_name,
-                        duration_ms=took,
-                        outcome=outcome,
-                        error=error,
-                    )
-                )
+            except ToolBookkeepingError:
+                self._tool_ran(call, chat_id, started, "failed-turn", None)
+                raise
+            # (Cancelled or another escape: no line — the turn's own end says it.)
+            self._tool_ran(
+                call, chat_id, started, "error" if result.is_error else "ok", result.error
+            )
+            return result
 
         # Every sibling runs to its end before a failure propagates: a tool left
         # running past the turn would race the next attempt's re-drive of its call.
@@ -522,6 +511,28 @@ class CoderAgent:
             if isinstance(item, BaseException):
                 raise item
         return [item for item in done if not isinstance(item, BaseException)]
+
+    def _tool_ran(
+        self,
+        call: ToolCall,
+        chat_id: str,
+        started: float,
+        outcome: Literal["ok", "error", "failed-turn"],
+        error: str | None,
+    ) -> None:
+        """One event per executed call (the run's log shows it): name, time and outcome
+        — never the arguments or the output."""
+        took = (time.monotonic() - started) * 1000
+        self._emitter.emit(
+            lambda: ToolRun(
+                chat_id=chat_id,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                duration_ms=took,
+                outcome=outcome,
+                error=error,
+            )
+        )
 
     async def _wind_down(self, chat_id: str, outcomes: list[ToolOutcome]) -> None:
         """The step cap hit on a tool-call step: answer the pause or stop the run.
