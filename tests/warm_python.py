@@ -457,7 +457,11 @@ def _serve_launch(
         # (warm_launch.behind): the launcher's pid from the socket.
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         launcher_pid = struct.unpack("3i", creds)[0]
-        Path(listener.getsockname()).with_name(f"launcher-{launcher_pid}").write_text(str(pid))
+        # Written whole, then renamed into place: a reader never sees it half-written.
+        record = Path(listener.getsockname()).with_name(f"launcher-{launcher_pid}")
+        part = record.with_name(f"{record.name}.part")
+        part.write_text(str(pid))
+        part.replace(record)
         conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
         return pid
     except (OSError, ValueError):
