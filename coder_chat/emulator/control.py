@@ -103,6 +103,8 @@ async def _route(emu: Emulator, req: Request) -> Response:
             return json_response(200, {"ok": True})
         if rest == ["expire-requires-action"] and m == "POST":
             return json_response(200, {"expired": emu.expire_requires_action(cid)})
+        if rest == ["end-sleeps"] and m == "POST":
+            return json_response(200, {"ended": emu.end_sleeps(cid)})
         if rest == ["share"] and m == "POST":
             b = _body(req)
             emu.share_chat(cid, b["username"])

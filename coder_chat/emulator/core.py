@@ -318,6 +318,17 @@ class Core:
         self.apply(chat, sm.cancel_requires_action(self.view(chat)))
         return True
 
+    def end_sleeps(self, chat_id: str | None = None) -> int:
+        """End the scripted sleeps in progress now, as if their time had passed (the
+        turn goes on; nothing is interrupted). How many were ended."""
+        ended = 0
+        for chat in self.chats.values():
+            if (chat_id is None or chat.id == chat_id) and chat.sleeping and chat.wake:
+                self.log("sleep_ended", chat.id)
+                chat.wake.set()
+                ended += 1
+        return ended
+
     # -------------------------------------------------------------- operations
     def create_chat(
         self, user: User, body: dict[str, Any], content: list[dict[str, Any]]

@@ -479,6 +479,17 @@ class Emulator:
         """Fire the requires_action deadline now; True when the chat was waiting."""
         return self._call(lambda: self._core_checked().expire_requires_action(str(chat_id)))
 
+    def end_sleeps(self, chat_id: str | None = None) -> int:
+        """End every scripted ``sleep`` in progress (on ``chat_id``'s turn, or on all)
+        as if its time had passed: the turn goes on to its next part, nothing is
+        interrupted. Returns how many sleeps ended (each is logged ``sleep_ended``).
+
+        Drives model time from a test: script a long sleep to hold a turn running for
+        as long as the test needs (no race against a short one), then end it."""
+        return self._call(
+            lambda: self._core_checked().end_sleeps(None if chat_id is None else str(chat_id))
+        )
+
     def chats(self) -> list[dict[str, Any]]:
         """Every chat (incl. archived) with execution details."""
         return self._call(

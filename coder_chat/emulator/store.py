@@ -113,6 +113,7 @@ class ChatRec:
     worker: asyncio.Task[None] | None = None
     interrupt_flag: bool = False
     wake: asyncio.Event | None = None
+    sleeping: bool = False  # the turn is inside a scripted Sleep (Core.end_sleeps ends it)
     owned: bool = False  # a worker holds the chat (B3's worker_id is set)
     deadline_timer: asyncio.TimerHandle | None = None
     subscribers: set[Any] = field(default_factory=set)

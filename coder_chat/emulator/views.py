@@ -28,6 +28,7 @@ def chat_info(chat: ChatRec, queue_cap: int) -> dict[str, Any]:
         "requires_action_deadline": chat.requires_action_deadline,
         "subscribers": len(chat.subscribers),
         "worker_active": chat.worker is not None,
+        "sleeping": chat.sleeping,
         "dynamic_tools": sorted(chat.dynamic_tools),
     }
 

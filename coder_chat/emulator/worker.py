@@ -277,10 +277,13 @@ class Worker:
         chat.wake.clear()
         if chat.interrupt_flag:
             return True
+        chat.sleeping = True
         try:
             await asyncio.wait_for(chat.wake.wait(), seconds)
         except TimeoutError:
             pass
+        finally:
+            chat.sleeping = False
         return chat.interrupt_flag
 
     def _emit(self, chat: ChatRec, part: dict[str, Any], role: str = "assistant") -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import websockets
 
-from coder_chat.emulator import Emulator, Script
+from coder_chat.emulator import Emulator, Script, Sleep, Text
 
 from .helpers import V2, P, Tap, client, create_chat, send, wait_status
 
@@ -308,3 +308,29 @@ async def test_remove_route_answers_404_until_cleared(emu: Emulator) -> None:
         models = f"/api/v2/organizations/{emu.organization_id}/chats/models"
         r = await raw.get(models, headers={"Coder-Session-Token": emu.token})
         assert r.status_code == 404 and r.json() == {"message": "Route not found."}
+
+
+async def test_end_sleeps_finishes_a_long_scripted_sleep_without_interrupting(
+    emu: Emulator,
+) -> None:
+    async with client(emu) as c:
+        emu.set_default_script(Script.of(Sleep(600), Text("woke")))
+        chat = await create_chat(c, emu, "go")
+        cid = chat["id"]
+        await emu.await_status(cid, "running")
+        # The sleep has begun when the worker marks it; until then nothing is ended.
+        deadline = time.monotonic() + 10
+        while not emu.chat(cid)["sleeping"]:
+            assert time.monotonic() < deadline, "the turn never reached its sleep"
+            await asyncio.sleep(0.01)
+        admin = {"X-Emulator-Admin-Token": emu.admin_token}
+        async with httpx.AsyncClient(base_url=emu.base_url) as raw:
+            r = await raw.post(f"/__emulator__/chats/{cid}/end-sleeps", headers=admin)
+        assert r.json() == {"ended": 1}
+        await emu.await_status(cid, "waiting", within=10)
+        [end] = [e for e in emu.event_log(["turn_end"]) if e["chat_id"] == cid]
+        assert end["details"]["outcome"] == "completed"
+        assert emu.messages(cid, include_system=False)[-1]["content"][0]["text"] == "woke"
+        assert [e["chat_id"] for e in emu.event_log(["sleep_ended"])] == [cid]
+        # No sleep in progress: nothing to end.
+        assert emu.end_sleeps() == 0

@@ -54,6 +54,8 @@ from prefect_coder.flows.liveness.track import workflow_record_key
 STEPS = ("plan", "do")
 #: Crashes of the recovery in a row.
 RECOVERY_KILLS = 2
+#: The first turn's scripted sleep: longer than the test, ended by the test.
+HELD_S = 900
 
 
 async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_completes(
@@ -64,12 +66,20 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
     env = child_env(prefect_harness.api_url, prefect_harness.results_dir, query_s=WORKER_QUERY_S)
     settings = await fanout_settings(emu, store_url, None)
     deployed = await deploy(pool, untriggered=("agent-fanout",))
-    [item] = fanout_items(uuid.uuid4().hex[:6], 1, STEPS, 3.0)
+    [item] = fanout_items(uuid.uuid4().hex[:6], 1, STEPS, 0.5)
+    # The first step's turn sleeps until the test ends it (emu.end_sleeps): every
+    # recovery run follows that live turn, so each is caught running however slow the
+    # machine, instead of racing a short turn (a fast recovery once finished first).
+    plan = item.steps[0]
+    item.steps[0] = plan.model_copy(
+        update={"prompt": plan.prompt.replace('"sleep": 0.5', f'"sleep": {HELD_S}')}
+    )
     key = workflow_record_key(item.workflow_id)
     worker = await start_worker(pool, f"{pool}-w", env, tmp_path / "w.log", limit=2)
     store = StateStore(store_url)
     seen: list[ReconcileRow] = []
     killed: list[str] = []
+    ended = 0
     try:
         async with get_client() as client:
             run = await start_workflow(
@@ -102,6 +112,9 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
                             and kill_run_process(r, worker.pid)
                         ):
                             killed.append(str(r.id))
+                    if len(killed) > RECOVERY_KILLS:
+                        # The last recovery is dead: let the held turn finish.
+                        ended = emu.end_sleeps()
                 rows = await reconcile_workflows(reconciler_settings(settings), FAST)
                 seen.extend(r for r in rows if r.action != "leave")
                 record = await store.workflows.get(key)
@@ -118,6 +131,7 @@ async def test_a_recovery_killed_twice_in_a_row_is_restarted_until_the_workflow_
     actions = [(r.action, r.why) for r in seen]
     assert record is not None and record.state == "done", (record, actions, logs)
     assert len(killed) == 1 + RECOVERY_KILLS, (killed, actions)
+    assert ended == 1, "the first turn was not held in its sleep to the last kill"
     assert crashed.state is not None and crashed.state.type == StateType.CRASHED
     by_id = {str(r.id): r for r in recoveries}
     # Both killed recoveries ended Crashed; the last recover-turn run, a rerun by the
