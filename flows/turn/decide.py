@@ -1,0 +1,308 @@
+"""What a durable turn does next: a pure function of what it has observed.
+
+The turn (:func:`prefect_coder.flows.turn.durable_turn.execute_turn`) is a small
+controller. It observes (a frozen :class:`TurnSnapshot`), asks :func:`decide`, acts
+(one function per action kind), observes what the act returned, and repeats — until
+a recovered result is returned, the step fails, or a send (or a followed attempt)
+settles. No I/O here; ``tests/flows/test_turn_decide.py`` tables every branch.
+
+What an earlier attempt's recovery found (``recover_before_send``'s
+:class:`~prefect_coder.flows.recovery.recovered.SendPlan`) is read once, by
+:func:`found_of`, into one of four findings — :class:`Unsent`, :class:`Finished`,
+:class:`Running`, :class:`Archived` — so no rule reads a combination of optional
+fields.
+
+The rules, in the order they apply (each closes a failure window):
+
+* **A send settled ⇒ re-ask once, else settle.** A structured step whose answer did
+  not validate on an idle chat is asked once more (journaled like every send); never
+  a busy or paused chat (``finish_reason`` other than ``stop``), never twice (the
+  turn's prompt already was the re-ask). Everything else settles: the ``finally``
+  checkpoint, then the result (a structured step without a valid answer fails there,
+  checkpointed — never "Completed" with ``structured=None``).
+* **No checkpoint, an earlier hold of the lease ⇒ look for orphans first.** A
+  crash between a first turn's chat creation and its checkpoint left a chat nobody
+  can find: one holding only this step is adopted and recovered, never sent again.
+* **A checkpointed chat not recovered yet ⇒ recover before any send.** An earlier
+  attempt may have sent (the journal names the step) or its result may be lost: it
+  is followed, read back or resubmitted, never sent a second time beside itself.
+* **Archived, an earlier fresh chat holds the step ⇒ move there (once).** A crash
+  after a fresh chat was created but before it was checkpointed: the step is
+  recovered on that chat instead of creating yet another one.
+* **Archived ⇒ a fresh chat.** Nothing can be sent to an archived chat ever again
+  (a 400 on every rerun): the step is sent in a fresh chat, checkpointed as a first
+  turn's is.
+* **Finished ⇒ return it.** The earlier attempt finished and its result was lost
+  (a crash before Prefect persisted it): resending would repeat its turn and tools.
+* **Finished without a valid answer ⇒ the re-ask, unless it was the re-ask.**
+* **Running ⇒ follow it.** The earlier attempt still runs on the server: its
+  settle is this step's outcome; a resend would run the step twice at once.
+* **Otherwise ⇒ send** the step's prompt as the attempt recovery numbered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coder_chat.results import GenerateResult
+from prefect_coder.flows.common.results import TurnResult
+from prefect_coder.flows.recovery.recovered import SendPlan
+
+__all__ = [
+    "Action",
+    "Answered",
+    "Archived",
+    "CheckOrphans",
+    "FailStructured",
+    "Finished",
+    "Follow",
+    "Found",
+    "MoveToChat",
+    "MoveToFreshChat",
+    "Reask",
+    "Recover",
+    "Return",
+    "Running",
+    "Send",
+    "Settle",
+    "TurnSnapshot",
+    "Unsent",
+    "decide",
+    "found_of",
+]
+
+
+# --- what recovery found on the checkpointed chat -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unsent:
+    """No attempt of the step is left running or finished: send attempt ``attempt``
+    (1: it never sent; more: the earlier attempts were cut short and journaled for a
+    resubmission)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The earlier attempt finished: its result, rebuilt from history."""
+
+    attempt: int
+    result: TurnResult
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The earlier attempt was still running and was followed to its settle."""
+
+    attempt: int
+    gen: GenerateResult
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """The checkpointed chat is archived and holds no finished attempt of the step.
+    ``adopted``: an earlier fresh attempt's chat (created, never checkpointed) that
+    holds only this step — the checkpoint now."""
+
+    adopted: str | None = None
+
+
+Found = Unsent | Finished | Running | Archived
+
+
+def found_of(plan: SendPlan) -> Found:
+    """``recover_before_send``'s plan as one finding. Its fields come in four shapes
+    only (``flows/recovery/before_send.py``, ``from_history.py``); any other mix is a
+    programming error, raised rather than guessed at."""
+    if plan.fresh_chat:
+        if plan.result is not None or plan.followed is not None:
+            raise ValueError("a fresh-chat plan carries no result and follows nothing")
+        return Archived(adopted=plan.adopted)
+    if plan.adopted is not None:
+        raise ValueError("an adopted chat comes only with a fresh-chat plan")
+    if plan.result is not None:
+        if plan.followed is not None:
+            raise ValueError("a plan either returns a result or follows an attempt")
+        return Finished(plan.attempt, plan.result)
+    if plan.followed is not None:
+        return Running(plan.attempt, plan.followed)
+    return Unsent(plan.attempt)
+
+
+# --- what a send (or a followed attempt) returned --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A send's (or followed attempt's) outcome, as far as the rules read it."""
+
+    #: The step's structured answer validated (always True for a step without one).
+    valid: bool = True
+    #: The chat is idle (``finish_reason == "stop"``): a busy or paused chat is never
+    #: re-prompted.
+    idle: bool = True
+    #: The turn's user message was the re-ask; None: not read (only a structured
+    #: step's invalid answer on an idle chat needs it: one history read).
+    was_reask: bool | None = None
+
+
+# --- the snapshot ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSnapshot:
+    """What the turn knows before its next act."""
+
+    #: The checkpointed chat the turn is on; None: a first turn's (or a fresh) chat,
+    #: created by the send and checkpointed as a first turn's is.
+    chat_id: str | None = None
+    #: No checkpoint and an earlier hold of the lease may have left a chat: the orphan
+    #: check has not run yet.
+    orphans_pending: bool = False
+    #: What recovering ``chat_id`` found; None: not recovered yet.
+    found: Found | None = None
+    #: The turn already left an archived checkpoint for an adopted chat.
+    moved: bool = False
+    #: The step asks for a structured answer.
+    structured: bool = False
+    #: A :class:`Finished` attempt without a valid answer: its prompt was the re-ask
+    #: (one history read); None: not read.
+    finished_was_reask: bool | None = None
+    #: The attempt being sent (or recovered): 1-based.
+    attempt: int = 1
+    #: What the last send or follow returned; None: nothing sent yet.
+    answered: Answered | None = None
+    #: This turn sent the re-ask already.
+    reasked: bool = False
+
+
+# --- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOrphans:
+    """Adopt the orphan chat a crashed first attempt left, strand any other."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Bring an earlier attempt of the step on ``chat_id`` to an end before sending."""
+
+    chat_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MoveToChat:
+    """Continue on ``chat_id`` (adopted: the checkpoint now) and recover the step there."""
+
+    chat_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MoveToFreshChat:
+    """Forget the archived chat: the send creates a fresh one (the new checkpoint)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """The step finished earlier: return its result, send nothing."""
+
+    result: TurnResult
+
+
+@dataclass(frozen=True, slots=True)
+class FailStructured:
+    """The step's re-ask already finished without a valid answer: the step fails."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send the step's prompt as attempt ``attempt``."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """The earlier attempt's settle is this send's outcome: nothing is sent."""
+
+    attempt: int
+    gen: GenerateResult
+
+
+@dataclass(frozen=True, slots=True)
+class Reask:
+    """Journal and send the structured answer's re-ask as attempt ``attempt``."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """The sends are over: checkpoint, then the result."""
+
+    attempt: int
+
+
+Action = (
+    CheckOrphans
+    | Recover
+    | MoveToChat
+    | MoveToFreshChat
+    | Return
+    | FailStructured
+    | Send
+    | Follow
+    | Reask
+    | Settle
+)
+
+
+def decide(s: TurnSnapshot) -> Action:
+    """The turn's next act for snapshot ``s`` (the rules: this module's docstring)."""
+    if s.answered is not None:
+        return _after_send(s, s.answered)
+    if s.orphans_pending and s.chat_id is None:
+        return CheckOrphans()
+    if s.chat_id is None:
+        # A first turn (no orphan to adopt) or a fresh chat after an archived one: the
+        # send creates the chat; its checkpoint is written with the send's write-ahead.
+        return Send(s.attempt)
+    found = s.found
+    if found is None:
+        return Recover(s.chat_id)
+    if isinstance(found, Archived):
+        if found.adopted is not None and not s.moved:
+            return MoveToChat(found.adopted)
+        # Moved once already: a second adoption would chase chats; a fresh one ends it.
+        return MoveToFreshChat(1)
+    if isinstance(found, Finished):
+        if not s.structured or found.result.structured is not None:
+            return Return(found.result)
+        # No valid answer in the finished attempt. Unknown whether it was the re-ask
+        # (None) counts as the re-ask: a third prompt is never sent on a guess.
+        if s.finished_was_reask is False:
+            return Reask(found.attempt + 1)
+        return FailStructured(found.attempt)
+    if isinstance(found, Running):
+        return Follow(found.attempt, found.gen)
+    return Send(found.attempt)
+
+
+def _after_send(s: TurnSnapshot, a: Answered) -> Action:
+    if (
+        s.structured
+        and not s.reasked
+        and not a.valid
+        and a.idle
+        # Unknown (not read) ⇒ no re-ask: the step settles and fails without an answer.
+        and a.was_reask is False
+    ):
+        return Reask(s.attempt + 1)
+    return Settle(s.attempt)
