@@ -7,6 +7,7 @@ See docs/state-store.md. ``StateStore`` works in any asyncio program; the
 from .errors import (
     LeaseLostError,
     LeaseUnavailableError,
+    SchemaChangedError,
     SchemaVersionError,
     StateStoreConfigError,
     StateStoreError,
@@ -27,6 +28,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseUnavailableError",
     "LedgerEntry",
+    "SchemaChangedError",
     "SchemaVersionError",
     "StateStore",
     "StateStoreConfigError",

@@ -22,6 +22,37 @@ class SchemaVersionError(StateStoreError):
     """The database holds a schema newer than this code understands."""
 
 
+class SchemaChangedError(SchemaVersionError):
+    """A write refused because the database's schema version is no longer this code's:
+    newer code migrated the store while this worker ran (a rolling upgrade). Nothing
+    was written.
+
+    Permanent for this process (``retryable`` False): the same step run again on THIS
+    worker is refused again; an upgraded worker may run it (its chat stays live: the
+    step's recovery on the upgraded worker takes it from its checkpoint and journal).
+    ``found``: the database's version (None: no version row); ``supported``: this code's.
+    """
+
+    def __init__(self, found: int | None, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        what = (
+            "has no schema version row"
+            if found is None
+            else f"was migrated to schema version {found}"
+        )
+        super().__init__(
+            f"the state database {what} while this worker runs prefect-coder for schema "
+            f"version {supported}; nothing was written. Upgrade prefect-coder on this "
+            "worker and restart it (every worker sharing a store must run the new "
+            'release: docs/state-store.md, "Upgrading"); the step can be re-run by an '
+            "upgraded worker"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.found, self.supported))
+
+
 class LeaseUnavailableError(StateStoreError):
     """Waiting for a lease timed out while another holder still held it."""
 
@@ -51,16 +82,25 @@ class LeaseUnavailableError(StateStoreError):
 class LeaseLostError(StateStoreError):
     """A held lease could no longer be renewed (it expired and was taken over)."""
 
-    def __init__(self, key: str, holder: str):
+    def __init__(self, key: str, holder: str, *, fence: int | None = None):
         self.key = key
         self.holder = holder
+        #: Set when a write was refused: the fence the writer held (the row now carries
+        #: another holder or fence), and nothing of that write was stored.
+        self.fence = fence
+        why = (
+            f"was taken over (the row no longer carries fence {fence}); the write was "
+            "refused and nothing was written"
+            if fence is not None
+            else "was lost (not renewed within its ttl, or taken over)"
+        )
         super().__init__(
-            f"lease {key!r} held by {holder!r} was lost (not renewed within its ttl); "
-            "another holder may now be running: stop acting on this key"
+            f"lease {key!r} held by {holder!r} {why}; another holder may now be running: "
+            "stop acting on this key"
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.key, self.holder))
+        return (functools.partial(type(self), fence=self.fence), (self.key, self.holder))
 
 
 class StoreUnavailableError(StateStoreError):

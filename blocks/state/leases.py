@@ -34,10 +34,10 @@ from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 
-from . import sqlite_pool
+from . import fencing, sqlite_pool
 from ._ops import DirectOps, Ops
 from .engines import db_now_sql, upsert
-from .errors import LeaseLostError, LeaseUnavailableError
+from .errors import LeaseLostError, LeaseUnavailableError, SchemaChangedError
 from .records import Lease, from_epoch
 from .schema import leases as t
 from .urls import Backend
@@ -155,9 +155,12 @@ def _statement(ops: Ops, name: str) -> Any:
 # returns. No SQLAlchemy compilation or cache-key walk per call either. Every turn
 # of a fan-out takes two leases and releases both (docs/performance.md, round 7).
 _COLUMNS = "tenant, key, holder, fence, acquired_at, expires_at"
+# Each carries the schema fence (``fencing.VERSION_OK_SQL``): a worker whose code
+# predates the database's schema takes, renews and gives up no lease (no row back; the
+# caller then reads why: ``_refused``).
 _ACQUIRE = (
-    f"INSERT INTO {t.name} ({_COLUMNS}) VALUES ({{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
-    f"{{now}} + {{p4}}) "
+    f"INSERT INTO {t.name} ({_COLUMNS}) SELECT {{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
+    f"{{now}} + {{p4}} WHERE {fencing.VERSION_OK_SQL} "
     "ON CONFLICT (tenant, key) DO UPDATE SET holder = excluded.holder, "
     f"fence = CASE WHEN {t.name}.holder = excluded.holder THEN {t.name}.fence "
     f"ELSE {t.name}.fence + 1 END, "
@@ -172,19 +175,20 @@ _TEXT = {
     "renew": (
         f"UPDATE {t.name} SET expires_at = {{now}} + {{p4}} "
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} "
-        f"RETURNING {_COLUMNS}"
+        f"AND {fencing.VERSION_OK_SQL} RETURNING {_COLUMNS}"
     ),
     "release": (
         f"UPDATE {t.name} SET expires_at = {RELEASED!r} "
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
-        "RETURNING key"
+        f"AND {fencing.VERSION_OK_SQL} RETURNING key"
     ),
     "abandon": (
         "UPDATE " + t.name + " SET expires_at = {now} "
         "WHERE tenant = {p1} AND key = {p2} AND holder = {p3} AND expires_at > {now} "
-        "RETURNING key"
+        f"AND {fencing.VERSION_OK_SQL} RETURNING key"
     ),
 }
+_VERSION = f"SELECT {fencing.VERSION_SQL}"
 _SQLITE_TEXT = {
     name: sql.format(now=db_now_sql("sqlite"), p1="?1", p2="?2", p3="?3", p4="?4")
     for name, sql in _TEXT.items()
@@ -218,6 +222,11 @@ _PG_HOLDERS = _HOLDERS.format(
 )
 
 
+_FENCE = "SELECT holder, fence FROM " + t.name + " WHERE tenant = {p1} AND key = {p2}"
+_SQLITE_FENCE = _FENCE.format(p1="?1", p2="?2")
+_PG_FENCE = _FENCE.format(p1="$1::text", p2="$2::text")
+
+
 def _driver_one(
     sql: str, params: tuple[Any, ...], conn: sqlite3.Connection, take_writer: Callable[[], None]
 ) -> Any:
@@ -230,6 +239,8 @@ def _driver_one(
     take_writer()
     rows = sqlite_pool.driver_rows(conn, sql, params)
     if not rows:
+        # No row: held by another (or not ours) — or refused by the schema fence.
+        fencing.check_version(sqlite_pool.driver_rows(conn, _VERSION, ())[0][0])
         return None
     return _DriverRow(*rows[0]) if len(rows[0]) == len(_DriverRow._fields) else rows[0]
 
@@ -320,10 +331,19 @@ async def _run(ops: Ops, name: str, params: dict[str, Any]) -> Any:
         if ops.backend == "sqlite":
             return await ops.run_direct(functools.partial(_driver_one, _SQLITE_TEXT[name], values))
         async with ops.autocommit() as conn:  # type: ignore[attr-defined]
-            return (await conn.exec_driver_sql(_PG_TEXT[name], values)).one_or_none()
+            row = (await conn.exec_driver_sql(_PG_TEXT[name], values)).one_or_none()
+            if row is None:
+                await _refused_pg(conn)
+            return row
     stmt = _statement(ops, name)
     async with ops.write() as conn:
         return await conn.run_sync(functools.partial(_one_or_none, stmt, params))
+
+
+async def _refused_pg(conn: Any) -> None:
+    """PostgreSQL: after a lease statement wrote nothing, raise ``SchemaChangedError`` if
+    the schema fence refused it (one more round trip, only when nothing was won)."""
+    fencing.check_version((await conn.exec_driver_sql(_VERSION)).scalar_one())
 
 
 def _one_or_none(stmt: Any, params: dict[str, Any], conn: sa.Connection) -> Any:
@@ -378,15 +398,23 @@ class HeldLease:
 
     async def confirm(self) -> None:
         """Prove the lease is still held, right before an effect another holder must
-        not duplicate (a turn's send). :meth:`raise_if_lost` knows only what the
-        background renewal found; after a stall (a starved event loop, a paused VM)
-        that renewal has not run yet, while the lease may have lapsed and been taken
-        over. So when the last renewal is older than half a ttl this renews now, and
-        raises LeaseLostError if the row is gone or has another fence. Free
-        otherwise: a lease renewed less than half a ttl ago cannot have lapsed."""
+        not duplicate (a turn's send); LeaseLostError if the row is gone or carries
+        another holder or fence.
+
+        :meth:`raise_if_lost` knows only what the background renewal found. After a
+        stall (a starved event loop, a paused VM) that renewal has not run yet while
+        the lease may have lapsed and been taken over: when the last renewal is older
+        than half a ttl this renews now. A lease renewed since may still have been
+        taken over WITHOUT a lapse — ``take_over`` by a waiter that judged this holder
+        gone (its Prefect run marked Crashed while this process was merely cut off
+        from the API) — so otherwise it reads the row's holder and fence: one indexed
+        read (SQLite: one hop, no write lock; PostgreSQL: one round trip)."""
         self.raise_if_lost()
         if time.monotonic() - self.last_ok < self._ttl / 2:
-            return
+            if await self._leases.fence_of(self.key) == (self.holder, self.fence):
+                return
+            self.lost = True
+            raise LeaseLostError(self.key, self.holder, fence=self.fence)
         if not self._kept(await self._leases.renew(self.key, self.holder, self._ttl)):
             raise LeaseLostError(self.key, self.holder)
 
@@ -414,6 +442,12 @@ class HeldLease:
             await asyncio.sleep(every)
             try:
                 renewed = await self._leases.renew(self.key, self.holder, self._ttl)
+            except SchemaChangedError as exc:
+                # Newer code migrated the store: this worker may not write any more, and
+                # its lease lapses (``fencing``). Stop at once: no renewal will succeed.
+                self.lost = True
+                self._log.error("lease %r: %s", self.key, exc)
+                return
             except Exception as exc:
                 # A transient database error: keep trying until a whole ttl has gone by.
                 if time.monotonic() - self.last_ok < self._ttl:
@@ -540,11 +574,33 @@ class Leases:
                     return got, []
             params = _holders_params(tenant, keys)
             rows = list((await conn.exec_driver_sql(_PG_HOLDERS, params)).all())
+            tried = first is not None
             for key in _free(keys, rows):
+                tried = True
                 got = (await conn.exec_driver_sql(sql, (tenant, key, holder, ttl))).one_or_none()
                 if got is not None:
                     return got, rows
+            if tried:
+                await _refused_pg(conn)
         return None, rows
+
+    async def fence_of(self, key: str) -> tuple[str, int] | None:
+        """The holder and fence on ``key``'s row (live, lapsed or released), or None: one
+        indexed read, for ``HeldLease.confirm`` right before a send."""
+        ops = cast(DirectOps, self._ops)
+        params = (ops.tenant, key)
+        row: Any
+        if ops.backend == "sqlite":
+
+            def body(conn: sqlite3.Connection, _take_writer: Callable[[], None]) -> Any:
+                rows = sqlite_pool.driver_rows(conn, _SQLITE_FENCE, params)
+                return rows[0] if rows else None
+
+            row = await ops.run_direct(body)
+        else:
+            async with ops.autocommit() as conn:
+                row = (await conn.exec_driver_sql(_PG_FENCE, params)).one_or_none()
+        return None if row is None else (str(row[0]), int(row[1]))
 
     async def holders(self, keys: Sequence[str]) -> dict[str, Holding]:
         """The rows of ``keys`` not released by their holder, by key: who holds each
@@ -723,8 +779,18 @@ class Leases:
                 )
             await asyncio.sleep(min(poll_interval, left))
         handle = self.keep(got, ttl, renew_interval=renew_interval)
+        db = getattr(self._ops, "fence_db", None)
         try:
-            yield handle
+            if db is None:
+                yield handle
+            else:
+                # Every write this block makes to this store checks the lease's fence in
+                # its own transaction (``fencing``): after a takeover — one that did not
+                # wait for a lapse too — it is refused and writes nothing.
+                with fencing.fencing(
+                    fencing.Fence(db, self._ops.tenant, got.key, got.holder, got.fence)
+                ):
+                    yield handle
         finally:
             try:
                 await handle.release()

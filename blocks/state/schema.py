@@ -201,6 +201,14 @@ async def ensure_schema(conn: StoreConnection, now: sa.ColumnElement[float]) -> 
     # version is bumped (so a version-3 worker refuses the database instead of
     # starting workflows the reconciler would never see).
     if found < SCHEMA_VERSION:
+        if conn.dialect.name == "postgresql":
+            # The write fence (``fencing``): every write transaction reads this table
+            # (ACCESS SHARE until it ends). ACCESS EXCLUSIVE waits for the writes in flight
+            # that read the old version and holds new ones until the bump commits, so no
+            # write of older code lands after it. (SQLite: writers are serial already.)
+            await conn.execute(
+                sa.text(f"LOCK TABLE {schema_version.name} IN ACCESS EXCLUSIVE MODE")
+            )
         await conn.execute(
             schema_version.update()
             .where(schema_version.c.component == COMPONENT)

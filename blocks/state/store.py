@@ -16,9 +16,11 @@ groups several writes into one. The schema is created on first use.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import sqlite3
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
@@ -26,7 +28,7 @@ from typing import Any, Self, TypeVar, cast
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from . import engines, faults, schema, sqlite_pool
+from . import engines, faults, fencing, schema, sqlite_pool
 from ._ops import StoreConnection
 from .checkpoints import Checkpoints
 from .engines import upsert
@@ -51,6 +53,22 @@ _IDENTITIES: dict[Any, str] = {}
 _schema_locks: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, dict[tuple[int, str], asyncio.Lock]
 ] = weakref.WeakKeyDictionary()
+
+
+def _guarded_begin(
+    begin: Callable[[sa.Connection], None],
+    fences: tuple[fencing.Fence, ...],
+    conn: sa.Connection,
+) -> None:
+    """SQLite: BEGIN IMMEDIATE, then the write guard (``fencing``), on the worker in the
+    same hop as the transaction's first statement. A refusal raises from here: the
+    transaction is rolled back before anything of it ran."""
+    begin(conn)
+    driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+    rows = sqlite_pool.driver_rows(
+        driver, fencing.guard_sql("sqlite", len(fences)), fencing.guard_params(fences)
+    )
+    fencing.check(rows[0], fences)
 
 
 class _TxOps:
@@ -211,13 +229,28 @@ class StateStore:
         return faults.TransientRetry(self.url, self._backend, self._transient_retry_s)
 
     def _transaction(
-        self, write: bool, retry: faults.TransientRetry | None = None
+        self,
+        write: bool,
+        retry: faults.TransientRetry | None = None,
+        guard: tuple[fencing.Fence, ...] | None = None,
     ) -> AbstractAsyncContextManager[StoreConnection]:
         if self._backend == "sqlite":
-            return sqlite_pool.transaction(
-                self._sqlite_pool(), engines.sqlite_begin(write), write=write, retry=retry
-            )
+            begin = engines.sqlite_begin(write)
+            if guard is not None:
+                begin = functools.partial(_guarded_begin, begin, guard)
+            return sqlite_pool.transaction(self._sqlite_pool(), begin, write=write, retry=retry)
         return engines.transaction(self._engine(), write=write, retry=retry)
+
+    @property
+    def fence_db(self) -> str:
+        """Which database this store writes to (no password): a lease's fence applies to
+        the writes to its own database only (``fencing``)."""
+        return self._cache_key
+
+    def write_fences(self) -> tuple[fencing.Fence, ...]:
+        """The fences of the leases the calling context holds on this store
+        (``async with store.lease(...)``): every write transaction checks them."""
+        return fencing.active(self._cache_key)
 
     async def run_direct(self, body: sqlite_pool.DirectBody[T]) -> T:
         """SQLite only: ``body(sqlite3_connection, take_writer)`` on a worker in one hop,
@@ -303,8 +336,17 @@ class StateStore:
         # the body (the connection died mid-transaction: rolled back by the server)
         # fails the call as StoreUnavailableError, which the step retries.
         retry = self._retry()
+        # A write checks, in its own transaction, the schema version and the fences of
+        # the leases its caller holds (``fencing``): SQLite right after BEGIN IMMEDIATE
+        # in the same hop, PostgreSQL with one statement before the body's.
+        fences = self.write_fences() if write else None
         try:
-            async with self._transaction(write, retry) as conn:
+            async with self._transaction(write, retry, fences) as conn:
+                if fences is not None and self._backend == "postgresql":
+                    sql = fencing.guard_sql("postgresql", len(fences))
+                    params = fencing.guard_params(fences)
+                    row = (await conn.exec_driver_sql(sql, params or None)).one()  # type: ignore[attr-defined]
+                    fencing.check(row, fences)
                 yield conn
         except StoreUnavailableError:
             raise

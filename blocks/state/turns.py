@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from .engines import db_now
+from .fencing import Fence, check, gate_sql, guard_condition, guard_params, guard_sql
 from .records import Checkpoint, JournalEntry, TurnStart, from_epoch
 from .sqlite_pool import driver_execute, driver_rows
 
@@ -72,16 +73,32 @@ _SQLITE_CHECKPOINT = (
 )
 
 
+@cache
+def _sqlite_guarded_checkpoint(fences: int) -> str:
+    """The checkpoint upsert as ONE statement that writes only through the write guard
+    (``fencing``): ``INSERT … SELECT … WHERE guard ON CONFLICT …``."""
+    return (
+        "INSERT INTO coder_state_checkpoints "
+        "(tenant, workflow_id, chat_id, last_seen_message_id, updated_at) "
+        f"SELECT ?, ?, ?, ?, {_SQLITE_NOW} WHERE {guard_condition('sqlite', fences)} "
+        f"{_CHECKPOINT_SET} RETURNING updated_at"
+    )
+
+
 class _PgStatements(NamedTuple):
     begin: str
     checkpoint: str
     checkpoint_and_journal: str
+    forget_tools: str
 
 
 @cache
-def _pg() -> _PgStatements:
-    """The PostgreSQL statements, built on first use: compiling ``db_now`` loads the
-    PostgreSQL dialect, which a SQLite store never imports."""
+def _pg(fences: int = 0) -> _PgStatements:
+    """The PostgreSQL statements for a caller holding ``fences`` write fences, built on
+    first use: compiling ``db_now`` loads the PostgreSQL dialect, which a SQLite store
+    never imports. Each writes only ``FROM gate WHERE gate.ok`` (``fencing.gate_sql``:
+    the schema version and the fences, read in the same statement, the lease rows
+    ``FOR SHARE``) and returns the gate's columns after its own."""
     from sqlalchemy.dialects import postgresql
 
     pg_now = str(db_now("postgresql").compile(dialect=postgresql.dialect()))
@@ -89,7 +106,7 @@ def _pg() -> _PgStatements:
     # FROM: also when there is no entry). One statement: read and write are atomic
     # together, as the transaction they replace was.
     begin = f"""
-WITH cp AS (
+WITH {gate_sql(fences, 6)}, cp AS (
     SELECT c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at,
            j.state AS j_state, j.marker AS j_marker, j.attempt AS j_attempt, j.at AS j_at,
            j.updated_at AS j_updated_at, j.deadline AS j_deadline
@@ -100,41 +117,64 @@ WITH cp AS (
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
     SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision,
            $5::double precision, {pg_now}
-    FROM cp WHERE cp.j_marker IS DISTINCT FROM $3::text
+    FROM cp, gate WHERE gate.ok AND cp.j_marker IS DISTINCT FROM $3::text
     {_JOURNAL_SET}
     RETURNING updated_at
 )
 SELECT cp.workflow_id, cp.chat_id, cp.last_seen_message_id, cp.updated_at,
        cp.j_state, cp.j_marker, cp.j_attempt, cp.j_at, cp.j_updated_at, cp.j_deadline,
-       (SELECT updated_at FROM written) AS written_at
-FROM cp
+       (SELECT updated_at FROM written) AS written_at, gate.*
+FROM cp, gate
 """
-    checkpoint = (
-        "INSERT INTO coder_state_checkpoints "
-        "(tenant, workflow_id, chat_id, last_seen_message_id, updated_at) "
-        f"VALUES ($1::text, $2::text, $3::text, $4::bigint, {pg_now}) {_CHECKPOINT_SET} "
-        "RETURNING updated_at"
-    )
+    checkpoint = f"""
+WITH {gate_sql(fences, 5)}, c AS (
+    INSERT INTO coder_state_checkpoints
+        (tenant, workflow_id, chat_id, last_seen_message_id, updated_at)
+    SELECT $1::text, $2::text, $3::text, $4::bigint, {pg_now} FROM gate WHERE gate.ok
+    {_CHECKPOINT_SET}
+    RETURNING updated_at
+)
+SELECT (SELECT updated_at FROM c), gate.* FROM gate
+"""
     # A first turn's checkpoint and its journaled send in ONE statement (autocommit): both
     # data-modifying CTEs run, atomically, or neither does.
     checkpoint_and_journal = f"""
-WITH j AS (
+WITH {gate_sql(fences, 10)}, j AS (
     INSERT INTO coder_state_journal
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
-    VALUES ($1::text, $3::text, $5::text, $6::text, $7::integer, $8::double precision,
-            $9::double precision, {pg_now})
+    SELECT $1::text, $3::text, $5::text, $6::text, $7::integer, $8::double precision,
+            $9::double precision, {pg_now} FROM gate WHERE gate.ok
     {_JOURNAL_SET}
     RETURNING updated_at
 ), c AS (
     INSERT INTO coder_state_checkpoints
         (tenant, workflow_id, chat_id, last_seen_message_id, updated_at)
-    VALUES ($1::text, $2::text, $3::text, $4::bigint, {pg_now})
+    SELECT $1::text, $2::text, $3::text, $4::bigint, {pg_now} FROM gate WHERE gate.ok
     {_CHECKPOINT_SET}
     RETURNING updated_at
 )
-SELECT c.updated_at, (SELECT updated_at FROM j) FROM c
+SELECT (SELECT updated_at FROM c), (SELECT updated_at FROM j), gate.* FROM gate
 """
-    return _PgStatements(begin, checkpoint, checkpoint_and_journal)
+    forget_tools = f"""
+WITH {gate_sql(fences, 3)}, l AS (
+    DELETE FROM coder_state_tool_ledger WHERE tenant = $1::text AND chat_id = $2::text
+    AND (SELECT ok FROM gate)
+    RETURNING 1
+), s AS (
+    DELETE FROM coder_state_stranded_chats WHERE tenant = $1::text AND chat_id = $2::text
+    AND (SELECT ok FROM gate)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM s), gate.* FROM gate
+"""
+    return _PgStatements(begin, checkpoint, checkpoint_and_journal, forget_tools)
+
+
+def _gate(row: Any, start: int, fences: tuple[Fence, ...]) -> None:
+    """Raise unless the gate (``row[start:]``: its columns, ``ok`` last) let the write
+    through."""
+    if not row[-1]:
+        check(row[start:-1], fences)
 
 
 # The archive's read: the checkpoint and the workflow's stranded chats (oldest first),
@@ -160,16 +200,12 @@ _SQLITE_ANY_TOOLS = (
     "UNION ALL "
     "SELECT 1 FROM coder_state_stranded_chats WHERE tenant = ?1 AND chat_id = ?2 LIMIT 1"
 )
-_PG_FORGET_TOOLS = """
-WITH l AS (
-    DELETE FROM coder_state_tool_ledger WHERE tenant = $1::text AND chat_id = $2::text
-    RETURNING 1
-), s AS (
-    DELETE FROM coder_state_stranded_chats WHERE tenant = $1::text AND chat_id = $2::text
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM s)
-"""
+
+
+def _guard(conn: sqlite3.Connection, fences: tuple[Fence, ...]) -> None:
+    """SQLite: the write guard (``fencing``) inside the open BEGIN IMMEDIATE; a refusal
+    raises, and ``run_direct`` rolls the transaction back: nothing written."""
+    check(driver_rows(conn, guard_sql("sqlite", len(fences)), guard_params(fences))[0], fences)
 
 
 def _one_value(rows: list[Any]) -> Any:
@@ -226,6 +262,7 @@ class Turns:
         """
         entry = JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout_s, at=at)
         tenant = self._store.tenant
+        fences = self._store.write_fences()
         row: Any
         if self._store.backend == "sqlite":
 
@@ -243,6 +280,7 @@ class Turns:
                     return (rows[0] if rows else None), None
                 take_writer()
                 driver_execute(conn, "BEGIN IMMEDIATE")
+                _guard(conn, fences)
                 rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
                 row = rows[0] if rows else None
                 written = None
@@ -270,10 +308,20 @@ class Turns:
             async with self._store.autocommit() as conn:
                 row = (
                     await conn.exec_driver_sql(
-                        _pg().begin, (tenant, workflow_id, marker, entry.at, entry.deadline)
+                        _pg(len(fences)).begin,
+                        (
+                            tenant,
+                            workflow_id,
+                            marker,
+                            entry.at,
+                            entry.deadline,
+                            *guard_params(fences),
+                        ),
                     )
                 ).first()
             written_at = None if row is None else row[10]
+            if row is not None and written_at is None and row[5] != marker:
+                _gate(row, 11, fences)  # the write-ahead was due: refused?
         if row is None:
             return TurnStart()
         checkpoint = _checkpoint(row)
@@ -301,15 +349,27 @@ class Turns:
         )
         tenant = self._store.tenant
         params = (tenant, cp.workflow_id, cp.chat_id, cp.last_seen_message_id)
+        fences = self._store.write_fences()
         if self._store.backend == "sqlite":
 
             def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> float:
                 take_writer()
                 if journal is None:
-                    # One statement: a transaction of its own (autocommit), committed
-                    # once it returned its row.
-                    return float(_one_value(driver_rows(conn, _SQLITE_CHECKPOINT, params)))
+                    # One statement, the guard in its WHERE (``fencing``): a transaction
+                    # of its own (autocommit), committed once it returned its row. No
+                    # row: refused — the guard's read says why (same hop).
+                    rows = driver_rows(
+                        conn, _sqlite_guarded_checkpoint(len(fences)), params + guard_params(fences)
+                    )
+                    if not rows:
+                        _guard(conn, fences)
+                        raise AssertionError(
+                            "checkpoint not written, guard passed"
+                        )  # pragma: no cover
+                    return float(rows[0][0])
+                # One write transaction, the guard first: still one hop.
                 driver_execute(conn, "BEGIN IMMEDIATE")
+                _guard(conn, fences)
                 updated = _one_value(driver_rows(conn, _SQLITE_CHECKPOINT, params))
                 _one_value(
                     driver_rows(
@@ -332,12 +392,18 @@ class Turns:
             updated_at = await self._store.run_direct(body)
         elif journal is None:
             async with self._store.autocommit() as conn:
-                updated_at = (await conn.exec_driver_sql(_pg().checkpoint, params)).scalar_one()
+                got = (
+                    await conn.exec_driver_sql(
+                        _pg(len(fences)).checkpoint, params + guard_params(fences)
+                    )
+                ).one()
+            _gate(got, 1, fences)
+            updated_at = got[0]
         else:
             async with self._store.autocommit() as conn:
-                updated_at = (
+                got = (
                     await conn.exec_driver_sql(
-                        _pg().checkpoint_and_journal,
+                        _pg(len(fences)).checkpoint_and_journal,
                         (
                             *params,
                             journal.state,
@@ -345,9 +411,12 @@ class Turns:
                             journal.attempt,
                             journal.at,
                             journal.deadline,
+                            *guard_params(fences),
                         ),
                     )
-                ).one()[0]
+                ).one()
+            _gate(got, 2, fences)
+            updated_at = got[0]
         return cp.model_copy(update={"updated_at": from_epoch(updated_at)})
 
     async def archive_targets(self, workflow_id: str) -> tuple[Checkpoint | None, list[str]]:
@@ -385,6 +454,7 @@ class Turns:
         stranded record of it, in one transaction (one trip). Its journal entry and the
         checkpoint stay (a rerun recovers lost results from the archived chat)."""
         tenant = self._store.tenant
+        fences = self._store.write_fences()
         if self._store.backend == "sqlite":
 
             def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> None:
@@ -395,6 +465,7 @@ class Turns:
                     return
                 take_writer()
                 driver_execute(conn, "BEGIN IMMEDIATE")
+                _guard(conn, fences)
                 for sql in _SQLITE_FORGET_TOOLS:
                     driver_rows(conn, sql, (tenant, chat_id))
                 driver_execute(conn, "COMMIT")
@@ -402,4 +473,9 @@ class Turns:
             await self._store.run_direct(body)
         else:
             async with self._store.autocommit() as conn:
-                await conn.exec_driver_sql(_PG_FORGET_TOOLS, (tenant, chat_id))
+                got = (
+                    await conn.exec_driver_sql(
+                        _pg(len(fences)).forget_tools, (tenant, chat_id, *guard_params(fences))
+                    )
+                ).one()
+            _gate(got, 2, fences)

@@ -95,11 +95,17 @@ async def test_one_turn_workflow_store_statements(tmp_path: Path) -> None:
         commits = [s for s in got if s.startswith("COMMIT")]
         # Only the eager checkpoint's two writes need a transaction around them.
         assert begins == ["BEGIN IMMEDIATE"] and len(commits) == 1, got
-    leases = [s for s in second if "coder_state_leases" in s]
+    leases = [s for s in second if s.startswith(("INSERT INTO coder_state_leases", "UPDATE"))]
     assert len(leases) == 4, leases  # workflow lease and slot, each acquired + released
+    # The write guard (blocks/state/fencing.py): one read inside the eager checkpoint's
+    # transaction; the finally checkpoint carries it in its own WHERE (no statement).
+    guards = [s for s in second if s.startswith("SELECT (SELECT version")]
+    assert len(guards) == 1, second
+    finally_checkpoint = [s for s in second if s.startswith("INSERT INTO coder_state_checkpoints")]
+    assert "coder_state_schema_version" in finally_checkpoint[-1], finally_checkpoint
     # Before: 29 statements (every call BEGIN … COMMIT), 9 of them BEGIN.
-    assert len(second) == 12, second
-    assert len(first) == 13, first  # + the slot's busy read
+    assert len(second) == 13, second
+    assert len(first) == 14, first  # + the slot's busy read
 
 
 async def test_direct_statements_commit_before_they_return(tmp_path: Path) -> None:
