@@ -112,6 +112,11 @@ class SettleResult:
     #: Set when the live run is this step's crashed attempt: follow it for this
     #: many seconds instead of cutting it short (nothing was interrupted).
     follow_s: float | None = None
+    #: The newest user message of the settle's last history read (its attempt
+    #: count), which the at-rest status read after it covered; None: none. The
+    #: result check takes a verdict only from a history that ends with the same
+    #: turn (a newer one is a send that landed after the status read).
+    covered_user_id: int | None = None
 
 
 @dataclass(slots=True)

@@ -280,7 +280,9 @@ class TurnRecovery(Reconcile, ResultCheck):
             verdict,
             f"cut_short={cut_short}",
         )
-        return SettleResult(status, cut_short, attempts, slept)
+        return SettleResult(
+            status, cut_short, attempts, slept, covered_user_id=self.counted_user_id
+        )
 
     async def run(self) -> RecoveryOutcome:
         """Settle-wait → result check, reconciling again while the run pauses anew;
@@ -299,8 +301,8 @@ class TurnRecovery(Reconcile, ResultCheck):
                 self._mark(f"ends: {outcome.classification}")
                 return outcome
         raise CoderRecoveryError(
-            f"chat {self.chat_id} kept pausing on client tools for "
-            f"{self.timings.max_rounds} reconcile rounds"
+            f"chat {self.chat_id} kept pausing on client tools (or taking new sends "
+            f"under recovery's reads) for {self.timings.max_rounds} rounds"
         )
 
     async def follow(self, settled: SettleResult) -> RecoveryOutcome | None:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from coder_chat.core.attempts import StepAttempts
+from coder_chat.core.fields import field, int_or_none
 from coder_chat.core.journal import JournalEntry, JournalView
 from coder_chat.core.recovery import RecoveryDecision, lost_outcomes
 from coder_chat.crash_safe import crash_point
-from coder_chat.history import marker_attempts
+from coder_chat.history import fetch_until
 from coder_chat.models import Chat
 from coder_chat.rest import ChatClient
 from coder_chat.stop import StopResult, stop_chat
@@ -30,10 +32,19 @@ from .contract import (
     timeline_origin,
 )
 
-__all__ = ["Paused", "RecoveryShell"]
+__all__ = ["Paused", "RecoveryShell", "newest_user_message_id"]
 
 #: One logger for every stage: recovery's lines read as one timeline.
 _log = logging.getLogger("coder_chat.recovery")
+
+
+def newest_user_message_id(messages: Iterable[Any]) -> int | None:
+    """The id of the newest user message among ``messages`` (any order); None: none.
+
+    A turn starts only with a user message landing (a send, a queued prompt's
+    promotion), so this id names the newest turn a history read can hold."""
+    ids = [int_or_none(field(m, "id")) or 0 for m in messages if field(m, "role") == "user"]
+    return max(ids, default=None)
 
 
 class Paused(Exception):
@@ -80,6 +91,9 @@ class RecoveryShell:
         # Set once following found no turn: settle the ordinary way from then on.
         self._follow_off = False
         self._refollows = 0
+        #: The newest user message the last :meth:`attempts` read saw (None: none):
+        #: what the settle poll's status read after it covered (see ``check_result``).
+        self.counted_user_id: int | None = None
         self._t0 = timeline_origin.get() or time.time()
 
     # ------------------------------------------------------------------ helpers
@@ -104,8 +118,16 @@ class RecoveryShell:
 
         Steps run sequentially, so they sit contiguous at the tail of history:
         page newest-first and stop at the first user message without the marker.
+        Records the newest user message read (:attr:`counted_user_id`).
         """
-        return await marker_attempts(self.client, self.chat_id, self.marker, timeout=timeout)
+        messages, _ = await fetch_until(
+            self.client,
+            self.chat_id,
+            lambda ms: StepAttempts.of(ms, self.marker).tail_complete,
+            timeout=timeout,
+        )
+        self.counted_user_id = newest_user_message_id(messages)
+        return StepAttempts.of(messages, self.marker).tail_attempts
 
     async def _journal(self, state: Literal["resumed", "cut-short", "submitting"], n: int) -> None:
         at = self.clock()
