@@ -266,7 +266,15 @@ async def look_in_history(
     prompt follows finished: its result comes from history, nothing is sent or
     stopped (the live run, if any, is the later step's). Returns ``None`` when the
     ordinary recovery must settle the step (its attempt is the chat's newest turn,
-    or — ``journal_names_step`` — its journaled send never landed)."""
+    or — ``journal_names_step`` — its journaled send never landed).
+
+    Status and history need not agree here (unlike ``TurnRecovery.check_result``,
+    which returns a result only from a history ending with the turn its status read
+    covered): a result is taken only when a later step's user message follows the
+    attempt — a prompt lands only once the chat accepts a new turn, so history
+    alone proves the attempt's turn ended — or from an archived chat, on which
+    nothing can land after the status read said archived. A send landing after
+    these reads is a newer turn, which neither verdict reads."""
     marker = send.marker
     chat = await send.client.get_chat(send.chat_id, timeout=send.timings.probe_bound)
     messages, _ = await fetch_until(
