@@ -1,0 +1,164 @@
+"""Write fencing by the workflow lease (issue 30, item 7), on SQLite and PostgreSQL.
+
+Two holders: the first holds the lease with ``store.lease`` (as a workflow run does),
+the second takes it over at once (``take_over``: the first's run was judged over —
+marked Crashed while the process is merely cut off from the Prefect API — with no
+lapse to wait for). Every write the first then makes — checkpoint, journal, ledger,
+a grouped transaction, ``store.turns`` — is refused in its own transaction with
+``LeaseLostError`` and writes nothing; ``confirm()`` before a send says the same,
+however recently the first renewed. Before the fence, every write landed and
+``confirm()`` trusted a renewal younger than half a ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefect_coder.blocks.state import (
+    HeldLease,
+    JournalEntry,
+    LeaseLostError,
+    StateStore,
+    workflow_key,
+)
+
+KEY = workflow_key("wf")
+
+
+async def _snapshot(store: StateStore) -> tuple[Any, ...]:
+    """What the first holder could have written, read back."""
+    return (
+        await store.checkpoints.get("wf"),
+        await store.journal.get("chat-1"),
+        await store.ledger.list("chat-1"),
+        await store.stranded.list(),
+    )
+
+
+def _writes(store: StateStore) -> dict[str, Callable[[], Awaitable[Any]]]:
+    async def transaction() -> None:
+        async with store.transaction() as tx:
+            await tx.checkpoints.set("wf", "chat-1", 9)
+            await tx.journal.set("chat-1", JournalEntry.cut_short("[m]", 3))
+
+    return {
+        "checkpoints.set": lambda: store.checkpoints.set("wf", "chat-1", 2),
+        "journal.set": lambda: store.journal.set("chat-1", JournalEntry.cut_short("[m]", 1)),
+        "ledger.begin": lambda: store.ledger.begin("chat-1", "call-2", tool_name="t", args={}),
+        "ledger.complete": lambda: store.ledger.complete("chat-1", "call-1", {"out": 1}),
+        "transaction": transaction,
+        "turns.begin": lambda: store.turns.begin("wf", "[m2]", turn_timeout_s=60),
+        "turns.record": lambda: store.turns.record("wf", "chat-1", 5),
+        "turns.record+journal": lambda: store.turns.record(
+            "wf", "chat-1", 5, journal=JournalEntry.cut_short("[m]", 2)
+        ),
+        "stranded.record": lambda: store.stranded.record("wf", "chat-x", "test"),
+        "checkpoints.clear": lambda: store.checkpoints.clear("wf"),
+    }
+
+
+async def test_writes_after_an_immediate_takeover_are_refused(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    # The second holder: another store object (another worker's), same database.
+    other = StateStore(store_url, tenant=tenant)
+    try:
+        async with store.lease(KEY, holder="first", ttl=30) as held:
+            # While it holds the lease, its writes land (the fence is checked and holds).
+            await store.checkpoints.set("wf", "chat-1", 1)
+            await store.journal.set("chat-1", JournalEntry.submitting("[m]", 0))
+            await store.ledger.begin("chat-1", "call-1", tool_name="t", args={})
+            await held.confirm()
+            taken = await other.leases.take_over(KEY, "first", "second", 30)
+            assert taken is not None and taken.fence == held.fence + 1
+            before = await _snapshot(other)
+            refused = {}
+            for name, write in _writes(store).items():
+                with pytest.raises(LeaseLostError) as caught:
+                    await write()
+                refused[name] = caught.value
+            assert await _snapshot(other) == before  # nothing written
+            for name, err in refused.items():
+                assert (err.key, err.holder, err.fence) == (KEY, "first", held.fence), name
+                assert "nothing was written" in str(err), name
+            # Right before a send: the renewal is seconds younger than half a ttl, and
+            # still the row says another holder drives the chat.
+            assert time_since_renewal(held) < held.ttl / 2
+            with pytest.raises(LeaseLostError):
+                await held.confirm()
+            assert held.lost
+        # Outside the lease block nothing is fenced; the new holder's writes land.
+        await store.checkpoints.set("wf", "chat-1", 7)
+        assert (await other.checkpoints.get("wf")).last_seen_message_id == 7  # type: ignore[union-attr]
+    finally:
+        await other.aclose()
+
+
+def time_since_renewal(held: HeldLease) -> float:
+    import time
+
+    return time.monotonic() - held.last_ok
+
+
+async def test_a_takeover_waits_for_the_holders_write_in_flight(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    """The fence is read inside the write's own transaction: a takeover that comes while
+    the holder's transaction is open is ordered after it (PostgreSQL: the lease row is
+    read FOR SHARE; SQLite: one writer at a time), so the new holder reads that write
+    and no write of the old holder lands after the takeover."""
+    other = StateStore(store_url, tenant=tenant)
+    try:
+        async with store.lease(KEY, holder="first", ttl=30):
+            async with store.transaction() as tx:
+                await tx.checkpoints.set("wf", "chat-1", 1)
+                takeover = asyncio.create_task(other.leases.take_over(KEY, "first", "second", 30))
+                await asyncio.sleep(0.3)
+                assert not takeover.done()  # waits for the write in flight
+                await tx.journal.set("chat-1", JournalEntry.submitting("[m]", 0))
+            assert (await asyncio.wait_for(takeover, 10)) is not None
+            cp = await other.checkpoints.get("wf")
+            assert cp is not None and cp.last_seen_message_id == 1
+            with pytest.raises(LeaseLostError):
+                await store.checkpoints.set("wf", "chat-1", 2)
+    finally:
+        await other.aclose()
+
+
+async def test_tasks_started_under_the_lease_are_fenced_too(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    """Crash-safe tools write the ledger from tasks the turn starts: they carry the
+    fence (a context variable copied into every task)."""
+    other = StateStore(store_url, tenant=tenant)
+    try:
+        async with store.lease(KEY, holder="first", ttl=30):
+            await other.leases.take_over(KEY, "first", "second", 30)
+            task = asyncio.create_task(store.ledger.begin("chat-1", "call-1", tool_name="t"))
+            with pytest.raises(LeaseLostError):
+                await task
+        assert await other.ledger.get("chat-1", "call-1") is None
+    finally:
+        await other.aclose()
+
+
+async def test_the_fence_covers_its_own_database_only(
+    store: StateStore, backend: str, tmp_path: Path
+) -> None:
+    """A write to another database (here: another SQLite file) is not fenced by a lease
+    held on this one."""
+    elsewhere = StateStore(f"sqlite+aiosqlite:///{tmp_path}/elsewhere/state.db")
+    try:
+        async with store.lease(KEY, holder="first", ttl=30):
+            await store.leases.take_over(KEY, "first", "second", 30)
+            await elsewhere.checkpoints.set("wf", "chat-1", 3)
+            with pytest.raises(LeaseLostError):
+                await store.checkpoints.set("wf", "chat-1", 3)
+        assert (await elsewhere.checkpoints.get("wf")) is not None
+    finally:
+        await elsewhere.aclose()
