@@ -49,6 +49,7 @@ from prefect.events.filters import (
     EventNameFilter,
     EventOccurredFilter,
     EventOrder,
+    EventRelatedFilter,
     EventResourceFilter,
 )
 from prefect.exceptions import ObjectNotFound
@@ -74,7 +75,7 @@ from prefect_coder.flows.liveness.decide import (
     Timing,
     decide,
 )
-from prefect_coder.flows.liveness.track import batch_key, workflow_record_key
+from prefect_coder.flows.liveness.track import RESUMABLE_EVENT, batch_key, workflow_record_key
 from prefect_coder.flows.observe.run_log import run_logger
 
 __all__ = [
@@ -282,6 +283,44 @@ async def _heartbeats(
     except Exception as exc:
         logger.warning("could not read heartbeats: %s", type(exc).__name__)
     return latest
+
+
+async def _resumable_runs(client: PrefectClient, runs: Sequence[FlowRun]) -> set[str] | None:
+    """The ids among ``runs`` (Failed, with no resumable mark in the store) whose failure
+    handler emitted ``coder.workflow.resumable``; None when the events could not be read.
+
+    The second source of the mark: the handler emits the event to Prefect even when the
+    store — often the very thing that failed — cannot take the mark. Without it, a run
+    failed by a store outage counted as ended and its workflow never finished."""
+    if not runs:
+        return set()
+    since = min(r.state.timestamp for r in runs if r.state is not None) - timedelta(minutes=5)
+    found: set[str] = set()
+    try:
+        for chunk in _chunks([str(r.id) for r in runs]):
+            wanted = {f"prefect.flow-run.{i}" for i in chunk}
+            page = await client.read_events(
+                EventFilter(
+                    occurred=EventOccurredFilter.model_validate({"since": since}),
+                    event=EventNameFilter(name=[RESUMABLE_EVENT]),
+                    related=EventRelatedFilter(id=sorted(wanted)),
+                ),
+                limit=_EVENTS_PER_PAGE,
+            )
+            for _ in range(_EVENT_PAGES):
+                for event in page.events:
+                    found.update(
+                        r.id.removeprefix("prefect.flow-run.")
+                        for r in event.related
+                        if r.id in wanted
+                    )
+                if page.next_page is None:
+                    break
+                page = await client.read_events_page(str(page.next_page))
+    except Exception as exc:
+        logger.warning("could not read resumable events: %s", type(exc).__name__)
+        return None
+    return found
 
 
 def _record_key(deployment_name: str, parameters: dict[str, Any]) -> tuple[str, str | None] | None:
@@ -497,6 +536,17 @@ async def reconcile_once(
     ]
     since = now - timedelta(seconds=max(timing.heartbeat_grace_s, timing.heartbeat_fresh_s) * 2)
     beats = await _heartbeats(client, live, since) if live else {}
+    unmarked = [
+        run
+        for r in snapshot.records
+        if r.flow_run_id
+        and not (r.reason or "").startswith(RESUMABLE_PREFIX)
+        and runs is not None
+        and (run := runs.get(r.flow_run_id)) is not None
+        and run.state is not None
+        and run.state.type == StateType.FAILED
+    ]
+    evented = await _resumable_runs(client, unmarked)
     rows: list[ReconcileRow] = []
     for record in snapshot.records:
         acted_age = None if record.acted_at is None else snapshot.now - record.acted_at
@@ -509,7 +559,8 @@ async def reconcile_once(
             run=None if run is None else run_facts(run, beats.get(str(run.id)), now),
             found=found and record.flow_run_id is not None,
             lease=lease_facts(record, snapshot.leases, snapshot.now),
-            resumable=(record.reason or "").startswith(RESUMABLE_PREFIX),
+            resumable=(record.reason or "").startswith(RESUMABLE_PREFIX)
+            or (None if evented is None else record.flow_run_id in evented),
         )
         if runs is None:
             decision = Decision(Action.LEAVE, "the flow runs could not be read")

@@ -14,7 +14,9 @@ The rules, in the order they apply:
   archives its chat).
 * **Ended ⇒ record it.** Completed, Cancelled: ``done``. Failed: rerun only on positive
   evidence — its failure handler marked it resumable (the failure was transient or
-  unknown and the chat was kept live, ``coder.workflow.resumable``); otherwise, after a
+  unknown and the chat was kept live: a mark in the store, or — when the store was
+  what failed and the mark could not be written — the run's ``coder.workflow.resumable``
+  event in Prefect); its evidence unreadable ⇒ leave alone; otherwise, after a
   grace that leaves the handler its turn, ``done`` (a final failure, or a flow without
   the handler: a rerun could repeat a final failure's turn). An expired approval (a
   person's non-decision) is ``done``.
@@ -143,8 +145,10 @@ class Observation:
     found: bool = True
     #: None: the workflow has no lease to ask (a fan-out), or the read failed.
     lease: LeaseFacts | None = None
-    #: Its failure handler marked the failed run resumable (the chat kept live).
-    resumable: bool = False
+    #: Its failure handler marked the failed run resumable (the chat kept live) in the
+    #: store or by the run's ``coder.workflow.resumable`` event; None: the events could
+    #: not be read (unknown).
+    resumable: bool | None = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,11 @@ def decide(o: Observation, t: Timing) -> Decision:
     if kind == "FAILED":
         if run.state_message == APPROVAL_EXPIRED_MESSAGE:
             return Decision(Action.DONE, "its approval expired: a person's (non-)decision")
+        if o.resumable is None:
+            return _leave(
+                "Failed: whether its failure handler kept the chat live could not be "
+                "read: unknown, nothing done"
+            )
         if o.resumable:
             return _recover_or_give_up(
                 o,

@@ -27,6 +27,7 @@ from prefect.context import FlowRunContext
 from prefect_coder.blocks.state.store import StateStore
 
 __all__ = [
+    "RESUMABLE_EVENT",
     "RunIdentity",
     "batch_key",
     "record_done",
@@ -36,6 +37,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("prefect_coder.flows.liveness")
+
+#: The event a failed run's failure handler emits when it keeps the chat live for a
+#: rerun; related to the run (``prefect.flow-run.<id>``), so the reconciler can read it
+#: when the store could not take the resumable mark.
+RESUMABLE_EVENT = "coder.workflow.resumable"
 
 #: The flows whose runs drive ONE workflow id (parameter ``workflow_id``) under its lease.
 WORKFLOW_FLOWS = frozenset({"agent-workflow", "agent-turn", "recover-turn"})

@@ -28,7 +28,7 @@ from prefect_coder.flows.common.params import WorkflowSettings, validate_workflo
 from prefect_coder.flows.common.resources import TurnResources, load_resources
 from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.liveness.decide import APPROVAL_EXPIRED_MESSAGE
-from prefect_coder.flows.liveness.track import workflow_record_key
+from prefect_coder.flows.liveness.track import RESUMABLE_EVENT, workflow_record_key
 from prefect_coder.flows.observe.observer import chat_resource
 from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.retire import ArchiveOutcome, retire_workflow_chat
@@ -180,11 +180,13 @@ async def end_failed_workflow(
     if verdict.action == "leave":
         logger.info("not archiving: %s (%s)", verdict.why, failure)
         return verdict
+    if verdict.action == "keep-live":
+        # Before keep_chat: the event is also the reconciler's evidence that a rerun
+        # can continue the workflow, whether or not the chat would have been archived.
+        await _resumable(workflow_id, settings, failure, verdict, logger, resources, flow_run_id)
+        return verdict
     if settings.keep_chat:
         logger.info("keep_chat is set: leaving the chat of %s live", workflow_id)
-        return verdict
-    if verdict.action == "keep-live":
-        await _resumable(workflow_id, settings, failure, verdict, logger, resources)
         return verdict
     try:
         resources = resources or await load_resources(settings)
@@ -239,6 +241,7 @@ async def _resumable(
     verdict: ArchiveVerdict,
     logger: Any,
     resources: TurnResources | None = None,
+    flow_run_id: str | None = None,
 ) -> None:
     """Leave the chat live and say so: ``coder.workflow.resumable`` on the checkpointed
     chat (the workflow's resource when the store cannot tell which chat it is)."""
@@ -262,13 +265,25 @@ async def _resumable(
     )
     try:
         emit_event(
-            event="coder.workflow.resumable",
+            event=RESUMABLE_EVENT,
             resource=chat_resource(chat_id, workflow_id),
             related=[
                 {
                     "prefect.resource.id": f"coder.workflow.{workflow_id}",
                     "prefect.resource.role": "workflow",
-                }
+                },
+                # Named explicitly (not only from the run context): the reconciler
+                # finds the mark by this run when the store could not take it.
+                *(
+                    [
+                        {
+                            "prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                            "prefect.resource.role": "flow-run",
+                        }
+                    ]
+                    if flow_run_id
+                    else []
+                ),
             ],
             payload={
                 "workflow_id": workflow_id,

@@ -1,7 +1,8 @@
 """Fixtures of the reconciler tests: the session's Prefect test server (tests/conftest.py),
 a fresh emulator per test (its event log is the measurement), and the fan-out tests'
-process fleet helpers (``tests/fanout/fanout_env.py``: deploy, workers, kills), which
-these tests reuse rather than copy."""
+process fleet helpers (``tests/fanout/fanout_env.py``: deploy, workers, kills) and the
+fault tests' private PostgreSQL (``tests/faults/faults_pg.py``), which these tests
+reuse rather than copy."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for extra in (HERE, HERE.parent / "fanout"):
+for extra in (HERE, HERE.parent / "fanout", HERE.parent / "faults"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 

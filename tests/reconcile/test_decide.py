@@ -85,6 +85,11 @@ ROWS: list[tuple[str, Observation, Action]] = [
         Action.DONE,
     ),
     (
+        "Failed, whether it is resumable unreadable (its events could not be read)",
+        obs(RunFacts("FAILED", "Failed", 60), RELEASED, resumable=None),
+        Action.LEAVE,
+    ),
+    (
         "Failed and resumable, recoveries exhausted",
         obs(RunFacts("FAILED", "Failed", 60), RELEASED, attempts=3, resumable=True),
         Action.GIVE_UP,

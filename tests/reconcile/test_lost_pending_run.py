@@ -31,7 +31,7 @@ from fanout_env import (
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
-from reconcile_env import one_message_per_step, start_workflow, tick_until
+from reconcile_env import FAST, one_message_per_step, start_workflow, tick_until
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
@@ -78,12 +78,25 @@ async def test_a_run_lost_while_pending_is_adopted_crashed_and_rerun(
                 await start_worker(pool, f"{pool}-w2", env, tmp_path / "w2.log", limit=1)
             )
 
+            async def marked() -> bool:
+                state = (await client.read_flow_run(run.id)).state
+                return state is not None and state.type != StateType.PENDING
+
+            await tick_until("the lost run marked Crashed", 240, settings, marked, seen=seen)
+
             async def finished() -> Any:
                 record = await store.workflows.get(workflow_record_key(item.workflow_id))
                 return record if record is not None and record.state == "done" else None
 
+            # The rerun's own start is seconds of imports, more on a busy machine: past
+            # the lost run, the grace is production's (a starting rerun is not lost).
             record = await tick_until(
-                "the workflow to complete", 240, settings, finished, seen=seen
+                "the workflow to complete",
+                240,
+                settings,
+                finished,
+                options=FAST.model_copy(update={"pending_grace_s": 120.0}),
+                seen=seen,
             )
             crashed = await client.read_flow_run(run.id)
             rerun = await client.read_flow_run(uuid.UUID(str(record.flow_run_id)))
