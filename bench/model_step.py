@@ -43,7 +43,7 @@ from prefect.utilities.annotations import quote  # noqa: E402
 from coder_chat.emulator import Emulator  # noqa: E402
 from coder_chat.gateway import GatewayClient  # noqa: E402
 from prefect_coder.blocks import CoderCredentials, StateStore  # noqa: E402
-from prefect_coder.flows.common.params import Step, WorkflowSettings  # noqa: E402
+from prefect_coder.flows.common.params import ModelStep, WorkflowSettings  # noqa: E402
 from prefect_coder.flows.common.resources import TurnResources  # noqa: E402
 from prefect_coder.flows.demo_tools import FixPlan  # noqa: E402
 from prefect_coder.flows.turn.model_step import model_step  # noqa: E402
@@ -97,7 +97,7 @@ async def _task_flow(n: int, creds: Any, store: Any) -> list[float]:
     client = creds.get_client()
     resources = quote(TurnResources(creds, store, client=client))
     settings = WorkflowSettings(artifacts=False)
-    step = Step(name="plan", kind="model", model="m", prompt="Plan a fix", output_model="fix_plan")
+    step = ModelStep(name="plan", model="m", prompt="Plan a fix", output_model="fix_plan")
     out = []
     for i in range(n):
         t0 = time.perf_counter()

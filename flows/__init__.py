@@ -12,7 +12,8 @@ The public names, imported lazily from their layer (see docs/architecture.md):
 * :func:`sweep_stuck_turns` — interrupt turns nobody finishes (flow)
 * :func:`agent_fanout` — many workflows in parallel within the turn cap (flow)
 * :func:`expire_approvals` — failure handler for timed-out approvals (flow)
-* :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult`, :class:`FanoutItem` — parameters and results;
+* :class:`Step` (an agent turn), :class:`ModelStep`, :class:`ApprovalStep` — the kinds of step;
+  :class:`WorkflowSettings`, :class:`TurnResult`, :class:`FanoutItem` — parameters and results;
   :func:`result_key` — where a step's result is stored
 * :mod:`prefect_coder.tools` — register client tools and output models by name
 
@@ -26,7 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prefect_coder.flows.common.params import Step, WorkflowSettings
+    from prefect_coder.flows.common.params import ApprovalStep, ModelStep, Step, WorkflowSettings
     from prefect_coder.flows.common.results import TurnResult, result_key
     from prefect_coder.flows.deployments.agent_fanout import FanoutItem, agent_fanout
     from prefect_coder.flows.deployments.agent_turn import agent_turn
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from prefect_coder.flows.turn.model_step import model_step
 
 __all__ = [
+    "ApprovalStep",
     "FanoutItem",
+    "ModelStep",
     "Step",
     "TurnResult",
     "WorkflowSettings",
@@ -59,6 +62,8 @@ __all__ = [
 
 _LAZY = {
     "Step": "prefect_coder.flows.common.params",
+    "ModelStep": "prefect_coder.flows.common.params",
+    "ApprovalStep": "prefect_coder.flows.common.params",
     "WorkflowSettings": "prefect_coder.flows.common.params",
     "TurnResult": "prefect_coder.flows.common.results",
     "result_key": "prefect_coder.flows.common.results",

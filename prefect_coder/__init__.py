@@ -5,7 +5,8 @@ The public names, each also in its own public module:
 * blocks (:mod:`prefect_coder.blocks`): :class:`CoderCredentials`, :class:`ChatStateStore`;
 * tools (:mod:`prefect_coder.tools`): :func:`registered_tool`, :func:`output_model`,
   :class:`ToolContext`;
-* parameters and results: :class:`Step`, :class:`WorkflowSettings`, :class:`TurnResult`;
+* parameters and results: :class:`Step` (an agent turn), :class:`ModelStep`,
+  :class:`ApprovalStep`, :class:`WorkflowSettings`, :class:`TurnResult`;
 * flows and tasks (:mod:`prefect_coder.flows`): :func:`agent_workflow`,
   :func:`agent_turn`, :func:`agent_fanout`, :func:`recover_turn`, :func:`run_turn`,
   :func:`model_step`, the sweeps;
@@ -29,6 +30,8 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials
 if TYPE_CHECKING:
     from prefect_coder.errors import PrefectCoderError
     from prefect_coder.flows import (
+        ApprovalStep,
+        ModelStep,
         Step,
         TurnResult,
         WorkflowSettings,
@@ -53,6 +56,8 @@ _LAZY = {
     **{
         name: "prefect_coder.flows"
         for name in (
+            "ApprovalStep",
+            "ModelStep",
             "Step",
             "TurnResult",
             "WorkflowSettings",
@@ -71,8 +76,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "ApprovalStep",
     "ChatStateStore",
     "CoderCredentials",
+    "ModelStep",
     "PrefectCoderError",
     "Step",
     "ToolContext",

@@ -9,19 +9,42 @@ and the fix — raised before any chat exists.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    GetJsonSchemaHandler,
+    Tag,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from prefect_coder.blocks.bounds import DAY, HOUR
+from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.errors import WorkflowParameterError
 
 __all__ = [
+    "DEFAULT_TOOL_MODULES",
+    "AgentStep",
+    "AnyStep",
+    "ApprovalStep",
+    "KindChoice",
+    "ModelStep",
+    "OutputModelName",
+    "RegisteredNames",
     "Step",
+    "ToolName",
     "WorkflowSettings",
+    "agent_steps",
     "step_marker",
     "validate_base_url",
     "validate_steps",
@@ -36,64 +59,305 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 _STEP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class Step(BaseModel):
-    """One step of a workflow: exactly one agent turn."""
+_PROMPT_HELP = (
+    "The user prompt sent for this step. Against the demo's emulated Coder the "
+    "model only answers 'Echo: ' and the prompt unless the prompt ends with a '#emu' "
+    "script (docs/emulator.md). A tool call (the step offers 'record_note'): "
+    '`Note it. #emu [{"tool_calls": [{"name": "record_note", "args": {"title": '
+    '"t", "body": "b"}}]}, {"text": "noted"}]`. A structured answer (output_model '
+    '\'fix_plan\'): `Plan it. #emu {"structured_output": {"summary": "pin the '
+    'dependency", "files": ["pyproject.toml"], "risk": "low"}}`. '
+    'A slow turn (watch its live artifact): `Wait. #emu {"sleep": 20, "text": '
+    '"done"}`. Real Coder models know nothing of #emu: leave it out there.'
+)
+_NAME_HELP = (
+    "Step name, unique within the workflow (letters, digits, '_', '.', '-'). "
+    "With the workflow id it keys the step's stored result."
+)
 
-    model_config = ConfigDict(extra="forbid")
+#: Tool modules a run imports unless its settings say otherwise (the demo's tools);
+#: the deployment form's tool and output-model choices load them too.
+DEFAULT_TOOL_MODULES = ("prefect_coder.flows.demo_tools",)
 
-    name: str = Field(
-        description=(
-            "Step name, unique within the workflow (letters, digits, '_', '.', '-'). "
-            "With the workflow id it keys the step's stored result."
+#: Which kind of step owns each kind-specific field (saved parameters of earlier
+#: releases carry every kind's fields on one flat step: see ``_flat_fields``).
+_OWNER = {
+    "tools": "agent",
+    "output_model": "agent",
+    "api": "model",
+    "model": "model",
+    "system": "model",
+    "timeout_s": "approval",
+}
+
+log = logging.getLogger(__name__)
+
+
+def _load_form_tools() -> None:
+    """Import the tool modules a deployment form offers names from: the default
+    ones, ``PREFECT_CODER_TOOL_MODULES`` and the ``prefect_coder.tools`` entry points
+    of this process (``prefect deploy`` builds the form here). Never raises: a
+    module that fails to import is reported by the run that needs it, with the fix."""
+    try:
+        registry.load_tool_modules(DEFAULT_TOOL_MODULES)
+    except Exception as exc:  # a form without those names beats no form
+        log.debug("tool modules for the step form: %s", exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredNames:
+    """JSON-schema hook of a name field: the names registered when the schema is
+    built (``prefect deploy``: the deployment's parameter schema) become its
+    ``enum``, so the Prefect form offers them as choices. Validation in Python
+    stays a plain string: a name the worker registers later is checked at the
+    run's edge (:func:`validate_steps`), with the registered names in the error."""
+
+    names: Callable[[], set[str]]
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        _load_form_tools()
+        names = sorted(self.names())
+        if names:  # an empty enum would refuse every value
+            schema["enum"] = names
+        return schema
+
+
+#: A registered client tool's name (the form offers the registered ones).
+ToolName = Annotated[str, RegisteredNames(registry.tool_names)]
+#: A registered structured-output model's name (the form offers the registered ones).
+OutputModelName = Annotated[str, RegisteredNames(registry.output_model_names)]
+
+
+def _open_form(required_kind: bool, help_text: str) -> Callable[[dict[str, Any]], None]:
+    """The JSON schema of one kind of step (``help_text`` is its form's help, not
+    the class docstring): no ``additionalProperties: false`` —
+    the server validates a run's parameters against it, and saved flat steps of
+    earlier releases carry the other kinds' fields (empty); the Python model drops
+    those and rejects filled ones. ``kind`` is required where it is not the default,
+    so exactly one kind matches a step (``oneOf``)."""
+
+    def edit(schema: dict[str, Any]) -> None:
+        schema.pop("additionalProperties", None)
+        schema["description"] = help_text
+        # A one-choice select in the form rather than a free text box.
+        kind = schema["properties"]["kind"]
+        kind["enum"] = [kind["const"]]
+        if required_kind:
+            schema["required"] = ["kind", *[f for f in schema.get("required", []) if f != "kind"]]
+
+    return edit
+
+
+def _flat_fields(kind: str, own: set[str], data: Any) -> Any:
+    """A saved flat step (every kind's fields, the other kinds' empty) as this
+    kind's fields; another kind's field that carries a value is an error naming
+    it and the kind it belongs to."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, owner in _OWNER.items():
+        if key in own or key not in out:
+            continue
+        value = out.pop(key)
+        if value is None or value == [] or value == "":
+            continue
+        if kind == "approval" and key in ("tools", "output_model"):
+            raise ValueError(
+                f"{key}: an approval step calls no model, so it takes no tools or "
+                "output_model; move them to the step after the approval"
+            )
+        if kind == "model" and key == "tools":
+            raise ValueError(
+                "tools: a model step has no chat, so it cannot offer client tools; "
+                "make it an agent step, or drop the tools"
+            )
+        raise ValueError(
+            f"{key}: a field of {owner} steps, not of {kind} steps; set kind to "
+            f"{owner!r}, or drop {key}"
         )
+    return out
+
+
+class Step(BaseModel):
+    """An agent step: exactly one turn of the workflow's Coder chat.
+
+    ``Step(name=..., prompt=...)``; :class:`ModelStep` and :class:`ApprovalStep`
+    are the other kinds of step (:data:`AnyStep`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Agent step",
+        json_schema_extra=_open_form(False, "A turn of the workflow's Coder chat."),
     )
+
+    name: str = Field(description=_NAME_HELP)
+    prompt: str = Field(description=_PROMPT_HELP)
+    kind: Literal["agent"] = Field(
+        default="agent",
+        description="'agent': a turn of the workflow's Coder chat.",
+    )
+    tools: list[ToolName] = Field(
+        default_factory=list,
+        description=(
+            "Registered client tools this step offers the model (the choices are the "
+            "tools registered when the deployment was made: docs/deploy.md)."
+        ),
+    )
+    output_model: OutputModelName | None = Field(
+        default=None,
+        description=(
+            "A registered structured-output model; the step's answer is then the "
+            "model's validated JSON (TurnResult.structured)."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        other = data.get("kind") if isinstance(data, dict) else None
+        if other in ("model", "approval"):
+            # Only a direct Step(kind=...) gets here (a list of steps picks the
+            # class by kind): the caller of an earlier release's flat Step.
+            kind_class = "ModelStep" if other == "model" else "ApprovalStep"
+            raise ValueError(
+                f"kind: an agent step goes here, not a {other!r} step (agent-turn runs "
+                "agent steps only; model and approval steps run in agent-workflow, and "
+                f"in Python a {other!r} step is a {kind_class}(name=..., prompt=..., ...))"
+            )
+        return _flat_fields("agent", set(cls.model_fields), data)
+
+
+#: The same class under the name of its kind.
+AgentStep = Step
+
+
+class ModelStep(BaseModel):
+    """A model step: one AI Gateway call, no chat (docs/model-steps.md)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Model step",
+        json_schema_extra=_open_form(True, "One AI Gateway call, no chat (docs/model-steps.md)."),
+    )
+
+    name: str = Field(description=_NAME_HELP)
     prompt: str = Field(
         description=(
-            "The user prompt sent for this step. Against the demo's emulated Coder the "
-            "model only answers 'Echo: ' and the prompt unless the prompt ends with a '#emu' "
-            "script (docs/emulator.md). A tool call (the step offers 'record_note'): "
-            '`Note it. #emu [{"tool_calls": [{"name": "record_note", "args": {"title": '
-            '"t", "body": "b"}}]}, {"text": "noted"}]`. A structured answer (output_model '
-            '\'fix_plan\'): `Plan it. #emu {"structured_output": {"summary": "pin the '
-            'dependency", "files": ["pyproject.toml"], "risk": "low"}}`. '
-            'A slow turn (watch its live artifact): `Wait. #emu {"sleep": 20, "text": '
-            '"done"}`. Real Coder models know nothing of #emu: leave it out there.'
+            "The prompt sent to the model; '{previous}' is replaced by the previous step's answer."
         )
     )
-    tools: list[str] = Field(
-        default_factory=list,
-        description="Names of registered client tools this step offers the model.",
+    kind: Literal["model"] = Field(
+        default="model",
+        description="'model': one AI Gateway call, no chat (docs/model-steps.md).",
     )
-    output_model: str | None = Field(
-        default=None,
-        description=(
-            "Name of a registered structured-output model; the step's answer is then "
-            "the model's validated JSON (TurnResult.structured)."
-        ),
+    model: str = Field(
+        description="The model name the AI Gateway routes (e.g. 'gpt-4o-mini').",
     )
-    kind: Literal["agent", "model", "approval"] = Field(
-        default="agent",
-        description=(
-            "'agent': a turn of the workflow's chat. 'model': one AI Gateway call, no chat "
-            "(docs/model-steps.md). 'approval': suspend until a person approves, rejects "
-            "or edits the next prompt (docs/approvals.md); the prompt is shown to them."
-        ),
-    )
+    # Nullable: steps saved by earlier releases carry "api": null (the default),
+    # and the server checks a new run's parameters against this schema.
     api: Literal["openai", "anthropic"] | None = Field(
-        default=None,
-        description="Model steps: the AI Gateway surface (default 'openai').",
+        default="openai", description="The AI Gateway surface (empty: 'openai')."
     )
-    model: str | None = Field(
+    system: str | None = Field(default=None, description="An optional system prompt.")
+    output_model: OutputModelName | None = Field(
         default=None,
-        description="Model steps: the model name the AI Gateway routes (e.g. 'gpt-4o-mini').",
+        description=(
+            "A registered structured-output model; the answer is then the model's "
+            "validated JSON (one re-ask on invalid output)."
+        ),
     )
-    system: str | None = Field(default=None, description="Model steps: an optional system prompt.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        return _flat_fields("model", set(cls.model_fields), data)
+
+
+class ApprovalStep(BaseModel):
+    """An approval step: the run suspends until a person approves, rejects or
+    edits the next prompt (docs/approvals.md)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Approval step",
+        json_schema_extra=_open_form(
+            True,
+            "The run suspends until a person approves, rejects or edits the next "
+            "prompt (docs/approvals.md).",
+        ),
+    )
+
+    name: str = Field(description=_NAME_HELP)
+    prompt: str = Field(description="What the person is asked (shown on the approval form).")
+    kind: Literal["approval"] = Field(
+        default="approval",
+        description="'approval': suspend until a person decides (docs/approvals.md).",
+    )
     timeout_s: float | None = Field(
         default=None,
         gt=0,
         le=30 * DAY,
-        description="Approval steps: seconds to wait for a decision (empty: 24 hours).",
+        description="Seconds to wait for a decision (empty: 24 hours).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        return _flat_fields("approval", set(cls.model_fields), data)
+
+
+@dataclasses.dataclass(frozen=True)
+class KindChoice:
+    """JSON-schema hook of a step union: the kinds as ``anyOf`` (the Prefect UI
+    renders it as one tab per kind, each with only that kind's fields; the V1 UI
+    reads no ``oneOf`` at all), with the OpenAPI ``discriminator`` naming ``kind``.
+    Exactly one kind matches a step: every kind's ``kind`` is a different constant.
+    ``kinds``: the union's kinds, in its order."""
+
+    kinds: tuple[str, ...]
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        choices = schema.pop("oneOf", None)
+        if choices is None:
+            return schema
+        schema["anyOf"] = choices
+        schema["discriminator"] = {
+            "propertyName": "kind",
+            "mapping": {kind: ref["$ref"] for kind, ref in zip(self.kinds, choices, strict=True)},
+        }
+        return schema
+
+
+def _kind_of(value: Any) -> str | None:
+    # A step without "kind" is an agent step (the default of every release).
+    kind = value.get("kind", "agent") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+#: Any step of a workflow, by its ``kind`` (the Prefect form shows one kind's
+#: fields at a time). A step without ``kind`` is an agent step.
+AnyStep = Annotated[
+    Annotated[Step, Tag("agent")]
+    | Annotated[ModelStep, Tag("model")]
+    | Annotated[ApprovalStep, Tag("approval")],
+    Discriminator(
+        _kind_of,
+        custom_error_type="step_kind",
+        custom_error_message="kind must be 'agent', 'model' or 'approval'",
+    ),
+    KindChoice(("agent", "model", "approval")),
+]
+
+
+def agent_steps(steps: Sequence[AnyStep]) -> list[Step]:
+    """The agent steps of ``steps``, in order."""
+    return [s for s in steps if isinstance(s, Step)]
 
 
 class WorkflowSettings(BaseModel):
@@ -184,7 +448,7 @@ class WorkflowSettings(BaseModel):
         ),
     )
     tool_modules: list[str] = Field(
-        default_factory=lambda: ["prefect_coder.flows.demo_tools"],
+        default_factory=lambda: list(DEFAULT_TOOL_MODULES),
         description=(
             "Python modules imported first; they register tools and output models. Merged "
             "with the worker's shared tool modules: PREFECT_CODER_TOOL_MODULES and the "
@@ -227,7 +491,7 @@ def validate_base_url(base_url: str, field: str) -> None:
 
 
 def validate_steps(
-    steps: Sequence[Step],
+    steps: Sequence[AnyStep],
     *,
     tool_names: set[str],
     output_model_names: set[str],
@@ -257,25 +521,15 @@ def validate_steps(
         seen.add(step.name)
         if not step.prompt.strip():
             raise WorkflowParameterError(f"{where}.prompt", "the prompt is empty", "write one")
-        if step.kind == "model" and not step.model:
+        if isinstance(step, ModelStep) and not step.model.strip():
             raise WorkflowParameterError(
                 f"{where}.model",
                 "a model step needs the model name",
                 "set e.g. 'gpt-4o-mini' (the name the AI Gateway routes)",
             )
-        if step.kind == "approval" and (step.tools or step.output_model):
-            raise WorkflowParameterError(
-                f"{where}.kind",
-                "an approval step calls no model, so it takes no tools or output_model",
-                "move them to the step after the approval",
-            )
-        if step.kind == "model" and step.tools:
-            raise WorkflowParameterError(
-                f"{where}.tools",
-                "a model step has no chat, so it cannot offer client tools",
-                "make it an agent step, or drop the tools",
-            )
-        for j, tool in enumerate(step.tools):
+        if isinstance(step, ApprovalStep):
+            continue
+        for j, tool in enumerate(step.tools if isinstance(step, Step) else []):
             if tool not in tool_names:
                 raise WorkflowParameterError(
                     f"{where}.tools[{j}]",
@@ -283,7 +537,8 @@ def validate_steps(
                     f"(registered: {', '.join(sorted(tool_names)) or 'none'})",
                     "register it with @prefect_coder.tools.registered_tool in a tool "
                     "module (settings.tool_modules, PREFECT_CODER_TOOL_MODULES or a "
-                    "'prefect_coder.tools' entry point), or fix the name",
+                    "'prefect_coder.tools' entry point), or fix the name; a deployment's "
+                    "form offers the tools registered when it was deployed (docs/deploy.md)",
                 )
         if step.output_model is not None and step.output_model not in output_model_names:
             raise WorkflowParameterError(

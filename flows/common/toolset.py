@@ -28,7 +28,7 @@ from coder_chat.crash_safe import (
 )
 from coder_chat.tools import STRUCTURED_OUTPUT_TOOL, ClientTool, StructuredOutput, structured_output
 from prefect_coder.flows.common import registry
-from prefect_coder.flows.common.params import Step
+from prefect_coder.flows.common.params import AnyStep, ModelStep, Step
 
 __all__ = ["ResolvedTools", "Toolset", "bind_crash_safe"]
 
@@ -44,12 +44,16 @@ class Toolset(BaseModel):
     )
 
     @classmethod
-    def of_steps(cls, steps: Sequence[Step]) -> Toolset:
-        """The union over ``steps``, in first-use order."""
+    def of_steps(cls, steps: Sequence[AnyStep]) -> Toolset:
+        """The union over ``steps``, in first-use order (an approval step names
+        none; a model step's output model is declared like an agent step's)."""
         tools: list[str] = []
         models: list[str] = []
         for step in steps:
-            tools += [t for t in step.tools if t not in tools]
+            if not isinstance(step, Step | ModelStep):
+                continue
+            if isinstance(step, Step):
+                tools += [t for t in step.tools if t not in tools]
             if step.output_model and step.output_model not in models:
                 models.append(step.output_model)
         return cls(tools=tools, output_models=models)

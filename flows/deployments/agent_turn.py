@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.common.errors import WorkflowParameterError
 from prefect_coder.flows.common.params import Step, WorkflowSettings
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.common.toolset import Toolset
@@ -39,12 +38,6 @@ async def agent_turn(
             Default: this step's own tools.
     """
     settings = settings or WorkflowSettings()
-    if step.kind != "agent":
-        raise WorkflowParameterError(
-            "step.kind",
-            f"agent-turn runs agent turns only, not a {step.kind!r} step",
-            "run model and approval steps in agent-workflow",
-        )
     resources = await prepare(workflow_id, [step], settings, workflow_tools)
     turn = run_turn.with_options(
         retries=settings.retries, retry_delay_seconds=settings.retry_delay_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import AnyStep, WorkflowSettings
 from prefect_coder.flows.liveness.track import record_done, this_run, workflow_record_key
 from prefect_coder.flows.workflow.end_of_life import archive_on_failure
 from prefect_coder.flows.workflow.steps import StepResult, prepare, run_steps
@@ -21,7 +21,7 @@ __all__ = ["agent_workflow"]
 )
 async def agent_workflow(
     workflow_id: str,
-    steps: list[Step],
+    steps: list[AnyStep],
     settings: WorkflowSettings | None = None,
 ) -> list[StepResult]:
     """Run ``steps`` in order as turns of one Coder chat, then archive it.

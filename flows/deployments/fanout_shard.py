@@ -18,7 +18,7 @@ its chat before sending anything.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -31,7 +31,7 @@ from prefect_coder.blocks.state import workflow_key
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.errors import WorkflowParameterError
 from prefect_coder.flows.common.params import (
-    Step,
+    AnyStep,
     WorkflowSettings,
     validate_steps,
     validate_workflow_id,
@@ -66,7 +66,7 @@ class FanoutItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workflow_id: str = Field(description="Stable id of this workflow (unique in the fan-out).")
-    steps: list[Step] = Field(description="The workflow's steps, run in order.")
+    steps: list[AnyStep] = Field(description="The workflow's steps, run in order.")
 
 
 class FanoutOutcome(BaseModel):
@@ -84,10 +84,10 @@ class FanoutOutcome(BaseModel):
     runs: int = 0
 
 
-def _validate(item: FanoutItem) -> None:
-    validate_workflow_id(item.workflow_id)
+def _validate(workflow_id: str, steps: Sequence[AnyStep]) -> None:
+    validate_workflow_id(workflow_id)
     validate_steps(
-        item.steps,
+        steps,
         tool_names=registry.tool_names(),
         output_model_names=registry.output_model_names(),
     )
@@ -95,7 +95,7 @@ def _validate(item: FanoutItem) -> None:
 
 async def run_in_process(
     workflow_id: str,
-    steps: list[Step],
+    steps: Sequence[AnyStep],
     settings: WorkflowSettings,
     resources: TurnResources | None = None,
 ) -> list[Any]:
@@ -108,7 +108,7 @@ async def run_in_process(
     shard: they are the same blocks, and loading them is two API calls."""
     if resources is None:
         registry.load_tool_modules(settings.tool_modules)
-        _validate(FanoutItem(workflow_id=workflow_id, steps=steps))
+        _validate(workflow_id, steps)
         resources = await load_resources(settings)
     try:
         # The archive inline, not as a task run of its own: one Prefect task run per
@@ -161,7 +161,7 @@ async def run_many_in_process(
     invalid: dict[str, str] = {}
     for item in workflows:
         try:
-            _validate(item)
+            _validate(item.workflow_id, item.steps)
         except WorkflowParameterError as exc:
             invalid[item.workflow_id] = f"{type(exc).__name__}: {exc}"
     resources: TurnResources | None = None

@@ -23,8 +23,10 @@ from coder_chat.recovery import TurnRecovery, timeline_origin
 from coder_chat.rest import ChatClient
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.params import (
+    AnyStep,
     Step,
     WorkflowSettings,
+    agent_steps,
     step_marker,
     validate_workflow_id,
 )
@@ -139,7 +141,7 @@ async def _inspect(
     resources: TurnResources,
     settings: WorkflowSettings,
     step: str | None,
-    steps: list[Step] | None,
+    steps: list[AnyStep] | None,
     resubmit: bool,
     timeline: _Timeline,
 ) -> _Plan:
@@ -186,7 +188,7 @@ async def _inspect(
     if entry is None or entry.marker != marker:
         report.reason = f"step {name!r} has no unfinished attempt on the chat"
         return _Plan()
-    wanted = next((s for s in steps or [] if s.name == name), None)
+    wanted = next((s for s in agent_steps(steps or []) if s.name == name), None)
     if wanted is None:
         wanted = await _step_from_history(client, checkpoint.chat_id, workflow_id, name)
     if wanted is None:
@@ -266,7 +268,7 @@ async def recover_turn(
     step: str | None = None,
     resubmit: bool = True,
     settings: WorkflowSettings | None = None,
-    steps: list[Step] | None = None,
+    steps: list[AnyStep] | None = None,
     finish_workflow: bool = False,
 ) -> RecoverTurnReport:
     """Recover a workflow's stuck or crashed step.

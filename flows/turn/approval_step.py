@@ -52,7 +52,7 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
-from prefect_coder.flows.common.params import Step
+from prefect_coder.flows.common.params import AnyStep, ApprovalStep
 from prefect_coder.flows.common.results import result_key
 from prefect_coder.flows.observe.run_log import RunLogger
 
@@ -186,7 +186,7 @@ async def _stored_decision(workflow_id: str, step_name: str) -> ApprovalResult |
 
 
 def _description(
-    workflow_id: str, step: Step, last_text: str | None, next_step: Step | None
+    workflow_id: str, step: ApprovalStep, last_text: str | None, next_step: AnyStep | None
 ) -> str:
     lines = [f"**Approval `{step.name}` of workflow `{workflow_id}`**", "", step.prompt, ""]
     if last_text:
@@ -205,10 +205,10 @@ def _description(
 
 async def await_approval(
     workflow_id: str,
-    step: Step,
+    step: ApprovalStep,
     *,
     last_text: str | None = None,
-    next_step: Step | None = None,
+    next_step: AnyStep | None = None,
 ) -> ApprovalResult:
     """Suspend the flow run until a person decides (flow level only).
 

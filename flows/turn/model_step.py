@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from coder_chat.gateway import GatewayClient, GatewayError
 from prefect_coder.flows.common import registry
-from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import ModelStep, WorkflowSettings
 from prefect_coder.flows.common.resources import TurnResources, load_resources
 from prefect_coder.flows.common.results import result_key
 
@@ -91,7 +91,7 @@ def gateway_for(resources: TurnResources) -> GatewayClient:
 
 async def execute_model_step(
     workflow_id: str,
-    step: Step,
+    step: ModelStep,
     settings: WorkflowSettings,
     resources: TurnResources,
     previous: str | None = None,
@@ -149,7 +149,7 @@ async def execute_model_step(
 )
 async def model_step(
     workflow_id: str,
-    step: Step,
+    step: ModelStep,
     settings: WorkflowSettings,
     resources: TurnResources | None = None,
     previous: str | None = None,

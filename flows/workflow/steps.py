@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any, cast
 
 from prefect.exceptions import Pause
@@ -22,8 +23,11 @@ from prefect.utilities.annotations import quote
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.errors import WorkflowParameterError
 from prefect_coder.flows.common.params import (
-    Step,
+    AnyStep,
+    ApprovalStep,
+    ModelStep,
     WorkflowSettings,
+    agent_steps,
     step_marker,
     validate_steps,
     validate_toolset,
@@ -54,7 +58,7 @@ StepResult = TurnResult | ModelStepResult | ApprovalResult
 
 async def prepare(
     workflow_id: str,
-    steps: list[Step],
+    steps: Sequence[AnyStep],
     settings: WorkflowSettings,
     extra_tools: Toolset | None = None,
 ) -> TurnResources:
@@ -92,7 +96,7 @@ def _previous_answer(results: list[StepResult]) -> str | None:
 
 async def run_steps(
     workflow_id: str,
-    steps: list[Step],
+    steps: Sequence[AnyStep],
     settings: WorkflowSettings,
     resources: TurnResources,
     *,
@@ -114,9 +118,9 @@ async def run_steps(
     fan-out, whose own table lists its workflows, passes False."""
     turn, model = _step_tasks(settings.retries, settings.retry_delay_s)
     # Client tools are declared once, when the first step creates the chat.
-    toolset = Toolset.of_steps([s for s in steps if s.kind == "agent"])
+    toolset = Toolset.of_steps(agent_steps(steps))
     results: list[StepResult] = []
-    edited: dict[str, Step] = {}
+    edited: dict[str, AnyStep] = {}
     failure: BaseException | None = None
     waiting = False
     # This workflow's artifacts and events only: in a fan-out shard its neighbours'
@@ -138,7 +142,7 @@ async def run_steps(
                     # field by field twice per task run (inputs, then resolution; ≈ 2 %
                     # of a fan-out worker's loop, docs/performance.md round 8). The
                     # task gets them unquoted, its run name and cache key too.
-                    if step.kind == "model":
+                    if isinstance(step, ModelStep):
                         results.append(
                             await model(
                                 workflow_id,
@@ -148,7 +152,7 @@ async def run_steps(
                                 _previous_answer(results),
                             )
                         )
-                    elif step.kind == "approval":
+                    elif isinstance(step, ApprovalStep):
                         if not allow_approval:
                             raise WorkflowParameterError(
                                 f"steps[{i}].kind",
@@ -214,7 +218,7 @@ async def run_steps(
 
 
 def summary_rows(
-    steps: list[Step],
+    steps: Sequence[AnyStep],
     results: list[StepResult],
     failure: BaseException | None,
     *,
@@ -243,7 +247,7 @@ def summary_rows(
     return rows, "completed"
 
 
-def _row(step: Step, result: StepResult) -> SummaryRow:
+def _row(step: AnyStep, result: StepResult) -> SummaryRow:
     if isinstance(result, ApprovalResult):
         decided = result.decision + (f" ({result.comment})" if result.comment else "")
         if result.decision == "edit":

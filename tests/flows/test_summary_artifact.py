@@ -9,7 +9,7 @@ from typing import Any
 from flow_helpers import emu_directive, say
 from prefect import get_client
 
-from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import ApprovalStep, Step, WorkflowSettings
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.observe.summary import render_workflow_summary, summary_key
 from prefect_coder.flows.turn.approval_step import ApprovalResult
@@ -25,7 +25,7 @@ def _turn(step: str, text: str, attempt: int = 1) -> TurnResult:
 def test_rows_show_every_step_and_each_decision() -> None:
     steps = [
         Step(name="draft", prompt="d"),
-        Step(name="review", prompt="r", kind="approval"),
+        ApprovalStep(name="review", prompt="r"),
         Step(name="apply", prompt="a"),
         Step(name="report", prompt="p"),
     ]
@@ -90,7 +90,7 @@ async def test_a_workflow_publishes_its_summary_card(
 
 
 def test_a_run_suspended_at_an_approval_is_waiting_not_failed() -> None:
-    steps = [Step(name="draft", prompt="d"), Step(name="review", prompt="r", kind="approval")]
+    steps = [Step(name="draft", prompt="d"), ApprovalStep(name="review", prompt="r")]
     rows, outcome = summary_rows(steps, [_turn("draft", "plan")], None, waiting=True)
     assert outcome == "waiting for approval at `review`"
     assert [r.state for r in rows] == ["completed", "waiting on a person"]

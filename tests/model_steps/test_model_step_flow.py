@@ -14,7 +14,7 @@ from model_env import TOKEN
 from coder_chat.emulator import Emulator
 from coder_chat.gateway import GatewayAuthError
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import ModelStep, Step, WorkflowSettings
 from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.turn.approval_step import ApprovalResult
@@ -62,17 +62,15 @@ async def test_mixed_workflow_persists_and_reruns_for_free(
     settings = await _settings(emu, tmp_path)
     wf = f"mix-{uuid.uuid4().hex[:8]}"
     steps = [
-        Step(
+        ModelStep(
             name="plan",
-            kind="model",
             model="gpt-x",
             prompt="Plan a fix for the flaky test",
             output_model="fix_plan",
         ),
         Step(name="work", prompt="Apply the plan"),
-        Step(
+        ModelStep(
             name="summary",
-            kind="model",
             api="anthropic",
             model="claude-x",
             prompt="Summarize: {previous}",
@@ -111,9 +109,7 @@ async def test_rate_limit_is_retried_and_auth_failure_is_not(
     prefect_server: Path, emu: Emulator, tmp_path: Path
 ) -> None:
     settings = await _settings(emu, tmp_path)
-    step = Step(
-        name="classify", kind="model", model="m", prompt="classify this", output_model="fix_plan"
-    )
+    step = ModelStep(name="classify", model="m", prompt="classify this", output_model="fix_plan")
     emu.faults.fail_rest(1, status=429, method="POST", path="/aibridge/")
     [result] = await agent_workflow(f"rl-{uuid.uuid4().hex[:8]}", [step], settings)
     assert isinstance(result, ModelStepResult) and result.attempts == 1
@@ -130,9 +126,8 @@ async def test_invalid_twice_fails_the_step_without_retry(
     prefect_server: Path, emu: Emulator, tmp_path: Path
 ) -> None:
     settings = await _settings(emu, tmp_path)
-    step = Step(
+    step = ModelStep(
         name="x",
-        kind="model",
         model="m",
         output_model="fix_plan",
         prompt='extract #gw {"invalid": 9}',
@@ -146,7 +141,7 @@ async def test_byok_mode_from_the_block(
     prefect_server: Path, emu: Emulator, tmp_path: Path
 ) -> None:
     settings = await _settings(emu, tmp_path, ai_gateway_upstream_key="sk-up-XYZ")
-    step = Step(name="s", kind="model", model="m", prompt="hello")
+    step = ModelStep(name="s", model="m", prompt="hello")
     [result] = await agent_workflow(f"byok-{uuid.uuid4().hex[:8]}", [step], settings)
     assert result.text == "Echo: hello"
     assert _aibridge(emu)[0]["byok"] is True

@@ -44,7 +44,7 @@ from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import StateStore
-from prefect_coder.flows.common.params import Step, step_marker
+from prefect_coder.flows.common.params import ApprovalStep, Step, step_marker
 from prefect_coder.flows.deployments.expire_approvals import expire_approvals
 from prefect_coder.flows.deployments.fanout_shard import FanoutItem
 from prefect_coder.flows.deployments.reconcile_workflows import ReconcileRow
@@ -68,9 +68,8 @@ async def test_a_suspended_approval_outlives_the_zombie_window_and_runs_its_next
         steps=[
             Step(name="draft", prompt=f'{step_marker(wf, "draft")} #emu {{"text": "drafted"}}'),
             # Its deadline well after the watch (the approval's only clock).
-            Step(
+            ApprovalStep(
                 name="review",
-                kind="approval",
                 prompt="Ship it?",
                 timeout_s=max(600, int(WITHIN_S + PAST_S + 300)),
             ),
@@ -187,7 +186,7 @@ async def test_an_expired_approval_is_recorded_done_never_rerun(
         workflow_id=wf,
         steps=[
             Step(name="draft", prompt=f'{step_marker(wf, "draft")} #emu {{"text": "drafted"}}'),
-            Step(name="review", kind="approval", prompt="Ship it?", timeout_s=2),
+            ApprovalStep(name="review", prompt="Ship it?", timeout_s=2),
             Step(name="apply", prompt=f'{step_marker(wf, "apply")} #emu {{"text": "applied"}}'),
         ],
     )
