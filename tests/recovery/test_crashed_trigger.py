@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import payment_tools  # noqa: F401  # charge_card in the deployments' tools enum (docs/deploy.md)
 import pytest
 import yaml
 from crash_matrix import (
