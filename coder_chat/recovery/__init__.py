@@ -11,7 +11,9 @@ step runs again on its checkpointed chat it must not just resubmit:
    crash-safe tools' ledger (:meth:`TurnRecovery.reconcile`).
 3. **Result check** — the crashed attempt may already have finished the step's
    work: recover its result from history instead of resubmitting
-   (:meth:`TurnRecovery.check_result`).
+   (:meth:`TurnRecovery.check_result`) — only from a history that ends with the
+   turn the settle's status read covered; a send that landed later is settled
+   again (followed), never taken for a result.
 
 The pure decisions live in :mod:`coder_chat.core.recovery`; this module only
 does the I/O and records every decision (:attr:`RecoveryOutcome.decisions`:
