@@ -28,6 +28,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,19 @@ def _coverage(outcomes: list[Any]) -> dict[str, int]:
             if phase.kind == "child":
                 seen["child runs"] += 1
                 seen["kills that landed"] += line.startswith("killed")
+                if phase.flow != "agent-workflow":
+                    seen[f"child runs of {phase.flow}"] += 1
+                    seen[f"kills that landed in {phase.flow}"] += line.startswith("killed")
+                seen["runs suspended at an approval"] += line.startswith("suspended")
+                seen["kills at run start"] += (
+                    phase.crash_at == "turn.slot_held:1" and line.startswith("killed")
+                )
+            elif phase.kind == "decide":
+                seen["approvals decided"] += 1
+                seen["resumed runs"] += line.count("resumed run")
+                seen["resumed runs killed"] += len(
+                    re.findall(r"resumed run \d+ of \d+ killed", line)
+                )
             else:
                 seen[f"recoveries by {phase.mode}"] += 1
             seen["faults armed"] += len(phase.faults)
@@ -105,14 +119,22 @@ def main(args: argparse.Namespace) -> int:
 async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
     from chaos_runner import Outcome, open_rig, process_env, run_schedule
-    from chaos_schedule import make_schedule
+    from chaos_schedule import LIFECYCLES, make_schedule
     from payments import running_payments
     from prefect.settings import PREFECT_API_URL
 
     logging.getLogger("coder_chat").setLevel(logging.ERROR)
     logging.getLogger("prefect").setLevel(logging.ERROR)
+    # "N" = seed N as drawn; "N:LIFECYCLE" = with that lifecycle forced ("N:" = none)
+    plan: dict[int, str | None] = {}
     if args.only:
-        seeds = [int(s) for s in args.only.split(",") if s.strip()]
+        for item in (s.strip() for s in args.only.split(",")):
+            if item:
+                n, sep, life = item.partition(":")
+                if sep and life not in LIFECYCLES:
+                    raise SystemExit(f"unknown lifecycle {life!r}: one of {list(LIFECYCLES)}")
+                plan[int(n)] = life if sep else None
+        seeds = list(plan)
     else:
         seeds = list(range(args.first, args.first + args.seeds))
     outcomes: list[Outcome] = []
@@ -158,7 +180,7 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
                 except asyncio.QueueEmpty:
                     return
                 try:
-                    outcome = await run_schedule(rig, make_schedule(seed))
+                    outcome = await run_schedule(rig, make_schedule(seed, plan.get(seed)))
                 except Exception:
                     harness_errors.append((seed, traceback.format_exc()))
                     print(f"seed {seed}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
@@ -188,27 +210,20 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
     print(f"schedules run: {len(outcomes)} of {len(seeds)} (harness errors: {len(harness_errors)})")
     bad = sorted(o.schedule.seed for o in outcomes if not o.ok)
     print(f"schedules with violations: {len(bad)} {bad if bad else ''}")
-    for inv in (
+    invariants = (
         "exactly-once",
+        "one-key",
         "finished-attempt",
+        "archived-early",
         "chats-at-rest",
         "extra-turns",
         "recovery-finished",
         "phase-bounded",
-    ):
+    )
+    for inv in invariants:
         seeds_of = sorted(by_invariant.get(inv, []))
         print(f"  {inv:18} {len(seeds_of):4} {seeds_of if seeds_of else ''}")
-    for inv in sorted(
-        set(by_invariant)
-        - {
-            "exactly-once",
-            "finished-attempt",
-            "chats-at-rest",
-            "extra-turns",
-            "recovery-finished",
-            "phase-bounded",
-        }
-    ):
+    for inv in sorted(set(by_invariant) - set(invariants)):
         print(f"  {inv:18} {len(by_invariant[inv]):4} {sorted(by_invariant[inv])}")
     noted = sorted(o.schedule.seed for o in outcomes if o.notes)
     kinds = Counter(n.split(": ", 1)[-1] for o in outcomes for n in o.notes)
@@ -223,11 +238,22 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
             f"max {secs[-1]:.1f} s; wall {wall:.0f} s with {args.parallel} rigs "
             f"({len(outcomes) / wall * 60:.1f} schedules/min)"
         )
+        for life in LIFECYCLES:
+            mine = sorted(o.seconds for o in outcomes if o.schedule.lifecycle == life)
+            if mine:
+                bad_here = sum(not o.ok for o in outcomes if o.schedule.lifecycle == life)
+                print(
+                    f"  lifecycle {life or '(none)':13} {len(mine):4} schedules, "
+                    f"{bad_here} with violations: p50 {statistics.median(mine):.1f} s, "
+                    f"p95 {mine[min(len(mine) - 1, int(0.95 * len(mine)))]:.1f} s, "
+                    f"max {mine[-1]:.1f} s"
+                )
     if args.json:
         text = json.dumps(
             [
                 {
                     "seed": o.schedule.seed,
+                    "lifecycle": o.schedule.lifecycle,
                     "ok": o.ok,
                     "seconds": round(o.seconds, 2),
                     "schedule": o.schedule.describe().splitlines(),
@@ -250,7 +276,12 @@ if __name__ == "__main__":
     )
     p.add_argument("--seeds", type=int, default=300, help="how many seeds (default 300)")
     p.add_argument("--first", type=int, default=1, help="first seed (default 1)")
-    p.add_argument("--only", default="", help="comma-separated seeds to run instead")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated seeds to run instead; N:LIFECYCLE forces a lifecycle "
+        "dimension (start, recovery-run, shard, approval; 'N:' none)",
+    )
     p.add_argument("--parallel", type=int, default=3, help="independent rigs (default 3)")
     p.add_argument(
         "--max-minutes",

@@ -24,6 +24,13 @@ recorded: the emulator's stored rows and event log, and the payments service.
   on create: a fault) or when several crashes each left one.
 * ``recovery-finished`` — recovery reached the end of the workflow (a clean rerun
   after the schedule succeeds) and returns the stored results unchanged.
+* ``one-key`` — each logical tool call reached the payments service under one
+  ledger idempotency key, however often it was asked (a repeat under a new
+  tool-call id re-drives or replays the first call's key, never a key of its own).
+* ``archived-early`` — the workflow's chat was not archived before its last step's
+  attempt finished (the emulator's ``archived`` events against that attempt's
+  completed turn end); the runner adds the same violation when a chat is archived
+  while the workflow waits for an approval.
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ class Evidence:
     fired: int = 0
     recovery_error: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: every idempotency key the payments service was asked with → its amount
+    keys: dict[str, int] = field(default_factory=dict)
 
 
 def _text(m: dict[str, Any]) -> str:
@@ -99,6 +108,56 @@ def _exactly_once(ev: Evidence, finished: bool) -> list[Violation]:
         if missing:
             out.append(Violation("exactly-once", f"charges {missing} never applied"))
     return out
+
+
+def _one_key(ev: Evidence) -> list[Violation]:
+    by_amount: dict[int, list[str]] = {}
+    for key, amount in sorted(ev.keys.items()):
+        by_amount.setdefault(amount, []).append(key)
+    return [
+        Violation("one-key", f"call of {amount} reached the service under {len(ks)} keys {ks}")
+        for amount, ks in sorted(by_amount.items())
+        if len(ks) > 1
+    ]
+
+
+def _archived_early(ev: Evidence) -> list[Violation]:
+    """The workflow's chat archived before its last step's attempt completed."""
+    if not ev.results or ev.results[-1].user_message_id is None:
+        return []
+    last = ev.results[-1]
+    mine = [e for e in ev.events if e["chat_id"] == last.chat_id]
+    start = next(
+        (
+            i
+            for i, e in enumerate(mine)
+            if e["kind"] == "message" and e["details"]["id"] == last.user_message_id
+        ),
+        None,
+    )
+    if start is None:
+        return []
+    ends = [
+        i
+        for i, e in enumerate(mine)
+        if i > start and e["kind"] == "turn_end" and e["details"].get("outcome") == "completed"
+    ]
+    done = ends[0] if ends else len(mine)
+    early = [
+        i
+        for i, e in enumerate(mine[:done])
+        if e["kind"] == "archived" and e["details"].get("archived")
+    ]
+    if not early:
+        return []
+    where = "before its last step was sent" if early[0] < start else "during its last step"
+    return [
+        Violation(
+            "archived-early",
+            f"chat {last.chat_id} archived {where} ({last.step}, user message "
+            f"{last.user_message_id})",
+        )
+    ]
 
 
 def _attempt_span(events: list[dict[str, Any]], chat_id: str, user_id: int) -> list[dict[str, Any]]:
@@ -238,7 +297,9 @@ def check(ev: Evidence) -> list[Violation]:
     ]:
         out.append(Violation("recovery-finished", "a rerun returned other results than stored"))
     out += _exactly_once(ev, finished)
+    out += _one_key(ev)
     out += _finished_attempts(ev)
+    out += _archived_early(ev)
     out += _at_rest(ev)
     if finished:
         out += _extra_turns(ev)

@@ -20,18 +20,20 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from chaos_invariants import LIVE, Evidence, Violation, check
-from chaos_schedule import TEMPLATES, Phase, Schedule, SweepRun, Timed
-from crash_matrix import ForkServer, crash_settings, directive, env_for_children, run_workflow
+from chaos_schedule import APPROVAL_STEP, TEMPLATES, Phase, Schedule, SweepRun, Timed
+from crash_matrix import ForkServer, crash_settings, directive, env_for_children
 from payments import Payments
-from pydantic import SecretStr
+from pydantic import SecretStr, TypeAdapter
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
+from prefect_coder.flows.common import params
 from prefect_coder.flows.common.labels import LABEL_WORKFLOW, label_value
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.sweeps.options import SweepOptions
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ FAST_ENV = {"PREFECT_CODER_SETTLE_POLL_S": "0.05", "PREFECT_CODER_COMMIT_HORIZON
 PHASE_LIMIT_S = 90.0
 #: Clean reruns after the schedule before recovery counts as not finishing.
 CLEAN_RERUNS = 2
+#: The approval schedules' deployment of ``agent-workflow`` (one per Prefect server).
+DEPLOYMENT_NAME = "chaos-approvals"
+#: Exit codes of a crash child (crash_child.py).
+RC_WHAT = {-9: "killed", 0: "finished", 3: "failed", 4: "suspended", None: "HUNG"}
 
 
 @dataclass
@@ -86,6 +92,8 @@ class Rig:
     credentials_block: str
     state_url: str
     expected_text: dict[str, str] = field(default_factory=dict)
+    #: the ``agent-workflow`` deployment the approval schedules' runs come from
+    deployment_id: uuid.UUID | None = None
 
     async def settings_for(self, tag: str, retries: int) -> WorkflowSettings:
         """Workflow settings on a store tenant of its own: a sweep of the schedule
@@ -95,15 +103,48 @@ class Rig:
         return crash_settings(self.credentials_block, tenant, retries=retries)
 
 
-def steps_of(templates: tuple[str, ...] | list[str]) -> list[Step]:
-    return [
-        Step(
-            name=f"s{i}-{name}",
-            prompt=f"Do the {name} step." + directive(TEMPLATES[name].script),
-            tools=["charge_card"] if TEMPLATES[name].amounts else [],
-        )
+# The union of step kinds where there is one (AnyStep), else Step is every kind.
+_STEP_TYPE: Any = getattr(params, "AnyStep", Step)
+_STEPS: TypeAdapter[list[Any]] = TypeAdapter(list[_STEP_TYPE])
+
+
+def steps_of(templates: tuple[str, ...] | list[str], *, approval: bool = False) -> list[Any]:
+    """The workflow's steps: one agent step per template (``s<i>-<name>``), and with
+    ``approval`` an approval step after the first (built from plain data: ``Step``
+    may be a model or a union of step kinds)."""
+    raw: list[dict[str, Any]] = [
+        {
+            "name": f"s{i}-{name}",
+            "prompt": f"Do the {name} step." + directive(TEMPLATES[name].script),
+            "tools": ["charge_card"] if TEMPLATES[name].amounts else [],
+        }
         for i, name in enumerate(templates)
     ]
+    if approval:
+        raw.insert(
+            1,
+            {
+                "name": APPROVAL_STEP,
+                "kind": "approval",
+                "prompt": "Go on with the next step?",
+                "timeout_s": 3600,
+            },
+        )
+    return _STEPS.validate_python(raw)
+
+
+async def run_workflow(workflow_id: str, steps: list[Any], settings: WorkflowSettings) -> list[Any]:
+    """``agent_workflow`` called directly: every step's result (an approval's too)."""
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+
+    return list(await agent_workflow(workflow_id, steps, settings))
+
+
+def turn_results(results: list[Any] | None) -> list[TurnResult] | None:
+    """The agent turns' results (an approval step's decision left out)."""
+    if results is None:
+        return None
+    return [r for r in results if isinstance(r, TurnResult)]
 
 
 @contextlib.contextmanager
@@ -174,6 +215,7 @@ async def open_rig(
                 turn_timeout=40.0,
             ).save(block, overwrite=True)
             rig = Rig(emu, payments, fork, block, f"sqlite+aiosqlite:///{workdir / 'chaos.db'}")
+            rig.deployment_id = await _deployment()
             names = sorted(TEMPLATES)
             settings = await rig.settings_for("calibrate", 0)
             calibrate = f"chaos-calibrate-{uuid.uuid4().hex[:6]}"
@@ -182,6 +224,64 @@ async def open_rig(
             yield rig
         finally:
             await fork.stop()
+
+
+async def _deployment() -> uuid.UUID:
+    """The ``agent-workflow`` deployment of the approval schedules (Prefect suspends
+    only a flow run of a deployment); applying it again returns the same one. The
+    test tool is registered first: a deployment's step form offers (and its server
+    validates against) the tool names registered when it is made (docs/deploy.md)."""
+    import payment_tools  # noqa: F401  (registers charge_card)
+
+    from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+
+    deployment = await cast(Any, agent_workflow.to_deployment(name=DEPLOYMENT_NAME))
+    return uuid.UUID(str(await deployment.apply()))
+
+
+@dataclass
+class RunBook:
+    """The deployment flow runs of one approval schedule, oldest first."""
+
+    parameters: dict[str, Any]
+    runs: list[uuid.UUID] = field(default_factory=list)
+
+    async def start(self, rig: Rig) -> uuid.UUID:
+        """A new flow run of the deployment with the workflow's parameters: what the
+        reconciler starts after a crash, or a second run started while one waits."""
+        from prefect.client.orchestration import get_client
+
+        assert rig.deployment_id is not None
+        async with get_client() as client:
+            run = await client.create_flow_run_from_deployment(
+                rig.deployment_id, parameters=self.parameters, tags=["coder-chaos"]
+            )
+        self.runs.append(run.id)
+        return run.id
+
+    async def states(self) -> dict[uuid.UUID, str]:
+        from prefect.client.orchestration import get_client
+
+        out = {}
+        async with get_client() as client:
+            for run_id in self.runs:
+                run = await client.read_flow_run(run_id)
+                out[run_id] = str(run.state.name) if run.state is not None else "?"
+        return out
+
+    async def mark_crashed(self, run_id: uuid.UUID) -> None:
+        """A killed run is left Running by Prefect: mark it Crashed, as the zombie
+        automation or the reconciler does (its lease is then taken over at once). A
+        run killed after its suspension was recorded stays Suspended: both leave a
+        Suspended run alone."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Crashed
+
+        async with get_client() as client:
+            run = await client.read_flow_run(run_id)
+            if run.state is not None and run.state.type in (StateType.RUNNING, StateType.PENDING):
+                await client.set_flow_run_state(run_id, Crashed(message="chaos: SIGKILLed"))
 
 
 def _workflow_chats(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
@@ -236,39 +336,135 @@ async def _sweep(s: SweepRun, settings: WorkflowSettings) -> str:
 
 
 async def _recover(
-    mode: str, workflow_id: str, steps: list[Step], settings: WorkflowSettings
+    mode: str, workflow_id: str, steps: list[Any], settings: WorkflowSettings
 ) -> list[Any]:
     from prefect_coder.flows.deployments.recover_turn import recover_turn
 
     if mode == "recover-turn":
         await recover_turn(workflow_id, steps=steps, settings=settings, finish_workflow=True)
+    if mode == "shard":
+        from prefect_coder.flows.deployments.fanout_shard import FanoutItem, agent_fanout_shard
+
+        item = FanoutItem(workflow_id=workflow_id, steps=steps)
+        [outcome] = await agent_fanout_shard([item], settings, shard_name=workflow_id)
+        if not outcome.ok:
+            raise RuntimeError(f"the shard's workflow failed: {outcome.error}")
+        return list(outcome.results)
     return await run_workflow(workflow_id, steps, settings)
+
+
+async def _child(
+    rig: Rig, phase: Phase, crash_at: str, spec: dict[str, Any], book: RunBook | None
+) -> int | None:
+    """One child run of ``phase.flow``; its exit code (None: it outlived the bound).
+    A deployment run is a new flow run of the deployment; killed, it is marked
+    Crashed."""
+    spec = {**spec, "flow": phase.flow}
+    run_id = None
+    if phase.flow == "deployment":
+        assert book is not None
+        run_id = await book.start(rig)
+        spec["flow_run_id"] = str(run_id)
+    try:
+        rc: int | None = await rig.fork.run(crash_at, json.dumps(spec), limit_s=PHASE_LIMIT_S)
+    except TimeoutError:
+        rc = None
+    if run_id is not None and book is not None and rc in (-9, None):
+        await book.mark_crashed(run_id)
+    return rc
+
+
+async def _decide(
+    rig: Rig,
+    phase: Phase,
+    workflow_id: str,
+    spec: dict[str, Any],
+    book: RunBook,
+    settings: WorkflowSettings,
+) -> tuple[int | None, str, list[Violation], int]:
+    """The person's decision: while the workflow waits (its sweeps run to the end
+    here), its chat must not be archived; then every suspended run is approved
+    through Prefect's API and executed again (a process worker's pickup), the first
+    one killed at ``phase.crash_at``. With no suspended run (every run was killed),
+    one more run is started first: it suspends. Returns (the last child's exit code,
+    what happened, violations seen, kills before the last run that left a live
+    attempt)."""
+    from prefect.flow_runs import aresume_flow_run
+
+    notes = []
+    found: list[Violation] = []
+    states = await book.states()
+    waiting = [r for r, name in states.items() if name in ("Suspended", "Paused")]
+    if not waiting:
+        new = await _child(rig, Phase("child", flow="deployment"), "", spec, book)
+        notes.append(f"no run waited: a new run {RC_WHAT.get(new, new)}")
+        states = await book.states()
+        waiting = [r for r, name in states.items() if name in ("Suspended", "Paused")]
+    for s in phase.sweeps:
+        notes.append(await _sweep(s, settings))
+    archived = [c["id"] for c in _workflow_chats(rig.emu, workflow_id) if c.get("archived")]
+    if waiting and archived:
+        found.append(
+            Violation(
+                "archived-early",
+                f"chat(s) {archived} archived while the workflow waits for an approval",
+            )
+        )
+    if not waiting:
+        return 3, "; ".join([*notes, "no run suspended at the approval"]), found, 0
+    rc: int | None = 0
+    cuts = 0
+    for i, run_id in enumerate(waiting):
+        await aresume_flow_run(run_id, run_input={"decision": "approve"})
+        crash_at = phase.crash_at if i == 0 else ""
+        spec_run = {**spec, "flow": "deployment", "flow_run_id": str(run_id)}
+        try:
+            rc = await rig.fork.run(crash_at, json.dumps(spec_run), limit_s=PHASE_LIMIT_S)
+        except TimeoutError:
+            rc = None
+        if rc in (-9, None):
+            await book.mark_crashed(run_id)
+        notes.append(f"resumed run {i + 1} of {len(waiting)} {RC_WHAT.get(rc, f'rc {rc}')}")
+        if i < len(waiting) - 1 and rc not in (0, 4) and _any_live(rig.emu, workflow_id):
+            cuts += 1  # counted here: the phase counts only its last run's
+    return rc, "; ".join(notes), found, cuts
 
 
 async def _run_phase(
     rig: Rig,
     phase: Phase,
     workflow_id: str,
-    steps: list[Step],
+    steps: list[Any],
     settings: WorkflowSettings,
-    spec: str,
+    spec: dict[str, Any],
+    book: RunBook | None,
+    found: list[Violation],
+    cut_count: list[int],
 ) -> tuple[bool, list[Any] | None, str]:
     """One phase; (ended abnormally, results of an in-process run, what happened)."""
     for f in phase.faults:
         f.arm(rig.emu)
     stop = asyncio.Event()
     actors = [asyncio.create_task(_timed(rig, t, stop)) for t in phase.timed]
-    actors += [asyncio.create_task(_sweep(s, settings)) for s in phase.sweeps]
+    if phase.kind != "decide":  # a decision's sweeps run while the workflow waits
+        actors += [asyncio.create_task(_sweep(s, settings)) for s in phase.sweeps]
     results = None
     t0 = time.monotonic()
     try:
         if phase.kind == "child":
-            try:
-                rc = await rig.fork.run(phase.crash_at, spec, limit_s=PHASE_LIMIT_S)
-            except TimeoutError:
-                rc = None
-            abnormal = rc != 0
-            what = {-9: "killed", 0: "finished", 3: "failed", None: "HUNG"}.get(rc, f"rc {rc}")
+            rc = await _child(rig, phase, phase.crash_at, spec, book)
+            # a run that suspended at the approval waits on a person: not a crash
+            abnormal = rc not in (0, 4)
+            what = RC_WHAT.get(rc, f"rc {rc}")
+        elif phase.kind == "decide":
+            assert book is not None
+            rc, decided, seen, inner_cuts = await _decide(
+                rig, phase, workflow_id, spec, book, settings
+            )
+            found += seen
+            cut_count[0] += inner_cuts
+            abnormal = rc not in (0, 4)
+            what = f"{RC_WHAT.get(rc, f'rc {rc}')} ({decided})"
         else:
             try:
                 results = await asyncio.wait_for(
@@ -291,21 +487,25 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     t0 = time.monotonic()
     since = time.monotonic()  # the emulator's event clock (same process)
     workflow_id = f"chaos-{schedule.seed}-{uuid.uuid4().hex[:6]}"
-    steps = steps_of(schedule.templates)
+    steps = steps_of(schedule.templates, approval=schedule.approval)
     settings = await rig.settings_for(str(schedule.seed), schedule.retries)
-    spec = json.dumps(
-        {
-            "workflow_id": workflow_id,
-            "steps": [s.model_dump(mode="json") for s in steps],
-            "settings": settings.model_dump(mode="json"),
-        }
-    )
+    spec: dict[str, Any] = {
+        "workflow_id": workflow_id,
+        "steps": _STEPS.dump_python(steps, mode="json"),
+        "settings": settings.model_dump(mode="json"),
+    }
+    book = RunBook(parameters=dict(spec)) if schedule.approval else None
+    found: list[Violation] = []
     cuts = 0
     log: list[str] = []
     results: list[Any] | None = None
     hung = False
     for phase in schedule.phases:
-        abnormal, got, what = await _run_phase(rig, phase, workflow_id, steps, settings, spec)
+        inner = [0]
+        abnormal, got, what = await _run_phase(
+            rig, phase, workflow_id, steps, settings, spec, book, found, inner
+        )
+        cuts += inner[0]
         hung = hung or "HUNG" in what
         live = _any_live(rig.emu, workflow_id)
         if abnormal and live:
@@ -344,7 +544,7 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
         for e in rig.emu.event_log(["fault", "restart"])
         if e["mono"] >= since and e["details"].get("fault") != "delay_commit"
     )
-    violations = check(ev)
+    violations = found + check(ev)
     if hung:
         violations.append(Violation("phase-bounded", f"a run outlived {PHASE_LIMIT_S:g} s"))
     return Outcome(
@@ -390,7 +590,7 @@ def _transcript(ev: Evidence) -> list[str]:
 def _evidence(
     rig: Rig,
     workflow_id: str,
-    steps: list[Step],
+    steps: list[Any],
     schedule: Schedule,
     results: list[Any] | None,
     stored: list[Any] | None,
@@ -400,7 +600,9 @@ def _evidence(
     chats = _workflow_chats(rig.emu, workflow_id)
     ids = {c["id"] for c in chats}
     events = [
-        e for e in rig.emu.event_log(["message", "status", "turn_end"]) if e["chat_id"] in ids
+        e
+        for e in rig.emu.event_log(["message", "status", "turn_end", "archived"])
+        if e["chat_id"] in ids
     ]
     with rig.payments.lock:
         effects = {
@@ -408,11 +610,18 @@ def _evidence(
             for k, n in rig.payments.effects.items()
             if any(f"/{c}/" in k for c in ids)
         }
+        # every key the service was asked with (a replayed key too): one per call
+        keys = {
+            k: int(rig.payments.answers[k]["charged_cents"])
+            for k in rig.payments.requests
+            if k in rig.payments.answers and any(f"/{c}/" in k for c in ids)
+        }
+    agent_steps = [s for s in steps if s.kind == "agent"]
     return Evidence(
         workflow_id=workflow_id,
         steps={
             s.name: (step_marker(workflow_id, s.name), t)
-            for s, t in zip(steps, schedule.templates, strict=True)
+            for s, t in zip(agent_steps, schedule.templates, strict=True)
         },
         amounts=[a for t in schedule.templates for a in TEMPLATES[t].amounts],
         expected_text=rig.expected_text,
@@ -420,8 +629,9 @@ def _evidence(
         messages={c: rig.emu.messages(c, include_system=False) for c in ids},
         events=events,
         effects=effects,
-        results=results,
-        stored=stored,
+        keys=keys,
+        results=turn_results(results),
+        stored=turn_results(stored),
         cuts=cuts,
         recovery_error=error,
     )

@@ -9,7 +9,21 @@ order:
   (``""`` = never: the run ends by itself or fails on a fault). The first is the
   workflow's first run; later ones are recoveries that may be killed in turn.
 * one final ``recover`` phase: the in-process recovery — a plain rerun, or the
-  ``recover-turn`` flow then the rerun.
+  ``recover-turn`` flow then the rerun (or, for a shard schedule, the shard again).
+
+Lifecycle dimensions (issue 29), drawn from a stream of their own so that a seed
+without one keeps the events it always had (``lifecycle``):
+
+* ``start`` — a run killed right at its start: after it took the workflow's lease
+  and recorded itself, before its first turn sends (``turn.slot_held:1``);
+* ``recovery-run`` — after the first run's kill, one or two child runs of the
+  ``recover-turn`` flow (``finish_workflow``), each SIGKILLed at a crash point;
+* ``shard`` — every child run is an ``agent-fanout-shard`` run holding the
+  workflow (a crashed shard is started again, as its fan-out does);
+* ``approval`` — an approval step after the first step; the runs are flow runs of
+  an ``agent-workflow`` deployment, which suspend at it; kills before and right
+  after the suspension, a second run started while one is suspended, then the
+  decision through Prefect's API (``decide``) and the resumed run(s).
 
 Each phase may carry emulator faults armed for its duration (stream drops, REST
 faults, stalls, lost responses), timed actions at an offset into it (an emulator
@@ -23,10 +37,12 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "APPROVAL_STEP",
+    "LIFECYCLES",
     "TEMPLATES",
     "Fault",
     "Phase",
@@ -119,6 +135,9 @@ FIRST_POINTS = [
     "turn.before_persist:2",
     "turn.before_persist:3",
 ]
+#: A run killed right at its start: it took the workflow's lease, recorded itself
+#: for the reconciler and claimed its turn slot; nothing of its first turn sent.
+START_POINT = "turn.slot_held:1"
 #: Extra points for a run that recovers a crashed one.
 RECOVERY_POINTS = [
     "recovery.before_interrupt:1",
@@ -127,6 +146,63 @@ RECOVERY_POINTS = [
     "recovery.before_resubmit:1",
     "tool.redrive.before_effect:1",
 ]
+
+
+#: Points every first step reaches (each template streams and persists once).
+FIRST_STEP_POINTS = [
+    "turn.sending:1",
+    "turn.after_checkpoint:1",
+    "turn.mid_stream:1",
+    "turn.mid_stream:2",
+    "turn.before_persist:1",
+]
+#: Points of a ``recover-turn`` child run: its own turn of the crashed step first
+#: (``turn.slot_held:1``, its recovery's points, ``turn.before_persist:1``), then
+#: the rest of the workflow as a subflow (the next step's send and persist).
+RECOVERY_RUN_POINTS = [
+    *RECOVERY_POINTS,
+    START_POINT,
+    START_POINT,
+    "turn.before_persist:1",
+    "turn.before_persist:1",
+    "turn.sending:1",
+    "turn.mid_stream:1",
+    "tool.after_effect:1",
+    "turn.before_persist:2",
+]
+#: Points of an approval workflow's first deployment run: its first step's turn,
+#: right before it suspends (its "waits for a decision" line) and right after the
+#: suspension was recorded (the engine's "Finished in state Suspended" line), the
+#: process still alive. "" = it runs to the suspension.
+APPROVAL_POINTS = [
+    "",
+    "",
+    START_POINT,
+    "turn.sending:1",
+    "turn.mid_stream:1",
+    "tool.before_effect:1",
+    "tool.after_effect:1",
+    "turn.before_persist:1",
+    "approval.before_suspend:1",
+    "approval.before_suspend:1",
+    "approval.suspended:1",
+    "approval.suspended:1",
+]
+#: Points of a resumed run (its first turn is the step after the approval).
+RESUMED_POINTS = [
+    "",
+    "",
+    START_POINT,
+    "turn.sending:1",
+    "turn.mid_stream:1",
+    "tool.after_effect:1",
+    "tool.after_done:1",
+    "turn.before_persist:1",
+]
+#: The lifecycle dimensions and their weights ("" = none: the schedule as before).
+LIFECYCLES = {"": 8, "start": 3, "recovery-run": 3, "shard": 3, "approval": 3}
+#: The approval step of an ``approval`` schedule (after its first step).
+APPROVAL_STEP = "approve"
 
 
 @dataclass(frozen=True)
@@ -229,16 +305,26 @@ class SweepRun:
 class Phase:
     """One run of the workflow and what happens around it."""
 
-    kind: str  # "child" | "recover"
+    kind: str  # "child" | "recover" | "decide"
     crash_at: str = ""
-    mode: str = "rerun"  # recover only: "rerun" | "recover-turn"
+    mode: str = "rerun"  # recover only: "rerun" | "recover-turn" | "shard"
+    #: child only: the flow the child runs — "agent-workflow" (a direct call),
+    #: "recover-turn", "shard" (agent-fanout-shard) or "deployment" (a new flow run
+    #: of the agent-workflow deployment, executed as a process worker would)
+    flow: str = "agent-workflow"
     faults: tuple[Fault, ...] = ()
     timed: tuple[Timed, ...] = ()
     sweeps: tuple[SweepRun, ...] = ()
 
     def __str__(self) -> str:
         if self.kind == "child":
-            head = f"child run, SIGKILL at {self.crash_at or '(none)'}"
+            what = "" if self.flow == "agent-workflow" else f" of {self.flow}"
+            head = f"child run{what}, SIGKILL at {self.crash_at or '(none)'}"
+        elif self.kind == "decide":
+            head = (
+                "decide: approve every suspended run through the API, run the resumed "
+                f"run(s), the first SIGKILLed at {self.crash_at or '(none)'}"
+            )
         else:
             head = f"in-process recovery: {self.mode}"
         parts = [head]
@@ -254,9 +340,20 @@ class Schedule:
     templates: tuple[str, ...]
     retries: int
     phases: tuple[Phase, ...] = field(default_factory=tuple)
+    #: the lifecycle dimension ("" none, or a key of LIFECYCLES)
+    lifecycle: str = ""
+
+    @property
+    def approval(self) -> bool:
+        """An approval step follows the first step."""
+        return self.lifecycle == "approval"
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: steps {list(self.templates)}, task retries {self.retries}"]
+        shape = list(self.templates)
+        if self.approval:
+            shape.insert(1, f"({APPROVAL_STEP})")
+        head = f"seed {self.seed}: steps {shape}, task retries {self.retries}"
+        lines = [head + (f", lifecycle {self.lifecycle}" if self.lifecycle else "")]
         lines += [f"  {i + 1}. {p}" for i, p in enumerate(self.phases)]
         return "\n".join(lines)
 
@@ -297,8 +394,12 @@ def _faults(rng: random.Random, p: float) -> tuple[Fault, ...]:
     return tuple(_random_fault(rng) for _ in range(n))
 
 
-def make_schedule(seed: int) -> Schedule:
-    """The schedule of ``seed`` (same seed, same events)."""
+def make_schedule(seed: int, lifecycle: str | None = None) -> Schedule:
+    """The schedule of ``seed`` (same seed, same events).
+
+    ``lifecycle``: None = the seed's own draw; a key of :data:`LIFECYCLES` forces
+    that dimension on the seed's base events ("" = none: the schedule the seed had
+    before issue 29, which CI's regression seeds keep)."""
     rng = random.Random(seed)
     k = rng.choice([2, 2, 3])
     templates = tuple(rng.sample(sorted(TEMPLATES), k))
@@ -327,4 +428,101 @@ def make_schedule(seed: int) -> Schedule:
             sweeps=_sweeps(rng, 0.5, 1.0),
         )
     )
-    return Schedule(seed, templates, retries, tuple(phases))
+    # The lifecycle dimension comes from a stream of its own: the draws above (and so
+    # every seed's schedule before issue 29) are unchanged by it.
+    life = random.Random(f"lifecycle-{seed}")
+    drawn = life.choices(list(LIFECYCLES), weights=list(LIFECYCLES.values()))[0]
+    if lifecycle is None:
+        lifecycle = drawn
+    elif lifecycle not in LIFECYCLES:
+        raise ValueError(f"unknown lifecycle {lifecycle!r}: one of {list(LIFECYCLES)}")
+    if lifecycle == "start":
+        phases = _start_kills(life, phases)
+    elif lifecycle == "recovery-run":
+        phases = _recovery_runs(life, phases)
+    elif lifecycle == "shard":
+        phases = _shard_runs(life, phases)
+    elif lifecycle == "approval":
+        phases = _approval_runs(life, phases)
+    return Schedule(seed, templates, retries, tuple(phases), lifecycle)
+
+
+def _start_kills(rng: random.Random, phases: list[Phase]) -> list[Phase]:
+    """The first run killed at its start; a second child run (a rerun) too, sometimes,
+    or one more rerun killed at its start before the others."""
+    out = [replace(phases[0], crash_at=START_POINT)]
+    rest = phases[1:]
+    if rest[0].kind == "child" and rng.random() < 0.5:
+        rest[0] = replace(rest[0], crash_at=START_POINT)
+    elif rng.random() < 0.5:
+        out.append(Phase("child", crash_at=START_POINT))
+    return out + rest
+
+
+def _recovery_runs(rng: random.Random, phases: list[Phase]) -> list[Phase]:
+    """The first run killed in its first step, then one or two ``recover-turn``
+    child runs, each SIGKILLed, then the final recovery. The base schedule's later
+    workflow runs are dropped: one of them usually finishes the workflow, and a
+    ``recover-turn`` run then has nothing left to be killed in."""
+    first = phases[0]
+    if first.crash_at not in FIRST_STEP_POINTS:
+        first = replace(first, crash_at=rng.choice(FIRST_STEP_POINTS))
+    n = rng.choices([1, 2], weights=[1, 1])[0]
+    runs = [
+        Phase(
+            "child",
+            flow="recover-turn",
+            crash_at=rng.choice(RECOVERY_RUN_POINTS),
+            faults=_faults(rng, 0.25),
+            sweeps=_sweeps(rng, 0.25, 1.5),
+        )
+        for _ in range(n)
+    ]
+    return [first, *runs, phases[-1]]
+
+
+def _shard_runs(rng: random.Random, phases: list[Phase]) -> list[Phase]:
+    """Every child run is a shard run; the final recovery reruns the shard, or the
+    workflow (or ``recover-turn``) as before."""
+    out = [replace(p, flow="shard") if p.kind == "child" else p for p in phases]
+    if rng.random() < 0.5:
+        out[-1] = replace(out[-1], mode="shard")
+    return out
+
+
+def _approval_runs(rng: random.Random, phases: list[Phase]) -> list[Phase]:
+    """Deployment runs of a workflow with an approval step: the first run (killed in
+    its first step, around the suspension, or suspended), sometimes a second run
+    started beside it (killed or suspended too), then the decision (the first resumed
+    run killed or not), then the in-process recovery of the base schedule."""
+    out = [
+        Phase(
+            "child",
+            flow="deployment",
+            crash_at=rng.choice(APPROVAL_POINTS),
+            faults=_faults(rng, 0.3),
+            sweeps=_sweeps(rng, 0.2, 2.0),
+        )
+    ]
+    if rng.random() < 0.45:
+        # a rerun (the reconciler's, after a kill) or a second run started while the
+        # first is suspended: it suspends at the same step, or is killed on its way
+        out.append(
+            Phase(
+                "child",
+                flow="deployment",
+                crash_at=rng.choice(["", "", START_POINT, "approval.before_suspend:1"]),
+                faults=_faults(rng, 0.2),
+            )
+        )
+    out.append(
+        Phase(
+            "decide",
+            crash_at=rng.choice(RESUMED_POINTS),
+            faults=_faults(rng, 0.25),
+            # sweeps while the workflow waits on a person: its chat is idle, not stuck
+            # and not an orphan — never archived before the workflow finished
+            sweeps=_sweeps(rng, 0.5, 0.5),
+        )
+    )
+    return out + phases[-1:]

@@ -16,24 +16,37 @@ from chaos_schedule import make_schedule
 #: Short schedules that cover, between them, kills in both steps and both recovery
 #: modes, a followed continuation, lost responses, 5xx on sends and interrupts,
 #: dropped/closed streams, refused upgrades, an emulator restart and both sweeps
-#: racing recovery (bench/chaos.py runs hundreds; docs/chaos.md).
+#: racing recovery (bench/chaos.py runs hundreds; docs/chaos.md). Each is
+#: ``(seed, lifecycle)``: "" keeps a seed's schedule from before the lifecycle
+#: dimensions (issue 29) — the schedule its finding was made with — and None takes
+#: the seed's own draw.
 SEEDS: list[Any] = [
-    1,
-    4,
-    7,
-    8,
+    (1, ""),
+    (4, ""),
+    (7, ""),
+    (8, ""),
     # Real bugs the chaos run found (docs/chaos.md, "Findings"), fixed: a lost
     # POST /tool-results response during a live continuation (44, 61); 61 also
     # races sweep-stuck-turns (0.01 s budgets) against the rerun, which cut short a
     # crashed attempt's pause (the finding of seeds 14/71) until the sweep learned
     # to leave such an attempt to its workflow's recovery within its turn deadline.
-    44,
-    61,
+    (44, ""),
+    (61, ""),
+    # Lifecycle kills (issue 29): a deployment run SIGKILLed right after its
+    # suspension at the approval was recorded, a second run started beside it that
+    # suspends too, both approved through Prefect's API, the first resumed run
+    # SIGKILLed at its start (~6 s) ...
+    (256, None),
+    # ... and the workflow killed in its first step, then two recover-turn runs
+    # SIGKILLed in a row before the final recovery (~9-12 s).
+    (32, None),
 ]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-async def test_chaos_schedule_keeps_every_invariant(seed: int, rig: Rig) -> None:
-    outcome = await run_schedule(rig, make_schedule(seed))
+@pytest.mark.parametrize(("seed", "lifecycle"), SEEDS, ids=lambda v: str(v))
+async def test_chaos_schedule_keeps_every_invariant(
+    seed: int, lifecycle: str | None, rig: Rig
+) -> None:
+    outcome = await run_schedule(rig, make_schedule(seed, lifecycle))
     print(outcome.report())
     assert outcome.ok, "\n" + outcome.report()

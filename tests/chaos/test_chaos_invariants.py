@@ -116,3 +116,25 @@ def test_a_second_chat_with_the_first_prompt_counts_as_an_extra_turn() -> None:
     assert _names(ev) == ["extra-turns"]
     ev.fired = 1  # a stream refused on create: the SDK discarded that chat
     assert _names(ev) == []
+
+
+def test_a_second_idempotency_key_for_one_call_is_caught() -> None:
+    """One logical call, one ledger key at the payments service — also when the
+    service was asked again under it (a replay), never under a key of its own."""
+    ok = _evidence(keys={f"/{CHAT}/call-1": 101})
+    assert _names(ok) == []
+    second = _evidence(keys={f"/{CHAT}/call-1": 101, f"/{CHAT}/call-2": 101})
+    assert _names(second) == ["one-key"]
+
+
+def test_a_chat_archived_before_its_last_step_finished_is_caught() -> None:
+    archived = _event("archived", archived=True)
+    at_end = _evidence()
+    at_end.events.append(archived)
+    assert _names(at_end) == []
+    before = _evidence()
+    before.events.insert(0, archived)  # e.g. while the workflow waited on a person
+    assert _names(before) == ["archived-early"]
+    during = _evidence()
+    during.events.insert(4, archived)  # between the tool round and the answer
+    assert _names(during) == ["archived-early"]

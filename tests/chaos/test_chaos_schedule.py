@@ -1,0 +1,100 @@
+"""The schedule generator (pure): a seed is the same schedule every time, and each
+lifecycle dimension of issue 29 has the shape the runner relies on."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from chaos_schedule import (
+    APPROVAL_POINTS,
+    FIRST_STEP_POINTS,
+    LIFECYCLES,
+    RECOVERY_RUN_POINTS,
+    RESUMED_POINTS,
+    START_POINT,
+    Schedule,
+    make_schedule,
+)
+
+SEEDS = range(1, 301)
+
+
+def test_a_seed_is_the_same_schedule_every_time() -> None:
+    for seed in (1, 7, 44, 250):
+        assert make_schedule(seed) == make_schedule(seed)
+        assert make_schedule(seed).describe() == make_schedule(seed).describe()
+
+
+def test_the_lifecycle_draw_leaves_the_base_events_alone() -> None:
+    """A seed drawn without a lifecycle is exactly its schedule forced to none (the
+    schedule it had before issue 29): the dimension is drawn from its own stream."""
+    plain = [s for s in SEEDS if make_schedule(s).lifecycle == ""]
+    assert plain
+    for seed in plain:
+        assert make_schedule(seed) == make_schedule(seed, "")
+    for seed in SEEDS:
+        base, drawn = make_schedule(seed, ""), make_schedule(seed)
+        assert base.templates == drawn.templates and base.retries == drawn.retries
+
+
+def test_every_dimension_is_drawn_often_in_a_long_run() -> None:
+    seen = Counter(make_schedule(s).lifecycle for s in SEEDS)
+    assert set(seen) == set(LIFECYCLES)
+    assert all(n >= 25 for n in seen.values()), seen
+    with pytest.raises(ValueError):
+        make_schedule(1, "bogus")
+
+
+def _of(lifecycle: str) -> list[Schedule]:
+    return [make_schedule(s, lifecycle) for s in SEEDS if make_schedule(s).lifecycle == lifecycle]
+
+
+def test_start_kills_the_first_run_at_its_start() -> None:
+    for sch in _of("start"):
+        children = [p for p in sch.phases if p.kind == "child"]
+        assert children[0].crash_at == START_POINT
+        assert sch.phases[-1].kind == "recover"
+    # sometimes a rerun is killed at its start too
+    assert any(sum(p.crash_at == START_POINT for p in sch.phases) >= 2 for sch in _of("start"))
+
+
+def test_recovery_runs_are_recover_turn_children_killed_after_a_first_kill() -> None:
+    counts: Counter[int] = Counter()
+    for sch in _of("recovery-run"):
+        kinds = [(p.kind, p.flow) for p in sch.phases]
+        runs = [p for p in sch.phases if p.kind == "child" and p.flow == "recover-turn"]
+        assert 1 <= len(runs) <= 2
+        counts[len(runs)] += 1
+        assert all(p.crash_at in RECOVERY_RUN_POINTS for p in runs)
+        # one workflow run, killed in its first step, then only recover-turn runs
+        assert sch.phases[0].flow == "agent-workflow"
+        assert sch.phases[0].crash_at in FIRST_STEP_POINTS
+        assert kinds[1:-1] == [("child", "recover-turn")] * len(runs)
+        assert sch.phases[-1].kind == "recover"
+    assert counts[1] and counts[2]  # twice in a row occurs
+
+
+def test_shard_runs_every_child_as_a_shard() -> None:
+    modes = set()
+    for sch in _of("shard"):
+        assert all(p.flow == "shard" for p in sch.phases if p.kind == "child")
+        modes.add(sch.phases[-1].mode)
+    assert "shard" in modes and modes - {"shard"}
+
+
+def test_approval_runs_deployment_runs_then_a_decision() -> None:
+    second = 0
+    for sch in _of("approval"):
+        assert sch.approval and "(approve)" in sch.describe()
+        kinds = [p.kind for p in sch.phases]
+        assert kinds[-2:] == ["decide", "recover"]
+        runs = sch.phases[:-2]
+        assert 1 <= len(runs) <= 2
+        assert all(p.kind == "child" and p.flow == "deployment" for p in runs)
+        assert runs[0].crash_at in APPROVAL_POINTS
+        assert sch.phases[-2].crash_at in RESUMED_POINTS
+        second += len(runs) == 2
+    assert second  # a second run started beside the first occurs
+    points = {make_schedule(s, "approval").phases[0].crash_at for s in SEEDS}
+    assert {"", "approval.before_suspend:1", "approval.suspended:1", START_POINT} <= points
