@@ -55,7 +55,6 @@ __all__ = [
     "scope_journal",
     "settle_action",
     "split_marker",
-    "unanswered_verdict",
 ]
 
 #: Statuses that end the settle poll (the run is over; a new message starts afresh).
@@ -387,31 +386,6 @@ def is_answered(messages: Iterable[Any], user_message_id: int) -> bool:
         if role == "assistant":
             return True
     return False
-
-
-def unanswered_verdict(status_now: str) -> tuple[Literal["settle-again", "reread"], str]:
-    """What the result check does when history shows this attempt's user message
-    with NO assistant message after it, although the settled status said the chat
-    was at rest (``waiting``/``completed``).
-
-    That pair is a read skew: the status was read before a late send committed
-    (later than its commit horizon), the history after it. Returning "finished"
-    then hands back an EMPTY answer while the late turn runs on. So the status is
-    read again AFTER the history read:
-
-    * not at rest (the late turn runs, or pauses on client tools) → ``settle-again``:
-      the settle-wait follows it (or reconciles its pause) like any crashed
-      attempt whose send landed;
-    * at rest → ``reread`` the history: the turn may have finished in between (then
-      its answer is there); if it still holds no answer, nothing was generated —
-      no tool call ran — so the attempt is resubmitted, never returned empty.
-    """
-    if status_now in POLL_DONE_STATUSES:
-        return "reread", f"the chat is at rest ({status_now}): read the history again"
-    return "settle-again", (
-        f"the chat is {status_now} now: the send committed after the status read "
-        "(a late commit past its horizon) — follow the turn, never return an empty answer"
-    )
 
 
 # --------------------------------------------------------------------------- helpers
