@@ -168,7 +168,7 @@ async def test_result_storage_unwritable_until_the_retry(
         broken()
         repaired()
     assert state.is_completed()
-    results = await state.result()  # type: ignore[union-attr]
+    results = await state.aresult()  # type: ignore[attr-defined]
     assert [r.text for r in results] == ["said one", "said two", "said three"]
     for name in STEPS:  # before the fix: step 2's result was never written
         assert _stored_text(results_dir, workflow_id, name) == f"said {name}", name
