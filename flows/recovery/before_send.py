@@ -10,8 +10,9 @@ flow run is safe. After a *known* failure,
 :func:`prefect_coder.flows.recovery.send_journal.note_failed_attempt` journals the
 attempt "cut-short" for whichever recovery comes next.
 
-Unless the journal names an EARLIER step of the workflow (``run_steps`` passes
-the order: :func:`earlier_steps`), the step looks for its marker in history first
+Unless the journal names an EARLIER step of the workflow (``earlier``: the markers
+of the steps before it, which ``run_steps`` hands each turn in
+``TurnResources.earlier_steps``), the step looks for its marker in history first
 (:mod:`prefect_coder.flows.recovery.from_history`: a result lost while the
 workflow went on, an archived chat).
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from types import EllipsisType
 from typing import Any
 
 from coder_chat.crash_safe import crash_point
@@ -50,9 +50,8 @@ from prefect_coder.flows.recovery.send_journal import send_entry
 
 __all__ = ["earlier_steps", "recover_before_send"]
 
-#: Markers of the steps that run BEFORE the current one in its workflow, set by
-#: ``run_steps`` around each turn (:func:`earlier_steps`). Unset (``agent-turn``,
-#: ``recover-turn``): the step order is unknown here.
+#: Transitional, until ``run_steps`` hands the order over in ``TurnResources``: the
+#: markers of the steps before the current one, set around each turn.
 _EARLIER: ContextVar[frozenset[str] | None] = ContextVar(
     "prefect_coder_earlier_step_markers", default=None
 )
@@ -60,13 +59,8 @@ _EARLIER: ContextVar[frozenset[str] | None] = ContextVar(
 
 @contextlib.contextmanager
 def earlier_steps(markers: Iterable[str]) -> Iterator[None]:
-    """Tell :func:`recover_before_send` which steps come before the one about to run.
-
-    It is what keeps the common send cheap: a journal naming an EARLIER step proves
-    this step never sent (its own write-ahead would name it), so no history read is
-    needed. Any other journal entry — none, or a LATER step's (a finished step whose
-    result was lost while the workflow went on) — makes the step look for its
-    marker in history first."""
+    """Transitional: the ``earlier`` of :func:`recover_before_send` for the turns run
+    inside (when the turn passes none)."""
     token = _EARLIER.set(frozenset(markers))
     try:
         yield
@@ -89,15 +83,23 @@ async def recover_before_send(
     follower: Follower | None = None,
     entry: JournalEntry | None = None,
     journaled: bool = False,
-    replaced: JournalEntry | EllipsisType | None = ...,
+    replaced: JournalEntry | None = None,
+    earlier: frozenset[str] | None = None,
 ) -> SendPlan:
     """Run before every send of ``step`` on a checkpointed chat.
 
     ``entry``/``journaled``: what ``store.turns.begin`` read and wrote in the
     turn's first transaction (``journaled``: it wrote this send's write-ahead);
     without them the journal is read (and the write-ahead written) here.
-    ``replaced``: the entry begin's write-ahead replaced (None: there was none);
-    without it a journaled send is always checked against history.
+    ``replaced``: the entry begin's write-ahead replaced (None: there was none, or
+    not told — either way a journaled send is checked against history).
+
+    ``earlier``: the markers of the steps that run BEFORE this one in its workflow
+    (None: the order is unknown — ``agent-turn``, ``recover-turn``). It is what keeps
+    the common send cheap: a journal naming an EARLIER step proves this step never
+    sent (its own write-ahead would name it), so no history read is needed. Any other
+    entry — none, or a LATER step's (a finished step whose result was lost while the
+    workflow went on) — makes the step look for its marker in history first.
 
     No journal entry for this step's marker proves no send of it ever started
     (every send is journaled first, a first turn's with its checkpoint), so the
@@ -108,8 +110,8 @@ async def recover_before_send(
     send = StepSend(client, store, workflow_id, step, chat_id, tools, answer, timings, artifacts)
     marker = send.marker
     if journaled:
-        # begin wrote this step's write-ahead over ``replaced`` (Ellipsis: not told).
-        before = None if isinstance(replaced, EllipsisType) else replaced
+        # begin wrote this step's write-ahead over ``replaced``.
+        before = replaced
     else:
         if entry is None:
             entry = await store.journal.get(chat_id)
@@ -117,7 +119,7 @@ async def recover_before_send(
     if before is None or before.marker != marker:
         if (
             before is not None
-            and before.marker in (_EARLIER.get() or ())
+            and before.marker in (earlier if earlier is not None else _EARLIER.get() or ())
             # ...and the chat takes messages: an archived one (a failure handler's or an
             # operator's archive) goes the archived-chat path below, never a 400. Free
             # when this process knows the chat (chat_state.py).

@@ -51,7 +51,7 @@ class EagerCheckpoint:
         self.store = store
         self.workflow_id = workflow_id
         self.marker = marker
-        self.had_chat = had_chat
+        self._had_chat = had_chat
         self.started_at = started_at or time.time()
         #: The step's turn timeout: the first send's journal entry records
         #: ``started_at`` + it as the attempt's deadline (None: none recorded).
@@ -60,6 +60,18 @@ class EagerCheckpoint:
         self._streamed = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def had_chat(self) -> bool:
+        """The turn's chat was the checkpoint before its send: nothing to checkpoint."""
+        return self._had_chat
+
+    def moved(self, *, checkpointed: bool) -> None:
+        """The turn moved to another chat before its send: an adopted one, already the
+        checkpoint (``checkpointed``), or a fresh one its send creates — checkpointed
+        here as a first turn's is, because the archived chat it leaves is one no
+        longer."""
+        self._had_chat = checkpointed
 
     async def ensure(self, chat_id: str) -> None:
         """Make ``chat_id`` the workflow's checkpoint (first turn only; idempotent)."""

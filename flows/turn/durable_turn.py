@@ -16,11 +16,18 @@ Walk of one turn (``execute_turn``):
    chat a crashed first attempt created (checkpointed now, recovered in 4 —
    never sent again) and strands any other. Build the agent.
 4. If this step already sent before (the journal names its marker) run crash
-   recovery first (``parts.unfinished_attempt``: settle-wait, tool ledger
+   recovery first (``recover_before_send``: settle-wait, tool ledger
    reconciliation, result recovery — a finished attempt's result is returned
    instead of resending), journaling a resubmission write-ahead.
 5. ``generate()`` with the marker in the prompt, a per-segment
-   ``request_timeout`` and a total deadline.
+   ``request_timeout`` and a total deadline (or the followed attempt's outcome),
+   and at most one re-ask of a structured answer.
+
+Steps 3-5 are a controller: the turn observes a :class:`~prefect_coder.flows.turn.decide.TurnSnapshot`,
+:func:`~prefect_coder.flows.turn.decide.decide` (pure) says what is next — look for
+orphans, recover, move to an adopted or a fresh chat, return, fail, send, follow,
+re-ask, settle — and one act per kind (:class:`_TurnActs`) does it, until the turn
+returns or settles. Each rule of ``decide`` names the failure window it closes.
 6. ``finally``: checkpoint the chat id (+ cursor only when defined); when the
    SDK discarded the session, record the stranded chat for the sweep instead.
 7. Publish the artifact and the ``coder.turn.settled`` event; Prefect persists
@@ -43,16 +50,19 @@ from coder_chat.agent import AgentHooks, CoderAgent, GenerateResult
 from coder_chat.crash_safe import crash_point
 from coder_chat.events import TransportEvent, WsDial
 from coder_chat.history import fetch_until
+from coder_chat.recovery import RecoveryTimings
 from coder_chat.rest import ChatClient
 from coder_chat.stream import StreamOptions
 from coder_chat.tools import ClientTool, StructuredOutput
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import HeldLease, JournalEntry
 from prefect_coder.blocks.state.errors import StoreUnavailableError
+from prefect_coder.blocks.state.records import TurnStart
 from prefect_coder.flows.common.errors import StructuredAnswerError
 from prefect_coder.flows.common.labels import chat_labels, current_flow_run_id
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
 from prefect_coder.flows.common.resources import TurnResources, hold_workflow_lease, load_resources
+from prefect_coder.flows.common.result_write import write_step_result
 from prefect_coder.flows.common.results import (
     ToolCallRecord,
     TurnResult,
@@ -70,11 +80,28 @@ from prefect_coder.flows.recovery.before_send import recover_before_send
 from prefect_coder.flows.recovery.chat_state import note_live
 from prefect_coder.flows.recovery.eager_checkpoint import EagerCheckpoint
 from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans, may_have_orphans
-from prefect_coder.flows.recovery.recovered import SendPlan, recovery_timings
+from prefect_coder.flows.recovery.recovered import recovery_timings
 from prefect_coder.flows.recovery.send_journal import (
     journal_cut_short,
     journal_send,
     note_failed_attempt,
+)
+from prefect_coder.flows.turn.decide import (
+    Answered,
+    CheckOrphans,
+    FailStructured,
+    Finished,
+    Follow,
+    MoveToChat,
+    MoveToFreshChat,
+    Reask,
+    Recover,
+    Return,
+    Send,
+    Settle,
+    TurnSnapshot,
+    decide,
+    found_of,
 )
 
 __all__ = [
@@ -98,18 +125,6 @@ async def _prompt_was(agent: CoderAgent, user_message_id: int | None, text: str)
         if m.id == user_message_id:
             return "".join(p.text or "" for p in m.content if p.type == "text").strip() == text
     return False
-
-
-async def _needs_reask(
-    agent: CoderAgent, answer: StructuredOutput[Any], gen: GenerateResult | None, reask: str
-) -> bool:
-    """Re-ask a structured step once: no valid answer, an idle chat (``stop``: a
-    busy or paused chat is never re-prompted), and the turn was not the re-ask."""
-    if gen is None:
-        return True  # a recovered attempt without an answer (checked by the caller)
-    if answer.pick(gen) is not None or gen.finish_reason != "stop":
-        return False
-    return not await _prompt_was(agent, gen.user_message_id, reask)
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -396,6 +411,121 @@ async def _release_client(client: ChatClient, resources: TurnResources) -> None:
         resources.router.target = None
 
 
+def _settled_answer(
+    step: Step, answer: StructuredOutput[Any] | None, gen: GenerateResult, attempt: int
+) -> dict[str, Any] | None:
+    """The settled turn's structured answer (the Settle act, after the checkpoint)."""
+    if answer is None:
+        return None
+    value = answer.pick(gen)
+    if value is None:
+        # Never "Completed" with structured=None: the caller asked for an answer.
+        raise StructuredAnswerError(step.name, step.output_model, gen.chat_id, attempt)
+    return value.model_dump(mode="json")
+
+
+@dataclasses.dataclass(slots=True)
+class _TurnActs:
+    """A turn's acts between its decisions (:mod:`prefect_coder.flows.turn.decide`):
+    one method per kind of act that does I/O, each handing back what it observed."""
+
+    prompt: str
+    reask: str
+    agent: CoderAgent
+    store: StateStore
+    observer: TurnObserver
+    eager: EagerCheckpoint
+    workflow_id: str
+    step: Step
+    marker: str
+    tools: list[ClientTool[Any]]
+    answer: StructuredOutput[Any] | None
+    settings: WorkflowSettings
+    timings: RecoveryTimings
+    turn_timeout: float
+    known_failure: bool
+    #: Markers of the steps before this one in its workflow (None: order unknown).
+    earlier: frozenset[str] | None
+    #: What the last ``store.turns.begin`` read and wrote: the journal recovery starts from.
+    start: TurnStart
+
+    async def recover(self, s: TurnSnapshot, action: Recover) -> TurnSnapshot:
+        """Recover: an earlier attempt on the chat followed, read back or resubmitted."""
+        plan = await recover_before_send(
+            client=self.agent.client,
+            store=self.store,
+            workflow_id=self.workflow_id,
+            step=self.step,
+            chat_id=action.chat_id,
+            tools=self.tools,
+            answer=self.answer,
+            timings=self.timings,
+            known_failure=self.known_failure,
+            artifacts=self.settings.artifacts,
+            follower=self.agent,
+            entry=self.start.journal,
+            journaled=self.start.journaled,
+            replaced=self.start.replaced,
+            earlier=self.earlier,
+        )
+        found = found_of(plan)
+        was_reask = None
+        if isinstance(found, Finished) and self.answer is not None:
+            if found.result.structured is None:
+                # The finished attempt filed no valid answer: was it the re-ask already?
+                was_reask = await _prompt_was(self.agent, found.result.user_message_id, self.reask)
+        return dataclasses.replace(s, found=found, finished_was_reask=was_reask)
+
+    async def move_to_chat(self, s: TurnSnapshot, action: MoveToChat) -> TurnSnapshot:
+        """MoveToChat: the adopted chat is the checkpoint now; recovered next."""
+        self.agent.resume(action.chat_id)
+        self.observer.chat_id = action.chat_id
+        self.start = await self.store.turns.begin(
+            self.workflow_id, self.marker, turn_timeout_s=self.turn_timeout
+        )
+        return dataclasses.replace(
+            s, chat_id=action.chat_id, found=None, finished_was_reask=None, moved=True
+        )
+
+    def move_to_fresh_chat(self, s: TurnSnapshot, action: MoveToFreshChat) -> TurnSnapshot:
+        """MoveToFreshChat: the send creates the chat, checkpointed as a first turn's."""
+        self.agent.reset_session()
+        self.eager.moved(checkpointed=False)
+        return dataclasses.replace(
+            s, chat_id=None, found=None, attempt=action.attempt, orphans_pending=False
+        )
+
+    async def send(self, action: Send | Follow | Reask) -> GenerateResult:
+        """Send, Follow or Reask: what the chat's turn returned."""
+        if isinstance(action, Follow):
+            return action.gen
+        if isinstance(action, Reask):
+            # A structured step whose answer did not validate: ask once more
+            # (journaled like every send), as generate_structured does.
+            assert self.agent.chat_id is not None
+            await journal_send(
+                self.agent.client,
+                self.store,
+                self.agent.chat_id,
+                self.marker,
+                turn_timeout=self.turn_timeout,
+            )
+            return await self.agent.generate(self.reask, timeout=self.turn_timeout)
+        return await self.agent.generate(self.prompt, timeout=self.turn_timeout)
+
+    async def answered(self, gen: GenerateResult, *, reasked: bool) -> Answered:
+        """What the re-ask rule reads of a turn's outcome (the prompt only when it
+        decides: a structured step's invalid answer on an idle chat, not re-asked)."""
+        if self.answer is None:
+            return Answered()
+        valid = self.answer.pick(gen) is not None
+        idle = gen.finish_reason == "stop"
+        was_reask = None
+        if not valid and idle and not reasked:
+            was_reask = await _prompt_was(self.agent, gen.user_message_id, self.reask)
+        return Answered(valid=valid, idle=idle, was_reask=was_reask)
+
+
 async def _turn_under_lease(
     workflow_id: str,
     step: Step,
@@ -476,31 +606,38 @@ async def _turn_under_lease(
             await lease.confirm()
         await confirm_turn_slot()
 
-    if chat_id is None and orphans_possible:
-        # No checkpoint: an earlier attempt may have left an orphan chat. One that
-        # holds only this step's prompt is adopted (checkpointed with the send's
-        # write-ahead) and recovered below like any checkpointed chat; the rest are
-        # stranded (flows/recovery/orphans.py).
+    # Observe what the turn starts from; from here on decide() says what is next and
+    # one act per kind does it (flows/turn/decide.py: the rules and the failure window
+    # each closes).
+    snapshot = TurnSnapshot(
+        chat_id=chat_id,
+        orphans_pending=chat_id is None and orphans_possible,
+        structured=answer is not None,
+    )
+    action = decide(snapshot)
+    if isinstance(action, CheckOrphans):
+        # Before the agent exists: an adopted orphan is the chat it is built on.
         try:
-            adopted = (
-                await adopt_or_strand_orphans(
-                    client, store, workflow_id, marker, turn_timeout=turn_timeout, logger=logger
-                )
-            ).adopted
-            if adopted is not None:
+            found_orphan = await adopt_or_strand_orphans(
+                client, store, workflow_id, marker, turn_timeout=turn_timeout, logger=logger
+            )
+            if found_orphan.adopted is not None:
                 start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
         except BaseException:
             await _release_client(client, resources)
             raise
-        if adopted is not None:
+        if found_orphan.adopted is not None:
             checkpoint = start.checkpoint
-            chat_id = adopted
-            eager.had_chat = True
-            observer.chat_id = adopted
+            eager.moved(checkpointed=True)
+            observer.chat_id = found_orphan.adopted
+        snapshot = dataclasses.replace(
+            snapshot, chat_id=found_orphan.adopted, orphans_pending=False
+        )
+        action = decide(snapshot)
 
     agent = creds.get_agent(
         client=client,
-        chat_id=chat_id,
+        chat_id=snapshot.chat_id,
         last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
         tools=tools,
         # Collection, tenant, workflow and flow run: the sweeps find (only) our chats.
@@ -521,84 +658,69 @@ async def _turn_under_lease(
             leave_landed_runs=True,
         ),
     )
-    attempt = 1
-    followed: GenerateResult | None = None
-    # A recovered attempt with no valid structured answer: only the re-ask is left.
-    reask_only = False
-    prompt = f"{marker} {step.prompt}"
-    reask = f"{marker} {answer.nudge}" if answer is not None else ""
+    acts = _TurnActs(
+        prompt=f"{marker} {step.prompt}",
+        reask=f"{marker} {answer.nudge}" if answer is not None else "",
+        agent=agent,
+        store=store,
+        observer=observer,
+        eager=eager,
+        workflow_id=workflow_id,
+        step=step,
+        marker=marker,
+        tools=tools,
+        answer=answer,
+        settings=settings,
+        timings=recovery_timings(settings, request_timeout, turn_timeout),
+        turn_timeout=turn_timeout,
+        known_failure=retry_reason is not None,
+        earlier=resources.earlier_steps,
+        start=start,
+    )
     try:
         t_recovery = time.perf_counter()
-        if chat_id:
-            # Journals the send write-ahead; if this step already sent on this chat
-            # and recorded no result, first settles the chat (ledger reconcile before
-            # any interrupt), follows the crashed attempt if it is still running, and
-            # recovers a finished attempt instead of resubmitting.
-            async def recover(on: str) -> SendPlan:
-                return await recover_before_send(
-                    client=agent.client,
-                    store=store,
-                    workflow_id=workflow_id,
-                    step=step,
-                    chat_id=on,
-                    tools=tools,
-                    answer=answer,
-                    timings=recovery_timings(settings, request_timeout, turn_timeout),
-                    known_failure=retry_reason is not None,
-                    artifacts=settings.artifacts,
-                    follower=agent,
-                    entry=start.journal,
-                    journaled=start.journaled,
-                    replaced=start.replaced,
+        # Before any send: bring an earlier attempt to an end, or move off an archived
+        # chat. Journals the send write-ahead; if this step already sent on this chat
+        # and recorded no result, first settles the chat (ledger reconcile before any
+        # interrupt), follows the crashed attempt if it is still running, and recovers
+        # a finished attempt instead of resubmitting.
+        while True:
+            if isinstance(action, Recover):
+                snapshot = await acts.recover(snapshot, action)
+            elif isinstance(action, MoveToChat):
+                snapshot = await acts.move_to_chat(snapshot, action)
+            elif isinstance(action, MoveToFreshChat):
+                snapshot = acts.move_to_fresh_chat(snapshot, action)
+            elif isinstance(action, Return):
+                return action.result
+            elif isinstance(action, FailStructured):
+                raise StructuredAnswerError(
+                    step.name, step.output_model, snapshot.chat_id, action.attempt
                 )
-
-            plan = await recover(chat_id)
-            if plan.fresh_chat and plan.adopted is not None:
-                # The checkpointed chat is archived, and an earlier fresh attempt's
-                # chat (created, never checkpointed) holds this step: it is the
-                # checkpoint now, and the step is recovered there.
-                chat_id = plan.adopted
-                agent.resume(chat_id)
-                observer.chat_id = chat_id
-                start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
-                plan = await recover(chat_id)
-            attempt = plan.attempt
-            followed = plan.followed
-            if plan.fresh_chat:
-                # The checkpointed chat is archived and holds no finished attempt:
-                # send in a fresh chat, checkpointed as a first turn's is.
-                agent.reset_session()
-                chat_id = None
-                eager.had_chat = False
-            if plan.result is not None:
-                if answer is None or plan.result.structured is not None:
-                    return plan.result
-                # The finished attempt filed no valid answer: re-ask, unless it was
-                # the re-ask already (then the step fails, below).
-                if await _prompt_was(agent, plan.result.user_message_id, reask):
-                    raise StructuredAnswerError(step.name, step.output_model, chat_id, attempt)
-                reask_only = True
+            else:
+                break
+            action = decide(snapshot)
         started_at = time.time()
         # A followed attempt's time is the follow's (inside the recovery above).
-        t0 = t_recovery if followed is not None else time.perf_counter()
+        t0 = t_recovery if isinstance(action, Follow) else time.perf_counter()
+        # The chat the sends go to was checkpointed before them (None: a first turn's
+        # or a fresh chat, which the send creates).
+        had_chat = snapshot.chat_id is not None
         failed: BaseException | None = None
+        gen: GenerateResult | None = None
         try:
-            gen: GenerateResult | None
-            if followed is not None:
-                gen = followed
-            elif reask_only:
-                gen = None
-            else:
-                gen = await agent.generate(prompt, timeout=turn_timeout)
-            if answer is not None and await _needs_reask(agent, answer, gen, reask):
-                # A structured step whose answer did not validate: ask once more
-                # (journaled like every send), as generate_structured does.
-                assert agent.chat_id is not None
-                await journal_send(
-                    agent.client, store, agent.chat_id, marker, turn_timeout=turn_timeout
+            # The sends: the step's prompt (or a followed attempt), then at most one
+            # re-ask, until decide() says the turn settles.
+            while not isinstance(action, Settle):
+                if not isinstance(action, (Send, Follow, Reask)):
+                    raise AssertionError(f"not a send: {action!r}")  # pragma: no cover
+                snapshot = dataclasses.replace(snapshot, attempt=action.attempt)
+                gen = await acts.send(action)
+                reasked = snapshot.reasked or isinstance(action, Reask)
+                snapshot = dataclasses.replace(
+                    snapshot, reasked=reasked, answered=await acts.answered(gen, reasked=reasked)
                 )
-                attempt += 1
-                gen = await agent.generate(reask, timeout=turn_timeout)
+                action = decide(snapshot)
             assert gen is not None
         except BaseException as exc:
             failed = exc
@@ -613,7 +735,7 @@ async def _turn_under_lease(
                         store,
                         workflow_id=workflow_id,
                         agent=agent,
-                        had_chat=chat_id is not None,
+                        had_chat=had_chat,
                         failed=failed,
                         marker=marker,
                         started_at=started_at,
@@ -650,23 +772,17 @@ async def _turn_under_lease(
                             "error": type(failed).__name__,
                             "message": str(failed)[:500],
                             "retryable": is_retryable_failure(failed),
-                            "attempt": attempt,
+                            "attempt": snapshot.attempt,
                             "duration_ms": round(generate_ms, 1),
                         },
                     )
-        structured = None
-        if answer is not None:
-            value = answer.pick(gen)
-            if value is None:
-                # Never "Completed" with structured=None: the caller asked for an answer.
-                raise StructuredAnswerError(step.name, step.output_model, gen.chat_id, attempt)
-            structured = value.model_dump(mode="json")
+        attempt = snapshot.attempt
         result = turn_result(
             gen,
             workflow_id=workflow_id,
             step=step.name,
             marker=marker,
-            structured=structured,
+            structured=_settled_answer(step, answer, gen, attempt),
             attempt=attempt,
             generate_ms=generate_ms,
         )
@@ -708,7 +824,7 @@ async def _turn_under_lease(
     )
     if settings.artifacts:
         try:
-            publish_turn_artifact(result, prompt, base_url=creds.base_url)
+            publish_turn_artifact(result, acts.prompt, base_url=creds.base_url)
         except Exception:
             logger.warning("could not publish the turn artifact", exc_info=True)
     crash_point("turn.before_persist")
@@ -744,6 +860,10 @@ async def run_turn(
         retry_reason = f"Prefect retry {ctx.task_run.run_count - 1} of step {step.name}"
     if resources is None:
         resources = await load_resources(settings)
-    return await execute_turn(
-        workflow_id, step, settings, resources, toolset=toolset, retry_reason=retry_reason
+    return await write_step_result(
+        await execute_turn(
+            workflow_id, step, settings, resources, toolset=toolset, retry_reason=retry_reason
+        ),
+        workflow_id=workflow_id,
+        step=step.name,
     )
