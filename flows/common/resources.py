@@ -27,6 +27,7 @@ from prefect_coder.blocks.state import HeldLease, LeaseUnavailableError, workflo
 from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.common.errors import WorkflowBusyError, WorkflowParameterError
 from prefect_coder.flows.common.holders import holder_run_over, run_holder
+from prefect_coder.flows.common.labels import of_another_store, scope_labels
 from prefect_coder.flows.common.params import WorkflowSettings, validate_base_url
 from prefect_coder.flows.liveness.track import (
     WORKFLOW_FLOWS,
@@ -48,6 +49,8 @@ __all__ = [
     "load_resources",
     "load_store",
     "shared_client",
+    "warn_if_another_store_in_use",
+    "warn_if_local_store_is_shared",
 ]
 
 
@@ -167,6 +170,63 @@ async def warn_if_local_store_is_shared(store: StateStore, pool: str | None = No
     return online
 
 
+#: (Coder URL, tenant, store identity) combinations this process has compared with
+#: the chats on the server (once per process each).
+_STORE_FENCES_CHECKED: set[tuple[str, str, str]] = set()
+#: Live chats one start-up check reads: one page, not a sweep.
+OTHER_STORE_PAGE = 100
+
+
+async def warn_if_another_store_in_use(
+    credentials: CoderCredentials, store: StateStore, *, timeout_s: float = 10.0
+) -> list[str] | None:
+    """Say loudly when the Coder server holds live chats of this run's tenant that
+    another state store checkpoints (their ``prefect-coder/store`` label names another
+    identity than :meth:`StateStore.identity`): two stores serve one tenant, e.g. one
+    worker on its local SQLite default while the others share PostgreSQL. Each store
+    sees only its own workflows — a workflow crashed under one is invisible to the
+    other's recovery and reconciler, and the lease of one workflow id is not shared —
+    and the sweeps of each can only leave the other's chats alone.
+
+    One listing call (``OTHER_STORE_PAGE`` live chats), once per process for each
+    (server, tenant, store); never fails a run. Returns the other stores' identities
+    (empty: none seen; None: not checked)."""
+    try:
+        identity = await store.identity()
+        key = (str(credentials.base_url), store.tenant, identity)
+        if key in _STORE_FENCES_CHECKED:
+            return None
+        _STORE_FENCES_CHECKED.add(key)
+        async with credentials.get_client() as client:
+            chats = await client.list_chats(
+                q="archived:false",
+                labels=scope_labels(store.tenant),
+                limit=OTHER_STORE_PAGE,
+                timeout=timeout_s,
+            )
+    except Exception:  # a check for the operator must never break a run
+        _log.debug("could not compare the store with the server's chats", exc_info=True)
+        return None
+    others = sorted({o for c in chats if (o := of_another_store(c.labels, identity))})
+    if others:
+        run_logger(__name__).warning(
+            "ANOTHER STATE STORE SERVES THIS TENANT: the Coder server lists live chats of "
+            "tenant %r checkpointed by the store %s, but this run's store (%s, %s) is "
+            "store %s. Each store sees only its own workflows: a workflow crashed under "
+            "one is invisible to the other's recovery and reconciler, and runs of one "
+            "workflow id in both are not kept apart. Choose the store once, on the "
+            "credentials block: save a shared (PostgreSQL) ChatStateStore and name it in "
+            "CoderCredentials.store_block, for every deployment and worker "
+            "(docs/deploy.md, 'Several worker machines').",
+            store.tenant,
+            ", ".join(others),
+            store.backend,
+            store.url,
+            identity,
+        )
+    return others
+
+
 async def load_store(
     settings: WorkflowSettings, credentials: CoderCredentials | None = None
 ) -> StateStore:
@@ -248,11 +308,14 @@ async def load_resources(settings: WorkflowSettings) -> TurnResources:
     """Credentials and store for a workflow run (the first load of a process freezes
     its start-up heap: :func:`freeze_startup_heap`, and drops Prefect's routine
     "Finished in state Completed()" line of its turns:
-    :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`)."""
+    :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`; it
+    warns once when another store serves the tenant: :func:`warn_if_another_store_in_use`)."""
     freeze_startup_heap()
     quiet_routine_turn_finish()
     credentials = await load_credentials(settings)
-    return TurnResources(credentials, await load_store(settings, credentials))
+    store = await load_store(settings, credentials)
+    await warn_if_another_store_in_use(credentials, store)
+    return TurnResources(credentials, store)
 
 
 @contextlib.asynccontextmanager
