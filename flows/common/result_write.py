@@ -21,8 +21,10 @@ have written, so the commit's second write of the same bytes is switched off.
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
 
+from prefect.context import TaskRunContext
 from prefect.events import emit_event
 from prefect.transactions import get_transaction
 
@@ -81,8 +83,13 @@ async def write_step_result(result: T, *, workflow_id: str, step: str) -> T:
         return result
     store = txn.store
     key = txn.key
+    # The record the commit would have written: the same key, store and expiration.
+    ctx = TaskRunContext.get()
+    ttl = ctx.task.cache_expiration if ctx is not None else None
+    # (A plain aware datetime: Prefect's record validates it into its own DateTime.)
+    expiration = cast(Any, datetime.now(UTC) + ttl) if ttl is not None else None
     try:
-        record = store.create_result_record(result, key=key)
+        record = store.create_result_record(result, key=key, expiration=expiration)
         await store.apersist_result_record(record)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
