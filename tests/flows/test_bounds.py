@@ -14,13 +14,13 @@ from pydantic import BaseModel, ValidationError
 
 from coder_chat.emulator import Emulator
 from prefect_coder.blocks import ChatStateStore, CoderCredentials
-from prefect_coder.flows.common.params import Step, WorkflowSettings
+from prefect_coder.flows.common.params import ApprovalStep, Step, WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.sweep_settings import SweepSettings
 from prefect_coder.flows.sweeps.options import SweepOptions
 
 MODELS: list[type[BaseModel]] = [
-    Step,
+    ApprovalStep,
     WorkflowSettings,
     SweepSettings,
     SweepOptions,
@@ -52,7 +52,7 @@ def test_every_number_a_user_sets_has_a_finite_maximum_in_the_form(
 
 
 def _minimal(model: type[BaseModel]) -> dict[str, Any]:
-    if model is Step:
+    if model is ApprovalStep:
         return {"name": "s", "prompt": "p"}
     if model is CoderCredentials:
         return {
