@@ -1,4 +1,14 @@
-"""The per-chat send journal: one entry per chat, the current attempt's verdict."""
+"""The per-chat send journal: one entry per chat, the current attempt's verdict.
+
+An entry's ``at`` and ``deadline`` are epoch seconds that one worker writes and
+another compares with its own clock (a sweep: is the attempt past its deadline?
+recovery: is the commit window over?). So they are stored on ONE clock, the
+database's: a write adds (database clock - the writer's ``time.time()``) to them, a
+read subtracts (database clock - the reader's), both inside the statement. Each
+process then keeps reading and comparing in its own ``time.time()``, and two workers
+whose clocks disagree by minutes agree on every deadline (to the statements'
+latency). Rows written by earlier releases hold their writer's clock, as before.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,13 @@ from .records import JournalEntry, from_epoch
 from .schema import journal as t
 
 
+def _offset(ops: Ops) -> sa.ColumnElement[float]:
+    """The database clock minus the caller's, in the statement itself: the caller's
+    ``time.time()`` is taken when the statement's parameters are, right before it runs
+    (SQLite: on the worker thread), so the pair is exact to the statement's latency."""
+    return ops.now() - sa.bindparam("local_clock", callable_=ops.clock, type_=sa.Double)
+
+
 class Journal:
     """``store.journal``: get / set / clear the chat's journal entry."""
 
@@ -18,10 +35,19 @@ class Journal:
 
     async def get(self, chat_id: str) -> JournalEntry | None:
         """The chat's latest journal entry, or None if nothing was ever journaled."""
+        # Stored on the database clock; handed back on this process's (module docstring).
+        offset = _offset(self._ops)
         async with self._ops.read() as conn:
             row = (
                 await conn.execute(
-                    sa.select(t).where(t.c.tenant == self._ops.tenant, t.c.chat_id == chat_id)
+                    sa.select(
+                        t.c.state,
+                        t.c.marker,
+                        t.c.attempt,
+                        (t.c.at - offset).label("at"),
+                        (t.c.deadline - offset).label("deadline"),
+                        t.c.updated_at,
+                    ).where(t.c.tenant == self._ops.tenant, t.c.chat_id == chat_id)
                 )
             ).one_or_none()
         if row is None:
@@ -45,14 +71,17 @@ class Journal:
         """
         if not chat_id:
             raise ValueError("chat_id: required; the journal is keyed by chat id")
+        offset = _offset(self._ops)
         stmt = upsert(self._ops.backend, t).values(
             tenant=self._ops.tenant,
             chat_id=chat_id,
             state=entry.state,
             marker=entry.marker,
             attempt=entry.attempt,
-            at=entry.at,
-            deadline=entry.deadline,
+            at=sa.literal(entry.at, sa.Double) + offset,
+            deadline=None
+            if entry.deadline is None
+            else sa.literal(entry.deadline, sa.Double) + offset,
             updated_at=self._ops.now(),
         )
         stmt = stmt.on_conflict_do_update(

@@ -19,6 +19,7 @@ import asyncio
 import functools
 import os
 import sqlite3
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -93,6 +94,9 @@ class _TxOps:
     def now(self) -> sa.ColumnElement[float]:
         return self._store.now()
 
+    def clock(self) -> float:
+        return self._store.clock()
+
     @asynccontextmanager
     async def _same(self) -> AsyncIterator[StoreConnection]:
         yield self._conn
@@ -132,6 +136,9 @@ class StateStore:
             SQLite's write lock) before it raises ``StoreUnavailableError`` (retryable);
             0 tries once. On SQLite each attempt also waits up to ``connect_timeout``
             for the write lock. See docs/state-store.md, "Faults of the store".
+        clock: this process's wall clock, ``time.time`` (a test of skewed clocks passes
+            another): journal entries' ``at`` / ``deadline`` are on it when they are
+            handed in and back, and on the database's clock in the store.
     """
 
     def __init__(
@@ -143,8 +150,10 @@ class StateStore:
         connect_timeout: float = 10.0,
         pool_size: int = 5,
         transient_retry_s: float = 20.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._url, self._backend = parse_store_url(url)
+        self._clock = clock
         if not tenant or len(tenant) > 128:
             raise StateStoreConfigError("tenant: must be 1-128 characters (e.g. 'default')")
         if password is not None and not isinstance(password, SecretStr):
@@ -205,6 +214,12 @@ class StateStore:
     def now(self) -> sa.ColumnElement[float]:
         """SQL for the database clock, epoch seconds."""
         return engines.db_now(self._backend)
+
+    def clock(self) -> float:
+        """This process's wall clock (``time.time()``; the ``clock`` argument): the clock
+        journal entries' ``at`` / ``deadline`` are handed in and back on, stored on the
+        database's (``journal.py``)."""
+        return self._clock()
 
     def _engine(self) -> engines.AsyncEngine:
         return engines.get_engine(

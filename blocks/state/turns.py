@@ -42,9 +42,12 @@ if TYPE_CHECKING:
 # fixed statements embed: compiled once by each backend's own dialect.
 _SQLITE_NOW = str(db_now("sqlite").compile(dialect=sqlite_dialect.dialect()))
 
+# The journal's ``at`` and ``deadline`` are stored on the database clock and read on the
+# caller's (journal.py's docstring): ``{off}`` is (database clock - the caller's
+# ``time.time()``), the caller's time a parameter.
 _RESUME_COLUMNS = (
     "c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at, "
-    "j.state, j.marker, j.attempt, j.at, j.updated_at, j.deadline"
+    "j.state, j.marker, j.attempt, j.at - {off}, j.updated_at, j.deadline - {off}"
 )
 _RESUME_FROM = (
     "FROM coder_state_checkpoints c LEFT JOIN coder_state_journal j "
@@ -60,11 +63,17 @@ _CHECKPOINT_SET = (
     "last_seen_message_id = excluded.last_seen_message_id, updated_at = excluded.updated_at"
 )
 
-_SQLITE_RESUME = f"SELECT {_RESUME_COLUMNS} {_RESUME_FROM} WHERE c.tenant = ? AND c.workflow_id = ?"
+_SQLITE_OFF = f"({_SQLITE_NOW} - ?3)"
+_SQLITE_RESUME = (
+    f"SELECT {_RESUME_COLUMNS.format(off=_SQLITE_OFF)} {_RESUME_FROM} "
+    "WHERE c.tenant = ?1 AND c.workflow_id = ?2"
+)
+# Parameters: tenant, chat, state, marker, attempt, at, deadline, the writer's time.
 _SQLITE_JOURNAL = (
     "INSERT INTO coder_state_journal "
     "(tenant, chat_id, state, marker, attempt, at, deadline, updated_at) "
-    f"VALUES (?, ?, ?, ?, ?, ?, ?, {_SQLITE_NOW}) {_JOURNAL_SET} RETURNING updated_at"
+    f"VALUES (?1, ?2, ?3, ?4, ?5, ?6 + ({_SQLITE_NOW} - ?8), ?7 + ({_SQLITE_NOW} - ?8), "
+    f"{_SQLITE_NOW}) {_JOURNAL_SET} RETURNING updated_at"
 )
 _SQLITE_CHECKPOINT = (
     "INSERT INTO coder_state_checkpoints "
@@ -105,18 +114,21 @@ def _pg(fences: int = 0) -> _PgStatements:
     # The write-ahead only when the chat's entry does not carry this marker (IS DISTINCT
     # FROM: also when there is no entry). One statement: read and write are atomic
     # together, as the transaction they replace was.
+    # $6: the caller's time.time() (the journal's times: database clock, read on the
+    # caller's).
+    off = f"({pg_now} - $6::double precision)"
     begin = f"""
-WITH {gate_sql(fences, 6)}, cp AS (
+WITH {gate_sql(fences, 7)}, cp AS (
     SELECT c.workflow_id, c.chat_id, c.last_seen_message_id, c.updated_at,
-           j.state AS j_state, j.marker AS j_marker, j.attempt AS j_attempt, j.at AS j_at,
-           j.updated_at AS j_updated_at, j.deadline AS j_deadline
+           j.state AS j_state, j.marker AS j_marker, j.attempt AS j_attempt,
+           j.at - {off} AS j_at, j.updated_at AS j_updated_at, j.deadline - {off} AS j_deadline
     {_RESUME_FROM}
     WHERE c.tenant = $1::text AND c.workflow_id = $2::text
 ), written AS (
     INSERT INTO coder_state_journal
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
-    SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision,
-           $5::double precision, {pg_now}
+    SELECT $1::text, cp.chat_id, 'submitting', $3::text, 0, $4::double precision + {off},
+           $5::double precision + {off}, {pg_now}
     FROM cp, gate WHERE gate.ok AND cp.j_marker IS DISTINCT FROM $3::text
     {_JOURNAL_SET}
     RETURNING updated_at
@@ -138,12 +150,14 @@ SELECT (SELECT updated_at FROM c), gate.* FROM gate
 """
     # A first turn's checkpoint and its journaled send in ONE statement (autocommit): both
     # data-modifying CTEs run, atomically, or neither does.
+    off10 = f"({pg_now} - $10::double precision)"
     checkpoint_and_journal = f"""
-WITH {gate_sql(fences, 10)}, j AS (
+WITH {gate_sql(fences, 11)}, j AS (
     INSERT INTO coder_state_journal
         (tenant, chat_id, state, marker, attempt, at, deadline, updated_at)
-    SELECT $1::text, $3::text, $5::text, $6::text, $7::integer, $8::double precision,
-            $9::double precision, {pg_now} FROM gate WHERE gate.ok
+    SELECT $1::text, $3::text, $5::text, $6::text, $7::integer,
+           $8::double precision + {off10}, $9::double precision + {off10}, {pg_now}
+    FROM gate WHERE gate.ok
     {_JOURNAL_SET}
     RETURNING updated_at
 ), c AS (
@@ -260,7 +274,10 @@ class Turns:
         is committed. ``turn_timeout_s``: the step's turn timeout; the write-ahead
         records ``at`` + it as the attempt's ``deadline`` (None: no deadline recorded).
         """
-        entry = JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout_s, at=at)
+        clock = self._store.clock
+        entry = JournalEntry.submitting(
+            marker, 0, turn_timeout=turn_timeout_s, at=clock() if at is None else at
+        )
         tenant = self._store.tenant
         fences = self._store.write_fences()
         row: Any
@@ -275,13 +292,15 @@ class Turns:
                 # write, so no write lock, BEGIN or COMMIT (docs/performance.md, round
                 # 10a). Otherwise the read again and the write-ahead in ONE write
                 # transaction, atomic together as before.
-                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
+                # The journal's times: the clock offset is taken right here, on the
+                # worker, right before each statement (journal.py).
+                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id, clock()))
                 if not needs_write(rows[0] if rows else None):
                     return (rows[0] if rows else None), None
                 take_writer()
                 driver_execute(conn, "BEGIN IMMEDIATE")
                 _guard(conn, fences)
-                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id))
+                rows = driver_rows(conn, _SQLITE_RESUME, (tenant, workflow_id, clock()))
                 row = rows[0] if rows else None
                 written = None
                 if row is not None and needs_write(row):
@@ -297,6 +316,7 @@ class Turns:
                                 entry.attempt,
                                 entry.at,
                                 entry.deadline,
+                                clock(),
                             ),
                         )
                     )
@@ -315,6 +335,7 @@ class Turns:
                             marker,
                             entry.at,
                             entry.deadline,
+                            clock(),
                             *guard_params(fences),
                         ),
                     )
@@ -350,6 +371,7 @@ class Turns:
         tenant = self._store.tenant
         params = (tenant, cp.workflow_id, cp.chat_id, cp.last_seen_message_id)
         fences = self._store.write_fences()
+        clock = self._store.clock  # the journal's clock offset, right before the statement
         if self._store.backend == "sqlite":
 
             def body(conn: sqlite3.Connection, take_writer: Callable[[], None]) -> float:
@@ -383,6 +405,7 @@ class Turns:
                             journal.attempt,
                             journal.at,
                             journal.deadline,
+                            clock(),
                         ),
                     )
                 )
@@ -411,6 +434,7 @@ class Turns:
                             journal.attempt,
                             journal.at,
                             journal.deadline,
+                            clock(),
                             *guard_params(fences),
                         ),
                     )

