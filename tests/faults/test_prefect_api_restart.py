@@ -40,6 +40,7 @@ from prefect_server_proc import PrivatePrefectServer
 
 from coder_chat.emulator.server import Emulator
 from prefect_coder.flows.common.params import step_marker
+from prefect_coder.flows.common.results import result_key
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -158,10 +159,15 @@ def _flow_runs(server: PrivatePrefectServer, workflow_id: str) -> list[dict[str,
     return [run for run in r.json() if run["name"] == workflow_id]
 
 
-def _assert_done_once(emu: Emulator, workflow_id: str, steps: list[str]) -> None:
+def _assert_done_once(
+    server: PrivatePrefectServer, emu: Emulator, workflow_id: str, steps: list[str]
+) -> None:
     [chat] = _chats(emu, workflow_id)
     for name in steps:
         assert _user_messages(emu, workflow_id, name) == 1, name  # never sent twice
+        # No result lost: each step's record in the flow-run process's result storage.
+        record = server.home / "storage" / result_key(workflow_id, name)
+        assert f"said {name}" in json.loads(record.read_text())["result"], name
     assert emu.chat(chat["id"])["archived"]  # no chat left live
 
 
@@ -197,7 +203,7 @@ def test_api_restarted_between_steps_and_mid_step_the_run_rides_it_out(
             proc.kill()
     assert report.get("state") == "COMPLETED", report
     assert report["texts"] == ["said one", "said two", "said three"]
-    _assert_done_once(emu, workflow_id, ["one", "two", "three"])
+    _assert_done_once(api, emu, workflow_id, ["one", "two", "three"])
     [run] = _flow_runs(api, workflow_id)
     assert run["state_type"] == "COMPLETED"
 
@@ -250,7 +256,7 @@ def test_api_down_until_the_run_ends_then_a_rerun_completes_it(
     # state needs it, and that write failed.
     print("the run, with the API gone:", report)
     assert report.get("state") != "COMPLETED", report
-    _assert_done_once(emu, workflow_id, ["one", "two"])
+    _assert_done_once(api, emu, workflow_id, ["one", "two"])
     api.start()
     [first] = _flow_runs(api, workflow_id)
     assert first["state_type"] == "RUNNING"  # a zombie: the reconciler's case
@@ -262,4 +268,4 @@ def test_api_down_until_the_run_ends_then_a_rerun_completes_it(
     print(f"rerun: {time.monotonic() - began:.1f} s")
     assert report.get("state") == "COMPLETED", report
     assert report["texts"] == ["said one", "said two"]
-    _assert_done_once(emu, workflow_id, ["one", "two"])  # nothing sent again
+    _assert_done_once(api, emu, workflow_id, ["one", "two"])  # nothing sent again
