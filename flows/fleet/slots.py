@@ -116,11 +116,11 @@ async def confirm_turn_slot() -> None:
     """Prove the slot this turn holds is still its own, right before a send.
 
     No-op outside :func:`turn_slot` (no cap). The store's one confirm rule
-    (``HeldLease.confirm``): free while the slot was renewed less than half a ttl
-    ago — the lease row then has at least half a ttl to run, and nobody takes a live
-    slot of a run that is not over. Otherwise (the process stalled, or the renewals
-    failed) the slot is renewed now; a row that another holder took (or fenced anew),
-    or a renewal that found it so, raises :class:`TurnSlotLostError`. The remaining
+    (``HeldLease.confirm``): while the slot was renewed less than half a ttl ago, one
+    read of the row's holder and fence — a live slot can still be taken over at once
+    when its run was judged over (``takeover.py``); otherwise (the process stalled, or
+    the renewals failed) the slot is renewed now. A row that another holder took (or
+    fenced anew), or a renewal that found it so, raises :class:`TurnSlotLostError`. The remaining
     window is the send's own request — a stall between this check and the request
     going out — which no client-side check closes.
     """
