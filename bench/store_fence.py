@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefect_coder.blocks.state import StateStore, workflow_key  # noqa: E402
+from prefect_coder.blocks.state import StateStore, fencing, sqlite_pool, workflow_key  # noqa: E402  # noqa: E402
 from prefect_coder.blocks.state.fencing import Fence  # noqa: E402
 
 
@@ -102,6 +102,27 @@ async def bench(url: str, calls: int, rounds: int) -> dict[str, list[float]]:
             ]
             for name, call in fenced:
                 out.setdefault(name, []).append(await _time(call, calls))
+    # The guard statement alone, as each write transaction runs it (0 and 1 fence).
+    fence1 = (Fence(store.fence_db, tenant, workflow_key("wf"), "h", 1),)
+    for n, fences in ((0, ()), (1, fence1)):
+        sql = fencing.guard_sql(store.backend, n)
+        params = fencing.guard_params(fences)
+        if store.backend == "sqlite":
+
+            def body(conn: Any, _tw: Any, sql: str = sql, params: Any = params) -> float:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    sqlite_pool.driver_rows(conn, sql, params)
+                return (time.perf_counter() - t0) / calls
+
+            per = await store.run_direct(body)
+        else:
+            async with store.autocommit() as conn:
+                per = await _time(
+                    lambda i, sql=sql, params=params: conn.exec_driver_sql(sql, params or None),
+                    calls,
+                )
+        out.setdefault(f"guard statement alone, {n} fence(s)", []).append(per)
     await plain.aclose()
     await store.aclose()
     return out
@@ -111,7 +132,7 @@ def report(label: str, out: dict[str, list[float]]) -> None:
     med = {k: statistics.median(v) * 1000 for k, v in out.items()}
     print(f"\n{label}: median ms per call (median of rounds)")
     for k, v in med.items():
-        print(f"  {k:36s} {v:7.3f}")
+        print(f"  {k:36s} {v:8.4f}")
     for op in ("checkpoints.set", "ledger.begin"):
         base = med[f"{op}: no guard"]
         print(
