@@ -90,7 +90,9 @@ async def write_step_result(result: T, *, workflow_id: str, step: str) -> T:
     expiration = cast(Any, datetime.now(UTC) + ttl) if ttl is not None else None
     try:
         record = store.create_result_record(result, key=key, expiration=expiration)
-        await store.apersist_result_record(record)
+        # Under a SERIALIZABLE cache policy the transaction holds the key's lock: write
+        # as its holder (Prefect keeps it on the transaction; absent, the default).
+        await store.apersist_result_record(record, holder=getattr(txn, "_holder", None))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         chat_id = getattr(result, "chat_id", None)

@@ -107,6 +107,10 @@ def _stored_text(results: Path, workflow_id: str, step: str) -> str | None:
     return str(json.loads(record["result"])["data"]["text"])
 
 
+def _records(results: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in results.iterdir() if p.is_file()]
+
+
 def _one_chat_one_prompt_per_step(emu: Emulator, workflow_id: str) -> str:
     [chat] = [c for c in emu.chats() if workflow_id in json.dumps(c.get("labels") or {})]
     users = [m for m in emu.messages(chat["id"], include_system=False) if m["role"] == "user"]
@@ -215,3 +219,46 @@ async def test_result_storage_unwritable_past_the_retries(
         assert _stored_text(results_dir, workflow_id, name) == f"said {name}", name
     assert _one_chat_one_prompt_per_step(emu, workflow_id) == chat["id"]
     assert emu.chat(chat["id"])["archived"]
+
+
+async def test_the_record_written_early_is_the_one_prefect_reads_back(
+    prefect_harness: Any, tmp_path: Path, results_dir: Path
+) -> None:
+    """The early write stands in for the commit's under any cache policy: a
+    SERIALIZABLE one (the key locked by the transaction: written as its holder) and a
+    cache expiration (carried on the record); the next run of the task reads it
+    ``Cached`` and does not run the body again."""
+    from datetime import timedelta
+
+    from prefect import flow, task
+    from prefect.cache_policies import INPUTS
+    from prefect.locking.filesystem import FileSystemLockManager
+
+    from prefect_coder.flows.common.result_write import write_step_result
+
+    calls: list[int] = []
+    policy = INPUTS.configure(
+        isolation_level="SERIALIZABLE",
+        lock_manager=FileSystemLockManager(lock_files_directory=tmp_path / "locks"),
+    )
+
+    @task(
+        persist_result=True,
+        result_serializer="json",
+        cache_policy=policy,
+        cache_expiration=timedelta(hours=1),
+    )
+    async def step(x: int) -> dict[str, int]:
+        calls.append(x)
+        return await write_step_result({"x": x}, workflow_id="wf", step="s")
+
+    @flow
+    async def run(x: int) -> Any:
+        return await step(x, return_state=True)
+
+    first, again = await run(7), await run(7)
+    assert (first.name, again.name) == ("Completed", "Cached")
+    assert calls == [7]
+    [record] = _records(results_dir)
+    assert json.loads(record["result"]) == {"x": 7}
+    assert record["metadata"]["expiration"] is not None
