@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
@@ -93,15 +94,25 @@ _OWNER = {
 log = logging.getLogger(__name__)
 
 
+_form_tools_loaded = False
+
+
 def _load_form_tools() -> None:
-    """Import the tool modules a deployment form offers names from: the default
+    """Import the tool modules a deployment form offers names from — the default
     ones, ``PREFECT_CODER_TOOL_MODULES`` and the ``prefect_coder.tools`` entry points
-    of this process (``prefect deploy`` builds the form here). Never raises: a
-    module that fails to import is reported by the run that needs it, with the fix."""
-    try:
-        registry.load_tool_modules(DEFAULT_TOOL_MODULES)
-    except Exception as exc:  # a form without those names beats no form
-        log.debug("tool modules for the step form: %s", exc)
+    of this process (``prefect deploy`` builds the form here) — once per process.
+
+    Not in a flow-run process (``PREFECT__FLOW_RUN_ID`` set): Prefect builds every
+    flow's form when its module is imported, but nothing reads it there, and the
+    run imports its tools itself (:func:`registry.load_tool_modules`). Never raises:
+    a module that fails to import is reported by the run that needs it, with the fix."""
+    global _form_tools_loaded
+    if _form_tools_loaded or os.environ.get("PREFECT__FLOW_RUN_ID"):
+        return
+    _form_tools_loaded = True
+    failed = registry.load_form_tool_modules(DEFAULT_TOOL_MODULES)
+    if failed:  # a form without those names beats no form
+        log.debug("tool modules left out of the step form: %s", failed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,7 @@ __all__ = [
     "env_tool_modules",
     "get_output_model",
     "get_tool",
+    "load_form_tool_modules",
     "load_tool_modules",
     "output_model",
     "output_model_names",
@@ -230,6 +231,31 @@ def load_tool_modules(modules: Sequence[str], *, field: str = "settings.tool_mod
             ) from None
     # Only after every entry point loaded: a failed load is reported again next run.
     _loaded_entry_points = True
+
+
+def load_form_tool_modules(modules: Sequence[str]) -> list[str]:
+    """Import ``modules``, ``PREFECT_CODER_TOOL_MODULES`` and the ``prefect_coder.tools``
+    entry points for a deployment's form (its tool and output-model choices), as
+    ``prefect deploy`` builds it. Never raises: returns what could not be imported
+    (a run that needs it fails at its edge, naming the source and the fix).
+
+    Its own entry-point scan, not :func:`load_tool_modules`' per-process one: a
+    process that imports the flows (and so builds their forms) before a package is
+    installed — a forking launcher's parent — must not hand its children a scan
+    without it."""
+    failed: list[str] = []
+    for module in [*modules, *env_tool_modules()]:
+        try:
+            importlib.import_module(module)
+        except Exception:
+            failed.append(module)
+    points = metadata.entry_points(group=TOOLS_ENTRY_POINT_GROUP)
+    for ep in sorted(points, key=lambda ep: ep.name):
+        try:
+            ep.load()
+        except Exception:
+            failed.append(f"entry point {ep.name} = {ep.value}")
+    return failed
 
 
 def _import(module: str, field: str, fix: str) -> None:

@@ -10,7 +10,12 @@ flow), and checked as the server checks a new run's parameters against it
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +215,52 @@ def test_python_callers_build_each_kind_by_its_class() -> None:
         Step(name="r", prompt="ok?", kind="approval")  # type: ignore[arg-type]
     with pytest.raises(PydanticError, match=r"ModelStep\(name="):
         Step(name="m", prompt="p", kind="model")  # type: ignore[arg-type]
+
+
+USER_TOOLS = """
+from pydantic import BaseModel
+from prefect_coder.tools import output_model, registered_tool
+
+
+class Ticket(BaseModel):
+    title: str
+
+
+@registered_tool(name="open_ticket", description="Open a ticket.")
+async def open_ticket(args: Ticket, ctx) -> str:
+    return args.title
+
+
+@output_model("triage")
+class Triage(BaseModel):
+    severity: int
+"""
+
+DEPLOY = """
+import json
+from prefect.utilities.callables import parameter_schema
+from prefect_coder.flows.deployments.agent_workflow import agent_workflow
+
+schema = parameter_schema(agent_workflow).model_dump_for_openapi()
+agent = schema["definitions"]["Step"]["properties"]
+named = [c for c in agent["output_model"]["anyOf"] if "enum" in c]
+print("FORM " + json.dumps({"tools": agent["tools"]["items"].get("enum"),
+                            "models": named[0]["enum"] if named else None}))
+"""
+
+
+def test_prefect_deploy_offers_the_tools_of_prefect_coder_tool_modules(tmp_path: Path) -> None:
+    # docs/deploy.md: a user's module named where `prefect deploy` runs is in the form.
+    # A fresh interpreter, as `prefect deploy` is: the form is built at its import.
+    (tmp_path / "user_form_tools.py").write_text(USER_TOOLS)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}
+    env["PREFECT_CODER_TOOL_MODULES"] = "user_form_tools"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-c", DEPLOY], env=env, capture_output=True, text=True, timeout=120
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FORM ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    form = json.loads(lines[-1][len("FORM ") :])
+    assert form["tools"] == ["lookup_build", "open_ticket", "record_note"]
+    assert form["models"] == ["fix_plan", "triage"]
