@@ -25,9 +25,7 @@ Test seam: :func:`coder_chat.crash_safe.crash_point` names points
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from typing import Any
 
 from coder_chat.crash_safe import crash_point
@@ -48,24 +46,7 @@ from prefect_coder.flows.recovery.recovered import (
 )
 from prefect_coder.flows.recovery.send_journal import send_entry
 
-__all__ = ["earlier_steps", "recover_before_send"]
-
-#: Transitional, until ``run_steps`` hands the order over in ``TurnResources``: the
-#: markers of the steps before the current one, set around each turn.
-_EARLIER: ContextVar[frozenset[str] | None] = ContextVar(
-    "prefect_coder_earlier_step_markers", default=None
-)
-
-
-@contextlib.contextmanager
-def earlier_steps(markers: Iterable[str]) -> Iterator[None]:
-    """Transitional: the ``earlier`` of :func:`recover_before_send` for the turns run
-    inside (when the turn passes none)."""
-    token = _EARLIER.set(frozenset(markers))
-    try:
-        yield
-    finally:
-        _EARLIER.reset(token)
+__all__ = ["recover_before_send"]
 
 
 async def recover_before_send(
@@ -119,7 +100,7 @@ async def recover_before_send(
     if before is None or before.marker != marker:
         if (
             before is not None
-            and before.marker in (earlier if earlier is not None else _EARLIER.get() or ())
+            and before.marker in (earlier or ())
             # ...and the chat takes messages: an archived one (a failure handler's or an
             # operator's archive) goes the archived-chat path below, never a 400. Free
             # when this process knows the chat (chat_state.py).

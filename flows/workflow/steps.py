@@ -43,7 +43,6 @@ from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.common.toolset import Toolset
 from prefect_coder.flows.observe import background
 from prefect_coder.flows.observe.summary import SummaryRow, publish_workflow_summary
-from prefect_coder.flows.recovery.before_send import earlier_steps
 from prefect_coder.flows.recovery.retire import retire_workflow_chat
 from prefect_coder.flows.turn.approval_step import ApprovalResult, await_approval
 from prefect_coder.flows.turn.durable_turn import run_turn
@@ -178,16 +177,18 @@ async def run_steps(
                         # The step order lets the turn's recovery prove cheaply that this
                         # step never sent (the journal names an earlier one) — and look
                         # in history when the journal names a later one (a lost result).
-                        with earlier_steps(step_marker(workflow_id, s.name) for s in steps[:i]):
-                            results.append(
-                                await turn(
-                                    workflow_id,
-                                    cast(Any, quote(step)),
-                                    cast(Any, quote(settings)),
-                                    cast(Any, quote(shared)),
-                                    cast(Any, quote(toolset)),
-                                )
+                        earlier = frozenset(step_marker(workflow_id, s.name) for s in steps[:i])
+                        results.append(
+                            await turn(
+                                workflow_id,
+                                cast(Any, quote(step)),
+                                cast(Any, quote(settings)),
+                                cast(
+                                    Any, quote(dataclasses.replace(shared, earlier_steps=earlier))
+                                ),
+                                cast(Any, quote(toolset)),
                             )
+                        )
                 if not settings.keep_chat and archive_as_task:
                     await archive_chat(workflow_id, settings, cast(Any, quote(shared)))
                 elif not settings.keep_chat:

@@ -365,7 +365,7 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
     from coder_chat.errors import CoderTransportError
     from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
     from prefect_coder.flows.recovery import chat_state
-    from prefect_coder.flows.recovery.before_send import earlier_steps, recover_before_send
+    from prefect_coder.flows.recovery.before_send import recover_before_send
     from prefect_coder.flows.recovery.recovered import recovery_timings
 
     wf = f"wf-{uuid.uuid4().hex[:8]}"
@@ -395,8 +395,7 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
         # (flows/recovery/chat_state.py), so not even the archived check reads it.
         chat_state.note_live("chat-1")
         try:
-            with earlier_steps([step_marker(wf, first.name)]):
-                plan = await recover_before_send(**kw)
+            plan = await recover_before_send(**kw, earlier=frozenset({step_marker(wf, first.name)}))
         finally:
             chat_state.forget("chat-1")
         assert plan.attempt == 1 and plan.result is None and not plan.fresh_chat
