@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prefect import flow
 
 from prefect_coder.flows.common.params import AnyStep, WorkflowSettings
@@ -21,7 +23,7 @@ __all__ = ["agent_workflow"]
 )
 async def agent_workflow(
     workflow_id: str,
-    steps: list[AnyStep],
+    steps: Sequence[AnyStep],
     settings: WorkflowSettings | None = None,
 ) -> list[StepResult]:
     """Run ``steps`` in order as turns of one Coder chat, then archive it.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefect import flow
@@ -141,7 +142,7 @@ async def _inspect(
     resources: TurnResources,
     settings: WorkflowSettings,
     step: str | None,
-    steps: list[AnyStep] | None,
+    steps: Sequence[AnyStep] | None,
     resubmit: bool,
     timeline: _Timeline,
 ) -> _Plan:
@@ -268,7 +269,7 @@ async def recover_turn(
     step: str | None = None,
     resubmit: bool = True,
     settings: WorkflowSettings | None = None,
-    steps: list[AnyStep] | None = None,
+    steps: Sequence[AnyStep] | None = None,
     finish_workflow: bool = False,
 ) -> RecoverTurnReport:
     """Recover a workflow's stuck or crashed step.
