@@ -13,6 +13,7 @@ from prefect_coder.blocks.errors import PrefectCoderError
 from prefect_coder.blocks.state.errors import (
     LeaseLostError,
     LeaseUnavailableError,
+    SchemaChangedError,
     SchemaVersionError,
     StateStoreConfigError,
     StateStoreError,
@@ -26,6 +27,7 @@ from prefect_coder.flows.common.errors import (
     WorkflowBusyError,
     WorkflowParameterError,
 )
+from prefect_coder.flows.common.result_write import ResultNotPersistedError
 
 __all__ = [
     "ChatNotArchivedError",
@@ -33,6 +35,8 @@ __all__ = [
     "LeaseLostError",
     "LeaseUnavailableError",
     "PrefectCoderError",
+    "ResultNotPersistedError",
+    "SchemaChangedError",
     "SchemaVersionError",
     "StateStoreConfigError",
     "StateStoreError",

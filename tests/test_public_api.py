@@ -174,9 +174,16 @@ def test_every_product_error_survives_pickling() -> None:
         errors.LeaseLostError("wf/wf-1", "holder-1"),
         errors.LeaseUnavailableError("wf/wf-1", holder="h", expires_in=3.0, waited=1.5),
         errors.SchemaVersionError("schema 9 is newer than this code (4)"),
+        errors.SchemaChangedError(5, 4),
+        errors.ResultNotPersistedError("wf-1", "plan", "k", "PermissionError"),
+        errors.StoreUnavailableError("sqlite:///x", "database is locked", backend="sqlite"),
+        errors.StateStoreError("the store failed"),
         errors.StateStoreConfigError("url: not a database URL"),
         errors.InvalidCoderCredentialsError("coder", "base_url: must be an http(s) URL"),
     ]
+    # Every error the front door exports has a sample here.
+    exported = {n for n in errors.__all__ if n != "PrefectCoderError"}
+    assert exported <= {type(e).__name__ for e in samples}, exported
     for exc in samples:
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc), exc
