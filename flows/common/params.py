@@ -112,15 +112,20 @@ def _load_form_tools() -> None:
     _form_tools_loaded = True
     failed = registry.load_form_tool_modules(DEFAULT_TOOL_MODULES)
     if failed:  # a form without those names beats no form
-        log.debug("tool modules left out of the step form: %s", failed)
+        log.warning(
+            "the step form offers no tools of %s: cannot be imported here (install the "
+            "package where you deploy, or fix PREFECT_CODER_TOOL_MODULES)",
+            ", ".join(failed),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class RegisteredNames:
     """JSON-schema hook of a name field: the names registered when the schema is
     built (``prefect deploy``: the deployment's parameter schema) become its
-    ``enum``, so the Prefect form offers them as choices. Validation in Python
-    stays a plain string: a name the worker registers later is checked at the
+    ``enum``, so the Prefect form offers them as choices, and the server refuses
+    another name when a run is created from the deployment. In Python the field
+    stays a plain string: a name reaching a run unregistered is refused at the
     run's edge (:func:`validate_steps`), with the registered names in the error."""
 
     names: Callable[[], set[str]]
