@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+from coder_chat.crash_safe import EffectContext, crash_safe_tool
+from coder_chat.errors import ToolBookkeepingError
+from coder_chat.tools import ToolContext
 from prefect_coder.blocks.state import (
     HeldLease,
     JournalEntry,
@@ -28,6 +32,20 @@ from prefect_coder.blocks.state import (
 )
 
 KEY = workflow_key("wf")
+
+
+class Charge(BaseModel):
+    cents: int
+
+
+#: The "external system": every charge the tool below made, by idempotency key.
+CHARGED: list[str] = []
+
+
+@crash_safe_tool(name="charge", description="Charge the card.")
+async def charge(args: Charge, ctx: EffectContext) -> str:
+    CHARGED.append(ctx.idempotency_key)
+    return ctx.idempotency_key
 
 
 async def _snapshot(store: StateStore) -> tuple[Any, ...]:
@@ -164,3 +182,28 @@ async def test_the_fence_covers_its_own_database_only(
         assert (await elsewhere.checkpoints.get("wf")) is not None
     finally:
         await elsewhere.aclose()
+
+
+async def test_a_crash_safe_tool_runs_no_effect_after_the_takeover(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    """The effect a cut-off holder would still run: its crash-safe tool's write-ahead is
+    refused, so the effect never starts (the turn fails with the ledger's error, whose
+    cause is the lost lease) and nothing is recorded."""
+    charged = CHARGED
+    charged.clear()
+    tool = charge.bind(store.ledger, match_earlier_attempts=True)  # as workflows bind it
+    other = StateStore(store_url, tenant=tenant)
+    try:
+        async with store.lease(KEY, holder="first", ttl=30):
+            await store.journal.set("chat-1", JournalEntry.submitting("[m]", 0))
+            ran = await tool.run({"cents": 5}, ToolContext("call-1", "chat-1", "charge"))
+            assert not ran.is_error and len(charged) == 1
+            await other.leases.take_over(KEY, "first", "second", 30)
+            with pytest.raises(ToolBookkeepingError) as caught:
+                await tool.run({"cents": 7}, ToolContext("call-2", "chat-1", "charge"))
+            assert isinstance(caught.value.__cause__, LeaseLostError)
+        assert len(charged) == 1  # the second effect never started
+        assert [e.tool_call_id for e in await other.ledger.list("chat-1")] == ["call-1"]
+    finally:
+        await other.aclose()
