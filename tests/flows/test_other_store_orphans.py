@@ -18,6 +18,7 @@ from flow_helpers import say, user_messages
 
 from coder_chat.emulator import Emulator
 from coder_chat.models import ChatInputPart, CreateChatRequest
+from coder_chat.stop import stop_chat
 from prefect_coder.blocks import ChatStateStore, CoderCredentials, StateStore
 from prefect_coder.flows.common.labels import chat_labels
 from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
@@ -35,6 +36,14 @@ async def _chat(creds: CoderCredentials, emu: Emulator, text: str, labels: dict[
         )
     await emu.await_status(chat.id, "waiting", within=30)
     return chat.id
+
+
+async def _tidy(creds: CoderCredentials, *chat_ids: str) -> None:
+    """Archive the test's chats: the session's emulator and tenant are shared, and a
+    live chat of another store makes every later run of the tenant warn."""
+    async with creds.get_client() as client:
+        for chat_id in chat_ids:
+            await stop_chat(client, chat_id, timeout=10, archive=True, poll_interval=0.05)
 
 
 def _interrupted(emu: Emulator, chat_id: str) -> bool:
@@ -97,6 +106,7 @@ async def test_a_retried_first_turn_leaves_another_stores_chat_alone(
     assert not _interrupted(emu, theirs)
     assert user_messages(emu, theirs) == [f"{marker} Plan it.{say('theirs')}"]
     assert not emu.chat(theirs)["archived"]
+    await _tidy(creds, theirs, own_stale, result.chat_id)
     await theirs_store.aclose()
 
 
@@ -137,4 +147,5 @@ async def test_recover_turn_strands_no_chat_of_another_store(
     assert report.orphans == [own_stale]  # the check ran, on its own store's chats
     assert not _interrupted(emu, theirs) and not emu.chat(theirs)["archived"]
     assert theirs not in {s.chat_id for s in await store.stranded.list(workflow_id)}
+    await _tidy(creds, theirs, own_stale, done.chat_id)
     await theirs_store.aclose()
