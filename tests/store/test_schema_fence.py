@@ -197,6 +197,34 @@ async def test_old_worker_refuses_every_write_after_a_migration(db_url: str, bac
     assert after == before  # not one row changed: no write, no renewal, no release
 
 
+async def test_a_migration_waits_for_a_write_in_flight(db_url: str, backend: str) -> None:
+    """The guard reads the version inside the write's transaction: a migration that comes
+    while it is open waits for its commit (PostgreSQL: the version table's ACCESS
+    EXCLUSIVE lock against the guard's read; SQLite: one writer at a time), so no write
+    of older code lands after the bump, and the next one is refused."""
+    store = StateStore(db_url, tenant="t-flight", transient_retry_s=0)
+    try:
+        await store.ensure_schema()
+        async with store.transaction() as tx:
+            await tx.checkpoints.set("wf", "chat-1", 1)
+            if backend == "sqlite":  # sqlite3 blocks: its own thread
+                migration = asyncio.ensure_future(
+                    asyncio.to_thread(asyncio.run, _migrate(db_url, backend))
+                )
+            else:
+                migration = asyncio.ensure_future(_migrate(db_url, backend))
+            await asyncio.sleep(0.3)
+            assert not migration.done()  # waits for the write in flight
+            await tx.journal.set("chat-1", JournalEntry.submitting("[m]", 0))
+        await asyncio.wait_for(migration, 10)
+        cp = await store.checkpoints.get("wf")
+        assert cp is not None and cp.last_seen_message_id == 1  # committed before the bump
+        with pytest.raises(SchemaChangedError):
+            await store.checkpoints.set("wf", "chat-1", 2)
+    finally:
+        await store.aclose()
+
+
 async def test_an_upgraded_store_accepts_writes_again(store: StateStore) -> None:
     """The guard passes at this code's version (every other store test writes through
     it); the refusal is typed, permanent for the process, and pickles whole (Prefect
