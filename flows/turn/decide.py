@@ -38,6 +38,10 @@ The rules, in the order they apply (each closes a failure window):
 * **Running ⇒ follow it.** The earlier attempt still runs on the server: its
   settle is this step's outcome; a resend would run the step twice at once.
 * **Otherwise ⇒ send** the step's prompt as the attempt recovery numbered.
+
+Every exit of the sends — settled, failed, cancelled — then goes through one more
+decision, :func:`after_sends`: what the ``finally`` writes (a checkpoint, with or
+without the first send's journal entry, or the stranded chats for the sweep).
 """
 
 from __future__ import annotations
@@ -50,9 +54,12 @@ from prefect_coder.flows.recovery.recovered import SendPlan
 
 __all__ = [
     "Action",
+    "AfterSends",
     "Answered",
     "Archived",
     "CheckOrphans",
+    "CheckpointChat",
+    "CheckpointFirstSend",
     "FailStructured",
     "Finished",
     "Follow",
@@ -65,8 +72,10 @@ __all__ = [
     "Running",
     "Send",
     "Settle",
+    "StrandChats",
     "TurnSnapshot",
     "Unsent",
+    "after_sends",
     "decide",
     "found_of",
 ]
@@ -306,3 +315,78 @@ def _after_send(s: TurnSnapshot, a: Answered) -> Action:
     ):
         return Reask(s.attempt + 1)
     return Settle(s.attempt)
+
+
+# --- the finally: what the sends leave in the store ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AfterSends:
+    """What the turn's ``finally`` knows of its sends, however they ended."""
+
+    #: The agent still holds a chat (False: the SDK discarded the session it created).
+    on_chat: bool
+    #: That chat was the checkpoint before the sends (not a first turn's, not a fresh one).
+    had_chat: bool = False
+    #: The sends failed (an error, a timeout, a cancellation).
+    failed: bool = False
+    #: A transient failure after a send landed left the live run alone (no interrupt).
+    left_live: bool = False
+    #: The eager checkpoint already committed this chat with the step's write-ahead.
+    eagerly_journaled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StrandChats:
+    """Record the chats the SDK discarded as stranded, for the sweep."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointChat:
+    """Checkpoint the chat (and cursor) in one trip; ``journal``: with the step's
+    ``submitting`` entry of that attempt count (None: no journal write)."""
+
+    journal: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFirstSend:
+    """A first send's chat, not journaled yet: checkpoint it and journal the send in
+    one transaction — attempt ``attempt``; ``unless_named``: only when the chat's entry
+    does not name the step already (one read in the transaction)."""
+
+    attempt: int
+    unless_named: bool
+
+
+def after_sends(a: AfterSends) -> StrandChats | CheckpointChat | CheckpointFirstSend:
+    """What the ``finally`` of a turn's sends writes (every exit goes through here).
+
+    * No chat held: the stream was lost on a chat this call created — nothing to
+      resume, but the chat exists and the sweep must retire it (``StrandChats``).
+    * The chat was the checkpoint: its sends were journaled before they left (the
+      turn's begin, recovery's resubmission, the re-ask's write-ahead); even a
+      failed turn checkpoints its cursor (``CheckpointChat()``).
+    * A first send (no chat to journal under before it) records its entry with its
+      checkpoint, whatever the outcome: otherwise a crash between this write and
+      Prefect persisting the result leaves a checkpoint without an entry, and "no
+      entry ⇒ never sent" would resend a finished step. A failed send journals
+      attempt 1, so the retry pins it cut short and resubmits; a finished one
+      attempt 0 (the count before it) — and so does a transient failure that left
+      the live run alone, which the retry follows instead of cutting it.
+    * The eager checkpoint committed that entry already (attempt 0) and, under the
+      lease, only this turn writes it (a later cut-short keeps the marker): the read
+      would add nothing for a finished send, so one trip, no read (the fan-out's
+      every turn is a first turn: docs/performance.md, round 7); only a failure
+      writes attempt 1 with the checkpoint.
+    """
+    if not a.on_chat:
+        return StrandChats()
+    if a.had_chat:
+        return CheckpointChat()
+    cut_short = a.failed and not a.left_live
+    if a.eagerly_journaled:
+        return CheckpointChat(journal=1 if cut_short else None)
+    if cut_short:
+        return CheckpointFirstSend(attempt=1, unless_named=False)
+    return CheckpointFirstSend(attempt=0, unless_named=True)

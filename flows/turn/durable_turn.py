@@ -87,8 +87,11 @@ from prefect_coder.flows.recovery.send_journal import (
     note_failed_attempt,
 )
 from prefect_coder.flows.turn.decide import (
+    AfterSends,
     Answered,
     CheckOrphans,
+    CheckpointChat,
+    CheckpointFirstSend,
     FailStructured,
     Finished,
     Follow,
@@ -100,6 +103,7 @@ from prefect_coder.flows.turn.decide import (
     Send,
     Settle,
     TurnSnapshot,
+    after_sends,
     decide,
     found_of,
 )
@@ -231,57 +235,44 @@ async def _record_after_turn(
 
     ``eagerly_journaled``: the chat this turn's eager checkpoint already recorded
     together with this step's write-ahead (marker, attempt 0) — its journal entry
-    then needs no read (see below)."""
+    then needs no read. What is written on which exit:
+    :func:`prefect_coder.flows.turn.decide.after_sends`."""
     chat_id = agent.chat_id
-    if chat_id:
-        # Even a failed turn checkpoints: a first step that failed after creating
-        # its chat must keep it reachable, or the retry orphans a live chat.
-        if had_chat:
-            await store.turns.record(workflow_id, chat_id, agent.last_seen_message_id)
-            return
-        # The first send had no chat to journal under. Record it together with the
-        # checkpoint (one transaction), whatever the outcome: otherwise, with the
-        # eager checkpoint off and no crash-safe tool run, a crash between this
-        # write and Prefect persisting the result leaves a checkpoint but no
-        # journal entry, and "no entry ⇒ never sent" would resend a finished step.
-        # A failed send journals attempt 1 so the retry pins cut_short (it must
-        # resubmit); a finished one attempt 0, the count before the send — and so
-        # does a transient failure that left the live run alone (the agent's
-        # ``left_run_live``): the retry then follows that run instead of cutting it.
-        left_live = agent.left_run_live is not None
-        # The send's turn deadline goes with it (JournalEntry.deadline): the stuck-turn
-        # sweep leaves a crashed attempt live until then, whatever its own timeout.
-        if eagerly_journaled == chat_id:
-            # The eager checkpoint committed this chat's entry with this step's marker
-            # (attempt 0), and under the workflow's lease only this turn writes it: a
-            # later cut-short keeps the marker. So the read below would find the marker
-            # and add nothing for a finished send; one trip, no read (the fan-out's
-            # every turn is a first turn: docs/performance.md, round 7).
-            journal = None
-            if failed is not None and not left_live:
-                journal = JournalEntry.submitting(
-                    marker, 1, turn_timeout=turn_timeout, at=started_at
-                )
-            await store.turns.record(
-                workflow_id, chat_id, agent.last_seen_message_id, journal=journal
+    record = after_sends(
+        AfterSends(
+            on_chat=bool(chat_id),
+            had_chat=had_chat,
+            failed=failed is not None,
+            # The agent's ``left_run_live``: a transient failure after a send landed
+            # fired no interrupt; the retry follows that run instead of cutting it.
+            left_live=bool(chat_id) and agent.left_run_live is not None,
+            eagerly_journaled=bool(chat_id) and eagerly_journaled == chat_id,
+        )
+    )
+    if isinstance(record, CheckpointChat):
+        # The send's turn deadline goes with its entry (JournalEntry.deadline): the
+        # stuck-turn sweep leaves a crashed attempt live until then.
+        journal = (
+            None
+            if record.journal is None
+            else JournalEntry.submitting(
+                marker, record.journal, turn_timeout=turn_timeout, at=started_at
             )
-            return
+        )
+        await store.turns.record(workflow_id, chat_id, agent.last_seen_message_id, journal=journal)
+        return
+    if isinstance(record, CheckpointFirstSend):
         async with store.transaction() as tx:
             entry = await tx.journal.get(chat_id)
             await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
-            if failed is not None and not left_live:
+            if not record.unless_named or entry is None or entry.marker != marker:
                 await tx.journal.set(
                     chat_id,
-                    JournalEntry.submitting(marker, 1, turn_timeout=turn_timeout, at=started_at),
-                )
-            elif entry is None or entry.marker != marker:
-                await tx.journal.set(
-                    chat_id,
-                    JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout, at=started_at),
+                    JournalEntry.submitting(
+                        marker, record.attempt, turn_timeout=turn_timeout, at=started_at
+                    ),
                 )
         return
-    # The SDK discarded the session (stream lost on a chat this call created):
-    # nothing to resume, but the chat exists and must be retired by the sweep.
     for stranded in getattr(agent, "stranded_chat_ids", None) or ():
         reason = f"{type(failed).__name__} on its first turn" if failed else "discarded"
         await store.stranded.record(workflow_id, stranded, reason)

@@ -20,9 +20,12 @@ from prefect_coder.flows.common.results import TurnResult
 from prefect_coder.flows.recovery.recovered import SendPlan
 from prefect_coder.flows.turn.decide import (
     Action,
+    AfterSends,
     Answered,
     Archived,
     CheckOrphans,
+    CheckpointChat,
+    CheckpointFirstSend,
     FailStructured,
     Finished,
     Follow,
@@ -35,8 +38,10 @@ from prefect_coder.flows.turn.decide import (
     Running,
     Send,
     Settle,
+    StrandChats,
     TurnSnapshot,
     Unsent,
+    after_sends,
     decide,
     found_of,
 )
@@ -242,6 +247,65 @@ def test_found_of(situation: str, plan: SendPlan, expected: Found) -> None:
 def test_found_of_refuses_a_mix(plan: SendPlan) -> None:
     with pytest.raises(ValueError):
         found_of(plan)
+
+
+AFTER: list[tuple[str, AfterSends, StrandChats | CheckpointChat | CheckpointFirstSend]] = [
+    (
+        "the stream was lost on the chat the call created: stranded for the sweep",
+        AfterSends(on_chat=False, failed=True),
+        StrandChats(),
+    ),
+    ("a discarded session that did not fail", AfterSends(on_chat=False), StrandChats()),
+    (
+        "a checkpointed chat's sends were journaled before they left: the cursor only",
+        AfterSends(on_chat=True, had_chat=True),
+        CheckpointChat(),
+    ),
+    (
+        "a checkpointed chat whose send failed: the cursor only (note_failed_attempt journals)",
+        AfterSends(on_chat=True, had_chat=True, failed=True),
+        CheckpointChat(),
+    ),
+    (
+        "a first send finished, its entry not written: attempt 0 unless the entry names it",
+        AfterSends(on_chat=True),
+        CheckpointFirstSend(attempt=0, unless_named=True),
+    ),
+    (
+        "a first send failed: attempt 1, so the retry pins it cut short and resubmits",
+        AfterSends(on_chat=True, failed=True),
+        CheckpointFirstSend(attempt=1, unless_named=False),
+    ),
+    (
+        "a first send failed transiently and left its run live: attempt 0, the retry follows",
+        AfterSends(on_chat=True, failed=True, left_live=True),
+        CheckpointFirstSend(attempt=0, unless_named=True),
+    ),
+    (
+        "the eager checkpoint journaled the first send: one trip, no read",
+        AfterSends(on_chat=True, eagerly_journaled=True),
+        CheckpointChat(),
+    ),
+    (
+        "eagerly journaled, then the send failed: attempt 1 with the checkpoint",
+        AfterSends(on_chat=True, failed=True, eagerly_journaled=True),
+        CheckpointChat(journal=1),
+    ),
+    (
+        "eagerly journaled, a transient failure left the run live: nothing added",
+        AfterSends(on_chat=True, failed=True, left_live=True, eagerly_journaled=True),
+        CheckpointChat(),
+    ),
+]
+
+
+@pytest.mark.parametrize(("situation", "after", "expected"), AFTER, ids=[r[0] for r in AFTER])
+def test_after_sends(
+    situation: str,
+    after: AfterSends,
+    expected: StrandChats | CheckpointChat | CheckpointFirstSend,
+) -> None:
+    assert after_sends(after) == expected, situation
 
 
 # --- whole turns against arbitrary findings -------------------------------------------
