@@ -304,17 +304,23 @@ def freeze_startup_heap() -> bool:
     return True
 
 
-async def load_resources(settings: WorkflowSettings) -> TurnResources:
+async def load_resources(
+    settings: WorkflowSettings, *, warn_other_stores: bool = False
+) -> TurnResources:
     """Credentials and store for a workflow run (the first load of a process freezes
     its start-up heap: :func:`freeze_startup_heap`, and drops Prefect's routine
     "Finished in state Completed()" line of its turns:
-    :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`; it
-    warns once when another store serves the tenant: :func:`warn_if_another_store_in_use`)."""
+    :func:`~prefect_coder.flows.observe.finish_log.quiet_routine_turn_finish`).
+
+    ``warn_other_stores``: a workflow run's start (not a sweep's, which reports such
+    chats itself, nor a failure handler's) says once per process when another store
+    serves the tenant (:func:`warn_if_another_store_in_use`)."""
     freeze_startup_heap()
     quiet_routine_turn_finish()
     credentials = await load_credentials(settings)
     store = await load_store(settings, credentials)
-    await warn_if_another_store_in_use(credentials, store)
+    if warn_other_stores:
+        await warn_if_another_store_in_use(credentials, store)
     return TurnResources(credentials, store)
 
 

@@ -109,7 +109,7 @@ async def run_in_process(
     if resources is None:
         registry.load_tool_modules(settings.tool_modules)
         _validate(workflow_id, steps)
-        resources = await load_resources(settings)
+        resources = await load_resources(settings, warn_other_stores=True)
     try:
         # The archive inline, not as a task run of its own: one Prefect task run per
         # one-turn workflow instead of two (docs/performance.md, round 5).
@@ -142,7 +142,7 @@ async def _load_resources_patiently(settings: WorkflowSettings) -> TurnResources
     database pool timed out) would otherwise fail them all."""
     for attempt in range(LOAD_ATTEMPTS):
         try:
-            return await load_resources(settings)
+            return await load_resources(settings, warn_other_stores=True)
         except Exception as exc:
             if not _transient(exc) or attempt == LOAD_ATTEMPTS - 1:
                 raise

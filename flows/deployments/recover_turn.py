@@ -304,7 +304,7 @@ async def recover_turn(
     settings = settings or WorkflowSettings()
     validate_workflow_id(workflow_id)
     registry.load_tool_modules(settings.tool_modules)
-    resources = await load_resources(settings)
+    resources = await load_resources(settings, warn_other_stores=True)
     timeline.mark("blocks and store loaded")
     report = RecoverTurnReport(workflow_id=workflow_id, action="nothing")
     client = resources.credentials.get_client()

@@ -69,7 +69,7 @@ async def prepare(
     validate_steps(steps, tool_names=tool_names, output_model_names=model_names)
     if extra_tools is not None:
         validate_toolset(extra_tools, tool_names=tool_names, output_model_names=model_names)
-    return await load_resources(settings)
+    return await load_resources(settings, warn_other_stores=True)
 
 
 @functools.lru_cache(maxsize=32)
