@@ -49,6 +49,8 @@ PHASE_LIMIT_S = 90.0
 CLEAN_RERUNS = 2
 #: The approval schedules' deployment of ``agent-workflow`` (one per Prefect server).
 DEPLOYMENT_NAME = "chaos-approvals"
+#: New runs started at a decision while none waits (the reconciler's max_attempts).
+RERUNS_TO_SUSPEND = 3
 #: Exit codes of a crash child (crash_child.py).
 RC_WHAT = {-9: "killed", 0: "finished", 3: "failed", 4: "suspended", None: "HUNG"}
 
@@ -395,7 +397,11 @@ async def _decide(
     found: list[Violation] = []
     states = await book.states()
     waiting = [r for r, name in states.items() if name in ("Suspended", "Paused")]
-    if not waiting:
+    for _ in range(RERUNS_TO_SUSPEND):
+        if waiting:
+            break
+        # Every run was killed or failed (a fault of this phase): a new run, as the
+        # reconciler starts after a crash or a resumable failure, up to its bound.
         new = await _child(rig, Phase("child", flow="deployment"), "", spec, book)
         notes.append(f"no run waited: a new run {RC_WHAT.get(new, new)}")
         states = await book.states()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from chaos_runner import Rig, run_schedule
-from chaos_schedule import make_schedule
+from chaos_schedule import Fault, Phase, Schedule, SweepRun, make_schedule
 
 #: Short schedules that cover, between them, kills in both steps and both recovery
 #: modes, a followed continuation, lost responses, 5xx on sends and interrupts,
@@ -49,4 +49,39 @@ async def test_chaos_schedule_keeps_every_invariant(
 ) -> None:
     outcome = await run_schedule(rig, make_schedule(seed, lifecycle))
     print(outcome.report())
+    assert outcome.ok, "\n" + outcome.report()
+
+
+#: Seed 149's finding (2026-12-06, docs/chaos.md "Findings"), as a fixed schedule: the
+#: chat's creation lands but its response is lost, so the run fails with the first
+#: turn parked on its client call in a chat no checkpoint names; sweep-stuck-turns
+#: (0.01 s budgets) interrupts that chat ("Tool execution interrupted by user"); the
+#: clean rerun adopts the orphan and returns the interrupted attempt's answer as the
+#: step's result, and the charge never runs. The sweep comes 3 s in, after the run
+#: failed (≈ 0.1-0.5 s), so that it meets the parked chat (3 of 3 at load 13).
+ORPHAN_INTERRUPTED = Schedule(
+    149,
+    ("deposit", "rest"),
+    0,
+    (
+        Phase(
+            "recover",
+            faults=(
+                Fault("drop_response", (("count", 1), ("method", "POST"), ("path", "/chats"))),
+            ),
+            sweeps=(SweepRun("stuck", 3.0, 0.05),),
+        ),
+    ),
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: a sweep's interrupt of an orphaned first turn is taken for its "
+    "answer when the rerun adopts the orphan (docs/chaos.md, seed 149)",
+)
+async def test_an_orphan_interrupted_by_a_sweep_is_not_taken_for_its_answer(rig: Rig) -> None:
+    outcome = await run_schedule(rig, ORPHAN_INTERRUPTED)
+    print(outcome.report())
+    assert "stuck sweep: [interrupt/ok]" in outcome.phases[0], outcome.report()
     assert outcome.ok, "\n" + outcome.report()
