@@ -157,7 +157,7 @@ def _statement(ops: Ops, name: str) -> Any:
 _COLUMNS = "tenant, key, holder, fence, acquired_at, expires_at"
 # Each carries the schema fence (``fencing.VERSION_OK_SQL``): a worker whose code
 # predates the database's schema takes, renews and gives up no lease (no row back; the
-# caller then reads why: ``_refused``).
+# version is read to say why: ``_driver_one``, ``_refused_pg``).
 _ACQUIRE = (
     f"INSERT INTO {t.name} ({_COLUMNS}) SELECT {{p1}}, {{p2}}, {{p3}}, 1, {{now}}, "
     f"{{now}} + {{p4}} WHERE {fencing.VERSION_OK_SQL} "
