@@ -12,6 +12,13 @@ however recently the first renewed. Before the fence, every write landed and
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the cut-off worker: the store alone, without importing Prefect
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import lease_worker  # noqa: F401  (registers bare packages: no Prefect import)
+
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -207,3 +214,98 @@ async def test_a_crash_safe_tool_runs_no_effect_after_the_takeover(
         assert [e.tool_call_id for e in await other.ledger.list("chat-1")] == ["call-1"]
     finally:
         await other.aclose()
+
+
+# --- a worker process cut off while another holder takes over -------------------------
+
+
+async def _cut_off_worker(url: str, tenant: str) -> None:
+    """Holds the lease and writes a checkpoint in a loop, printing each acknowledged
+    write, until a write is refused; then tries a journal and a ledger write."""
+    store = StateStore(url, tenant=tenant)
+    async with store.lease(KEY, holder="first", ttl=30) as held:
+        print(f"HELD {held.fence}", flush=True)
+        i = 0
+        while True:
+            i += 1
+            try:
+                await store.checkpoints.set("wf", f"chat-{i}", i)
+            except LeaseLostError as exc:
+                print(f"REFUSED {i} {exc.fence}", flush=True)
+                break
+            print(f"OK {i}", flush=True)
+            await asyncio.sleep(0.005)
+        for name, write in (
+            ("journal", store.journal.set("chat-1", JournalEntry.cut_short("[m]", 1))),
+            ("ledger", store.ledger.begin("chat-1", "call-9", tool_name="t")),
+        ):
+            try:
+                await write
+                print(f"{name} written", flush=True)
+            except LeaseLostError:
+                print(f"{name} refused", flush=True)
+    await store.aclose()
+
+
+async def test_a_worker_process_taken_over_writes_nothing_after(
+    store: StateStore, store_url: str, tenant: str
+) -> None:
+    import os
+    import subprocess
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        store_url,
+        tenant,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    async def line() -> str:
+        assert proc.stdout is not None
+        got = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
+        assert got, f"the worker exited early: {lines}"
+        lines.append(got)
+        return got
+
+    try:
+        held = await line()
+        assert held == "HELD 1", held
+        while not (await line()).startswith("OK 3"):
+            pass
+        # The new holder: its run judged the first one's over, no lapse waited for.
+        taken = await store.leases.take_over(KEY, "first", "second", 30)
+        assert taken is not None and taken.fence == 2
+        seen = await store.checkpoints.get("wf")  # what the new holder recovers from
+        assert seen is not None
+
+        async def refused() -> str:
+            while not (got := await line()).startswith("REFUSED"):
+                pass
+            return got
+
+        # Bounded: a worker whose writes are not fenced writes on and on.
+        last = await asyncio.wait_for(refused(), 30)
+        tail = [await line(), await line()]
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    oks = [int(x.split()[1]) for x in lines if x.startswith("OK ")]
+    # Every acknowledged write was ordered before the takeover: the new holder read the
+    # last of them, and nothing the old holder wrote landed after it.
+    assert seen.last_seen_message_id == oks[-1], (seen, lines)
+    assert last == f"REFUSED {oks[-1] + 1} 1", lines
+    assert tail == ["journal refused", "ledger refused"], lines
+    final = await store.checkpoints.get("wf")
+    assert final == seen
+    assert await store.journal.get("chat-1") is None
+    assert await store.ledger.list("chat-1") == []
+
+
+if __name__ == "__main__":
+    asyncio.run(_cut_off_worker(sys.argv[1], sys.argv[2]))
