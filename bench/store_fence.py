@@ -118,10 +118,11 @@ async def bench(url: str, calls: int, rounds: int) -> dict[str, list[float]]:
             per = await store.run_direct(body)
         else:
             async with store.autocommit() as conn:
-                per = await _time(
-                    lambda i, sql=sql, params=params: conn.exec_driver_sql(sql, params or None),
-                    calls,
-                )
+
+                async def guard(_i: int, sql: str = sql, params: Any = params) -> Any:
+                    return await conn.exec_driver_sql(sql, params or None)
+
+                per = await _time(guard, calls)
         out.setdefault(f"guard statement alone, {n} fence(s)", []).append(per)
     await plain.aclose()
     await store.aclose()

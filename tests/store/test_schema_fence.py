@@ -125,7 +125,7 @@ async def _migrate(url: str, backend: str) -> None:
         conn.execute("COMMIT")
         conn.close()
         return
-    import asyncpg  # type: ignore[import-untyped]
+    import asyncpg
 
     pg = await asyncpg.connect(url.replace("+asyncpg", ""))
     try:
