@@ -540,8 +540,7 @@ async def _turn_under_lease(
     # deadline). Under the lease, before any send (the agent built below does no
     # I/O before generate()).
     start = await store.turns.begin(workflow_id, marker, turn_timeout_s=turn_timeout)
-    checkpoint = start.checkpoint
-    chat_id = checkpoint.chat_id if checkpoint else None
+    chat_id = start.checkpoint.chat_id if start.checkpoint else None
     # The live artifact (flows/observe/live_progress.py): fed by the observer, published
     # off the hot path, finished by the observer's settled/failed event.
     progress = (
@@ -618,7 +617,6 @@ async def _turn_under_lease(
             await _release_client(client, resources)
             raise
         if found_orphan.adopted is not None:
-            checkpoint = start.checkpoint
             eager.moved(checkpointed=True)
             observer.chat_id = found_orphan.adopted
         snapshot = dataclasses.replace(
@@ -629,7 +627,7 @@ async def _turn_under_lease(
     agent = creds.get_agent(
         client=client,
         chat_id=snapshot.chat_id,
-        last_seen_message_id=checkpoint.last_seen_message_id if checkpoint else None,
+        last_seen_message_id=start.checkpoint.last_seen_message_id if start.checkpoint else None,
         tools=tools,
         # Collection, tenant, workflow and flow run: the sweeps find (only) our chats.
         # The store's identity too: a sweep of another store leaves the chat alone.

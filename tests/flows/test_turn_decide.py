@@ -327,7 +327,7 @@ ANSWERS = st.builds(Answered, st.booleans(), st.booleans(), st.sampled_from([Non
     structured=st.booleans(),
     findings=st.lists(FINDINGS, min_size=3, max_size=3),
     finished_was_reask=st.sampled_from([None, True, False]),
-    answers=st.lists(ANSWERS, min_size=2, max_size=2),
+    answers=st.lists(ANSWERS, min_size=3, max_size=3),
 )
 def test_a_whole_turn_ends_and_never_sends_beside_an_attempt(
     chat: str | None,
