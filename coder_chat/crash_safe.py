@@ -265,17 +265,22 @@ class CrashSafeTool(ClientTool[M]):
             async with _bookkeeping(self.name, ctx.tool_call_id, "before_effect"):
                 await self.before_effect(ctx)
         args = value.model_dump(mode="json")
-        # Passed only when asked for: a ledger of another shape need not know them.
-        scoped: dict[str, Any] = (
-            {
-                "match_earlier_attempts": True,
-                # An identical call of this round still running is another call.
-                "in_flight": frozenset(_running.get(ctx.chat_id, ())),
-            }
-            if self.match_earlier_attempts
-            else {}
-        )
-        with _running_calls(ctx.chat_id, ctx.tool_call_id):
+        with _running_calls(ctx.chat_id, ctx.tool_call_id) as running:
+            # Passed only when asked for: a ledger of another shape need not know them.
+            scoped: dict[str, Any] = (
+                {
+                    "match_earlier_attempts": True,
+                    # An identical call of this round still running is another call.
+                    # The LIVE set, read by the ledger when it matches (inside its
+                    # transaction), never a copy taken now: a sibling that registers
+                    # after this line but whose write-ahead commits before ours would
+                    # otherwise look like an unreported repeat, and this call would be
+                    # "re-driven" under the sibling's key — two calls, one effect.
+                    "in_flight": running,
+                }
+                if self.match_earlier_attempts
+                else {}
+            )
             # Write-ahead, BEFORE the effect: no entry proves the effect never started.
             async with _bookkeeping(self.name, ctx.tool_call_id, "begin"):
                 entry, created = await ledger.begin(
@@ -383,12 +388,14 @@ _running: dict[str, set[str]] = {}
 
 
 @contextlib.contextmanager
-def _running_calls(chat_id: str, tool_call_id: str) -> Iterator[None]:
+def _running_calls(chat_id: str, tool_call_id: str) -> Iterator[set[str]]:
+    """Register the call as running on its chat; yields the chat's live set (it stays
+    this chat's set for as long as the call is in it)."""
     calls = _running.setdefault(chat_id, set())
     added = tool_call_id not in calls
     calls.add(tool_call_id)
     try:
-        yield
+        yield calls
     finally:
         if added:
             calls.discard(tool_call_id)

@@ -182,7 +182,9 @@ class ToolLedger:
         naming it: the caller re-drives the effect under THAT call's key. Entries of
         older code without a fingerprint count as an earlier attempt's calls unless
         proven different. ``in_flight``: call ids of this chat whose effect runs
-        right now (never matched).
+        right now (never matched); read inside the transaction, when the match is
+        taken — pass a live collection (a sibling call that starts while this one
+        waits for the write lock must count).
         """
         _require(chat_id, tool_call_id)
         now = self._ops.now()

@@ -161,6 +161,63 @@ async def test_identical_calls_of_one_round_are_two_charges(
     assert sorted(service.effects().values()) == [1, 1]
 
 
+class SiblingFirstLedger:
+    """The store's ledger (every call delegated) whose write-ahead for ``late`` waits
+    until ``early``'s has committed: the order a busy store gives two calls of one
+    round when the one that started first waits longer for the write lock."""
+
+    def __init__(self, store: StateStore, late: str, early: str) -> None:
+        self.ledger = store.ledger
+        self.late, self.early = late, early
+        self.early_began = asyncio.Event()
+        self.late_waiting = asyncio.Event()
+
+    def idempotency_key(self, chat_id: str, tool_call_id: str) -> str:
+        return self.ledger.idempotency_key(chat_id, tool_call_id)
+
+    async def begin(self, chat_id: str, tool_call_id: str, **kw: Any) -> Any:
+        if tool_call_id == self.late:
+            self.late_waiting.set()
+            await asyncio.wait_for(self.early_began.wait(), 10)
+        out = await self.ledger.begin(chat_id, tool_call_id, **kw)
+        if tool_call_id == self.early:
+            self.early_began.set()
+        return out
+
+    async def complete(self, chat_id: str, tool_call_id: str, output: Any, **kw: Any) -> Any:
+        return await self.ledger.complete(chat_id, tool_call_id, output, **kw)
+
+    async def get(self, chat_id: str, tool_call_id: str) -> Any:
+        return await self.ledger.get(chat_id, tool_call_id)
+
+
+async def test_a_sibling_whose_write_ahead_commits_first_is_still_another_call(
+    store: StateStore, service: Service
+) -> None:
+    # p1 starts first, p2 second; p2's write-ahead commits before p1's. The calls
+    # running on the chat are read when p1's match is taken, not when p1 started:
+    # before, p1 saw p2's committing row as an unreported repeat and re-drove it
+    # under p2's key — one charge for two calls (seen once in CI under load).
+    @crash_safe_tool(name="charge_card", description="Charge the card.")
+    async def charge_card(args: Charge, ctx: EffectContext) -> dict[str, Any]:
+        return await service.charge(ctx.idempotency_key, args.amount_cents)
+
+    ledger = SiblingFirstLedger(store, late="p1", early="p2")
+    tool = charge_card.bind(ledger, match_earlier_attempts=True)
+    await store.journal.set(CHAT, JournalEntry.submitting(MARKER, 0))
+    service.gate = asyncio.Event()  # p2's effect is still running when p1 matches
+    first = asyncio.create_task(tool.run({"amount_cents": 100}, ctx("p1")))
+    await asyncio.wait_for(ledger.late_waiting.wait(), 10)  # p1 waits at its write-ahead
+    second = asyncio.create_task(tool.run({"amount_cents": 100}, ctx("p2")))
+    await asyncio.wait_for(service.both_waiting.wait(), 10)
+    service.gate.set()
+    outs = await asyncio.gather(first, second)
+    assert [o.output["receipt"] for o in outs] == ["p1", "p2"]
+    assert sorted(service.effects().values()) == [1, 1]
+    entries = {e.tool_call_id: e for e in await store.ledger.list(CHAT)}
+    assert entries["p1"].replay_of is None and entries["p2"].replay_of is None
+
+
 async def test_a_repeat_of_an_older_worker_s_call_is_never_a_fresh_charge(
     store: StateStore, service: Service
 ) -> None:
