@@ -28,12 +28,16 @@ class LockHolder:
         assert line == "locked", line
         os.kill(self.proc.pid, signal.SIGSTOP)
         self.locked_at = time.monotonic()
+        #: When the release began (the lock goes right after): a write that returned
+        #: without error while this is None never waited for the lock.
+        self.releasing_at: float | None = None
         self.released_at: float | None = None
 
     def release(self) -> None:
         """SIGCONT, then tell it to roll back; waits until it has exited."""
-        if self.released_at is not None:
+        if self.releasing_at is not None:
             return
+        self.releasing_at = time.monotonic()
         os.kill(self.proc.pid, signal.SIGCONT)
         assert self.proc.stdin is not None
         self.proc.stdin.write("go\n")

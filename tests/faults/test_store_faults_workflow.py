@@ -220,7 +220,7 @@ async def test_sqlite_write_lock_held_by_a_stopped_process_during_a_step(
         remove()
         for h in holders:
             h.close()
-    assert holders and holders[0].released_at is not None
+    assert holders and holders[0].releasing_at is not None
     assert [r.text for r in results] == ["said one", "said two", "said three"]  # type: ignore[union-attr]
     _assert_one_chat_one_prompt_per_step(emu, workflow_id, ["one", "two", "three"])
 
