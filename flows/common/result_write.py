@@ -61,8 +61,8 @@ class ResultNotPersistedError(PrefectCoderError, RuntimeError):
             f"step {step!r} of workflow {workflow_id!r} finished, but its result could not "
             f"be written to Prefect's result storage (key {key!r}: {error}). Check that the "
             "result storage (PREFECT_RESULTS_LOCAL_STORAGE_PATH or the default storage "
-            "block) is writable; a retry or a rerun recovers the step from the chat's "
-            "history without sending it again."
+            "block) is writable; a retry or a rerun continues the step (an agent turn "
+            "is recovered from the chat's history, not sent again)."
         )
 
     def __reduce__(self) -> tuple[object, ...]:

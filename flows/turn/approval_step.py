@@ -53,6 +53,7 @@ from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
 from prefect_coder.flows.common.params import AnyStep, ApprovalStep
+from prefect_coder.flows.common.result_write import write_step_result
 from prefect_coder.flows.common.results import result_key
 from prefect_coder.flows.observe.run_log import RunLogger
 
@@ -161,12 +162,17 @@ def _approval_cache_key(_context: object, parameters: dict[str, Any]) -> str:
     cache_key_fn=_approval_cache_key,
     persist_result=True,
     result_serializer="json",
+    # Only the write can fail here (ResultNotPersistedError): retried, so a person's
+    # decision is not lost to a short storage fault.
+    retries=2,
+    retry_delay_seconds=2,
 )
 async def record_approval(
     workflow_id: str, step_name: str, decision: ApprovalResult
 ) -> ApprovalResult:
-    """Persist the decision (a cached no-op when it was recorded before)."""
-    return decision
+    """Persist the decision (a cached no-op when it was recorded before); a write the
+    result storage refuses fails the task loudly instead of a silent Completed."""
+    return await write_step_result(decision, workflow_id=workflow_id, step=step_name)
 
 
 async def _stored_decision(workflow_id: str, step_name: str) -> ApprovalResult | None:

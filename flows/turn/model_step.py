@@ -30,6 +30,7 @@ from coder_chat.gateway import GatewayClient, GatewayError
 from prefect_coder.flows.common import registry
 from prefect_coder.flows.common.params import ModelStep, WorkflowSettings
 from prefect_coder.flows.common.resources import TurnResources, load_resources
+from prefect_coder.flows.common.result_write import ResultNotPersistedError, write_step_result
 from prefect_coder.flows.common.results import result_key
 
 __all__ = ["ModelStepResult", "model_result_key", "model_step", "render_prompt"]
@@ -67,7 +68,11 @@ async def _retry_transient(_task: Any, _task_run: Any, state: State[Any]) -> boo
         exc = await state.aresult(raise_on_failure=False)
     except Exception:
         return False
-    return isinstance(exc, GatewayError) and exc.retryable
+    # A result the storage refused is retried too: the model is asked again (a model
+    # step has no history to recover its answer from), never a silent Completed.
+    return (isinstance(exc, GatewayError) and exc.retryable) or isinstance(
+        exc, ResultNotPersistedError
+    )
 
 
 def render_prompt(prompt: str, previous: str | None) -> str:
@@ -166,4 +171,6 @@ async def model_step(
         result.duration_ms,
         result.attempts,
     )
-    return result
+    # Written here, loudly (flows/common/result_write.py): Prefect's commit would log a
+    # refused write and leave the task Completed with nothing stored.
+    return await write_step_result(result, workflow_id=workflow_id, step=step.name)
