@@ -85,6 +85,18 @@ class ArchiveVerdict:
     why: str
 
 
+def _caused_by(failure: BaseException | None, kind: type[BaseException]) -> bool:
+    """True when ``kind`` is in ``failure``'s chain of causes (``raise ... from``)."""
+    seen: set[int] = set()
+    cause = None if failure is None else failure.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, kind):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
+
+
 def archive_verdict(failure: BaseException | None) -> ArchiveVerdict:
     """The failure handler's verdict on ``failure`` (pure; table-tested).
 
@@ -102,7 +114,9 @@ def archive_verdict(failure: BaseException | None) -> ArchiveVerdict:
     """
     if isinstance(failure, WorkflowParameterError | WorkflowBusyError):
         return ArchiveVerdict("leave", "the run failed before driving the chat")
-    if isinstance(failure, LeaseLostError):
+    if isinstance(failure, LeaseLostError) or _caused_by(failure, LeaseLostError):
+        # Also when it surfaced wrapped (a crash-safe tool's ledger write refused by the
+        # fence reaches the flow as ToolBookkeepingError): the chat is the new holder's.
         return ArchiveVerdict("leave", "another run took the workflow over and drives the chat")
     if failure is None:
         return ArchiveVerdict("keep-live", "the failure could not be read")

@@ -19,6 +19,7 @@ from coder_chat.errors import (
     CoderRecoveryError,
     CoderTimeoutError,
     CoderTransportError,
+    ToolBookkeepingError,
 )
 from prefect_coder.blocks.state import LeaseLostError, LeaseUnavailableError
 from prefect_coder.blocks.state.errors import StateStoreConfigError, StoreUnavailableError
@@ -55,6 +56,17 @@ def _http_503() -> httpx.HTTPStatusError:
     )
 
 
+def _wrapped_lease_loss() -> BaseException:
+    """What the flow sees when the fence refuses a crash-safe tool's ledger write."""
+    try:
+        try:
+            raise LeaseLostError("workflow:wf", "h")
+        except LeaseLostError as lost:
+            raise ToolBookkeepingError("charge_card", "call-1", "complete") from lost
+    except ToolBookkeepingError as exc:
+        return exc
+
+
 CASES: list[tuple[str, BaseException | None, str]] = [
     # Final for the workflow: archive.
     ("structured answer never validated", StructuredAnswerError("s", "M", "chat-1", 2), "archive"),
@@ -69,6 +81,7 @@ CASES: list[tuple[str, BaseException | None, str]] = [
     ),
     ("another run holds the workflow", WorkflowBusyError("wf", 3.0), "leave"),
     ("lost the lease to a takeover", LeaseLostError("workflow:wf", "h"), "leave"),
+    ("a tool's ledger write refused by the fence", _wrapped_lease_loss(), "leave"),
     # The store: transient, after its own retries.
     ("store unavailable", StoreUnavailableError(URL, "ConnectionRefusedError"), "keep-live"),
     ("raw SQLite lock timeout", _locked(), "keep-live"),
