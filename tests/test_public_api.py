@@ -55,7 +55,14 @@ DOCUMENTED = {
         "InvalidCoderCredentialsError",
         "StateStore",
     ],
-    "prefect_coder.flows": ["FanoutItem", "Step", "WorkflowSettings", "result_key"],
+    "prefect_coder.flows": [
+        "ApprovalStep",
+        "FanoutItem",
+        "ModelStep",
+        "Step",
+        "WorkflowSettings",
+        "result_key",
+    ],
     "prefect_coder.errors": ["PrefectCoderError", "WorkflowParameterError", "StateStoreError"],
 }
 
