@@ -1,14 +1,20 @@
 """Randomized chaos benchmark: hundreds of seeded schedules, every invariant checked.
 
-    .venv/bin/python bench/chaos.py [--seeds 300] [--first 1] [--only 7,42] [--parallel 3]
+    .venv/bin/python bench/chaos.py [--seeds 300] [--first 1] [--only 7,42:shard] [--parallel 3]
                                     [--verbose] [--json FILE]
 
 Each seed is a schedule (``tests/chaos/chaos_schedule.py``): real SIGKILLs of the
 process running the workflow at crash points, emulator stream drops / REST faults /
 stalls / lost responses, emulator restarts (state kept), sweeps racing recovery —
+and lifecycle kills (issue 29: a run killed at its start, ``recover-turn`` runs
+killed once or twice, the workflow as a fan-out shard, an approval workflow's
+deployment runs killed around the suspension and decided through Prefect's API) —
 then recovery to the end and the invariants of ``tests/chaos/chaos_invariants.py``
-(exactly-once effects per logical tool call, stored results from finished attempts,
-no chat left live or unarchived, extra user turns ≤ crashes that cut a live attempt).
+(exactly-once effects and one idempotency key per logical tool call, stored results
+from finished attempts, no chat archived before its workflow finished nor left live
+or unarchived, extra user turns ≤ crashes that cut a live attempt).
+``--only 44:`` replays seed 44 without its lifecycle dimension, ``--only 7:approval``
+forces one.
 Same engine as ``tests/chaos`` (which runs a short fixed seed set in CI).
 
 ``--parallel N`` runs N independent rigs (each its own emulator — faults and

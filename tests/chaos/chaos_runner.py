@@ -1,6 +1,8 @@
 """Runs chaos schedules against real parts: the chatd emulator (thread), the test
 payments service, a warm fork server whose children are really SIGKILLed
-(``tests/recovery/crash_child.py``), the Prefect server of the caller, SQLite
+(``tests/recovery/crash_child.py``: the workflow, ``recover-turn``, a fan-out shard,
+or a flow run of an ``agent-workflow`` deployment that suspends at an approval and
+is resumed through Prefect's API), the Prefect server of the caller, SQLite
 stores. Shared by ``tests/chaos`` (a short fixed seed set) and ``bench/chaos.py``
 (hundreds of seeds).
 
