@@ -20,6 +20,11 @@ The rules, in the order they apply (each closes a failure window):
   turn's prompt already was the re-ask). Everything else settles: the ``finally``
   checkpoint, then the result (a structured step without a valid answer fails there,
   checkpointed — never "Completed" with ``structured=None``).
+* **The workflow's lease is lost ⇒ stand down** (before any send). Another run took
+  the workflow over (this one stalled past the lease's ttl): recovering would
+  interrupt or journal the chat that run drives now, and a send would run the step
+  twice. The agent's own check (``still_ours``) fires only as a prompt leaves; this
+  one fires before every act that leads there.
 * **No checkpoint, an earlier hold of the lease ⇒ look for orphans first.** A
   crash between a first turn's chat creation and its checkpoint left a chat nobody
   can find: one holding only this step is adopted and recovered, never sent again.
@@ -72,6 +77,7 @@ __all__ = [
     "Running",
     "Send",
     "Settle",
+    "StandDown",
     "StrandChats",
     "TurnSnapshot",
     "Unsent",
@@ -185,9 +191,16 @@ class TurnSnapshot:
     answered: Answered | None = None
     #: This turn sent the re-ask already.
     reasked: bool = False
+    #: The workflow's lease (the fence of every act on its chat) is known lost.
+    fence_lost: bool = False
 
 
 # --- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StandDown:
+    """Another run holds the workflow now: fail (``LeaseLostError``), acting no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +273,8 @@ class Settle:
 
 
 Action = (
-    CheckOrphans
+    StandDown
+    | CheckOrphans
     | Recover
     | MoveToChat
     | MoveToFreshChat
@@ -277,6 +291,8 @@ def decide(s: TurnSnapshot) -> Action:
     """The turn's next act for snapshot ``s`` (the rules: this module's docstring)."""
     if s.answered is not None:
         return _after_send(s, s.answered)
+    if s.fence_lost:
+        return StandDown()
     if s.orphans_pending and s.chat_id is None:
         return CheckOrphans()
     if s.chat_id is None:

@@ -102,6 +102,7 @@ from prefect_coder.flows.turn.decide import (
     Return,
     Send,
     Settle,
+    StandDown,
     TurnSnapshot,
     after_sends,
     decide,
@@ -622,7 +623,6 @@ async def _turn_under_lease(
         snapshot = dataclasses.replace(
             snapshot, chat_id=found_orphan.adopted, orphans_pending=False
         )
-        action = decide(snapshot)
 
     agent = creds.get_agent(
         client=client,
@@ -674,6 +674,12 @@ async def _turn_under_lease(
         # interrupt), follows the crashed attempt if it is still running, and recovers
         # a finished attempt instead of resubmitting.
         while True:
+            snapshot = dataclasses.replace(snapshot, fence_lost=lease is not None and lease.lost)
+            action = decide(snapshot)
+            if isinstance(action, StandDown):
+                assert lease is not None
+                lease.raise_if_lost()
+                raise AssertionError("a lost lease stays lost")  # pragma: no cover
             if isinstance(action, Recover):
                 snapshot = await acts.recover(snapshot, action)
             elif isinstance(action, MoveToChat):
@@ -688,7 +694,6 @@ async def _turn_under_lease(
                 )
             else:
                 break
-            action = decide(snapshot)
         started_at = time.time()
         # A followed attempt's time is the follow's (inside the recovery above).
         t0 = t_recovery if isinstance(action, Follow) else time.perf_counter()

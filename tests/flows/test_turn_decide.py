@@ -8,6 +8,7 @@ through whole turns against arbitrary findings."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from prefect_coder.flows.turn.decide import (
     Running,
     Send,
     Settle,
+    StandDown,
     StrandChats,
     TurnSnapshot,
     Unsent,
@@ -70,6 +72,29 @@ def snap(**kw: Any) -> TurnSnapshot:
 
 
 ROWS: list[tuple[str, TurnSnapshot, Action]] = [
+    # --- the workflow's lease lost (another run took it over): no act on its chat
+    ("lease lost before a first turn's send", snap(fence_lost=True), StandDown()),
+    (
+        "lease lost before the orphan check",
+        snap(orphans_pending=True, fence_lost=True),
+        StandDown(),
+    ),
+    ("lease lost before recovery", snap(chat_id="c1", fence_lost=True), StandDown()),
+    (
+        "lease lost with the running attempt found: not followed",
+        snap(chat_id="c1", found=Running(1, GEN), fence_lost=True),
+        StandDown(),
+    ),
+    (
+        "lease lost with a finished attempt found: not returned",
+        snap(chat_id="c1", found=Finished(1, PLAIN), fence_lost=True),
+        StandDown(),
+    ),
+    (
+        "lease lost after the send settled: the finally's concern, settle",
+        snap(chat_id="c1", answered=Answered(), fence_lost=True),
+        Settle(1),
+    ),
     # --- a first turn: no checkpoint
     (
         "no checkpoint, an earlier hold of the lease: look for the crashed first try's chat",
@@ -328,6 +353,7 @@ ANSWERS = st.builds(Answered, st.booleans(), st.booleans(), st.sampled_from([Non
     findings=st.lists(FINDINGS, min_size=3, max_size=3),
     finished_was_reask=st.sampled_from([None, True, False]),
     answers=st.lists(ANSWERS, min_size=3, max_size=3),
+    lost_at=st.none() | st.integers(0, 6),
 )
 def test_a_whole_turn_ends_and_never_sends_beside_an_attempt(
     chat: str | None,
@@ -337,12 +363,17 @@ def test_a_whole_turn_ends_and_never_sends_beside_an_attempt(
     findings: list[Found],
     finished_was_reask: bool | None,
     answers: list[Answered],
+    lost_at: int | None,
 ) -> None:
     s = TurnSnapshot(chat_id=chat, orphans_pending=chat is None and orphans, structured=structured)
     acts: list[Action] = []
-    for _ in range(12):
+    for i in range(12):
+        if lost_at is not None and i >= lost_at:
+            s = dataclasses.replace(s, fence_lost=True)
         action = decide(s)
         acts.append(action)
+        if s.fence_lost and s.answered is None:
+            assert action == StandDown(), acts  # nothing more on another run's chat
         if isinstance(action, CheckOrphans):
             s = TurnSnapshot(chat_id=adopted, structured=structured)
         elif isinstance(action, Recover):
@@ -375,7 +406,7 @@ def test_a_whole_turn_ends_and_never_sends_beside_an_attempt(
             )
         else:
             break
-    assert isinstance(acts[-1], (Return, FailStructured, Settle)), acts  # it ends
+    assert isinstance(acts[-1], (Return, FailStructured, Settle, StandDown)), acts  # it ends
     assert sum(isinstance(a, (Send, Follow)) for a in acts) <= 1, acts  # one send of the step
     assert sum(isinstance(a, Reask) for a in acts) <= 1, acts  # re-asked once at most
     assert not any(isinstance(a, Reask) for a in acts) or structured, acts
