@@ -3,7 +3,7 @@ sent, and retiring a workflow's chats at its end.
 
 Open first: ``before_send.py`` (recover_before_send: follow, read or resubmit an earlier
 attempt), then what it uses: ``from_history.py`` (a step found in history, an archived
-chat), ``recovered.py`` (the rebuilt result, SendPlan, timings, the report),
+chat), ``recovered.py`` (the rebuilt result, the findings, timings, the report),
 ``send_journal.py`` (journal writes around sends); ``orphans.py`` (adopt a first turn's
 orphan), ``eager_checkpoint.py``, ``retire.py``.
 """

@@ -39,7 +39,10 @@ from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.chat_state import chat_archived
 from prefect_coder.flows.recovery.from_history import StepSend, look_in_history
 from prefect_coder.flows.recovery.recovered import (
-    SendPlan,
+    Finished,
+    Found,
+    Running,
+    Unsent,
     publish_recovery,
     recovered_result,
     turn_history,
@@ -66,8 +69,11 @@ async def recover_before_send(
     journaled: bool = False,
     replaced: JournalEntry | None = None,
     earlier: frozenset[str] | None = None,
-) -> SendPlan:
-    """Run before every send of ``step`` on a checkpointed chat.
+) -> Found:
+    """Run before every send of ``step`` on a checkpointed chat; what it found
+    (:data:`~prefect_coder.flows.recovery.recovered.Found`): the step unsent (the
+    attempt to send, its write-ahead journaled), an earlier attempt finished (its
+    result) or still running (followed to its settle), or the chat archived.
 
     ``entry``/``journaled``: what ``store.turns.begin`` read and wrote in the
     turn's first transaction (``journaled``: it wrote this send's write-ahead);
@@ -112,13 +118,13 @@ async def recover_before_send(
                 # Write-ahead BEFORE the send. The count before this step's first
                 # send is 0 (an earlier send would have journaled this marker).
                 await store.journal.set(chat_id, send_entry(marker, 0, timings.settle_budget))
-            return SendPlan(attempt=1)
+            return Unsent(1)
         # No entry (an archived chat's records were dropped), a LATER step's (this
         # step's result was lost while the workflow went on), or the order is
         # unknown: the step's marker may be in history. Look before sending.
-        plan = await look_in_history(send, before=before, wrote=journaled)
-        if plan is not None:
-            return plan
+        found = await look_in_history(send, before=before, wrote=journaled)
+        if found is not None:
+            return found
         # This step's attempt is the chat's newest turn under a journal that does
         # not name it: the ordinary recovery below settles it.
         entry = await store.journal.get(chat_id)
@@ -126,9 +132,9 @@ async def recover_before_send(
         entry = before
         # The recovery path: an archived chat, or a later step sent after this
         # one's attempt, is found in history before anything is stopped or sent.
-        plan = await look_in_history(send, before=before, wrote=False, journal_names_step=True)
-        if plan is not None:
-            return plan
+        found = await look_in_history(send, before=before, wrote=False, journal_names_step=True)
+        if found is not None:
+            return found
     if known_failure and entry is not None and entry.state == "submitting":
         # The failed attempt left its write-ahead in place: its send was not in
         # history after the failure (note_failed_attempt), so the SDK's
@@ -157,21 +163,19 @@ async def recover_before_send(
     outcome = await recovery.run()
     await publish_recovery(workflow_id, step.name, outcome, artifacts=artifacts)
     if outcome.classification == "followed":
-        return SendPlan(
-            attempt=max(1, outcome.attempts), outcome=outcome, followed=outcome.followed
-        )
+        assert outcome.followed is not None  # set with the classification
+        return Running(max(1, outcome.attempts), outcome.followed)
     if outcome.classification == "recovered":
         assert outcome.recovered is not None
         history = await turn_history(
             client, chat_id, outcome.recovered.user_message_id, bound_s=timings.probe_bound
         )
-        return SendPlan(
-            attempt=max(1, outcome.attempts),
-            result=recovered_result(workflow_id, step, outcome, tools, history),
-            outcome=outcome,
+        return Finished(
+            max(1, outcome.attempts),
+            recovered_result(workflow_id, step, outcome, tools, history),
         )
     crash_point("recovery.before_resubmit")
     await recovery.journal_resubmission(outcome.attempts)
     # At least the second try: the journal proves an earlier send of this step
     # started, even when it never landed.
-    return SendPlan(attempt=max(2, outcome.attempts + 1), outcome=outcome)
+    return Unsent(max(2, outcome.attempts + 1))

@@ -5,7 +5,7 @@ lost while the workflow went on (the journal then names a later step): an attemp
 that a later step's prompt follows finished, and is rebuilt from history
 (:class:`coder_chat.core.attempts.StepAttempts`). A checkpoint that names an
 ARCHIVED chat gives back its finished steps from history; the rest are sent in a
-fresh chat, which becomes the checkpoint (:attr:`SendPlan.fresh_chat`,
+fresh chat, which becomes the checkpoint (:class:`~prefect_coder.flows.recovery.recovered.Archived`,
 :func:`archived_tail_finished`).
 """
 
@@ -30,7 +30,13 @@ from prefect_coder.flows.common.params import Step, step_marker
 from prefect_coder.flows.observe.run_log import run_logger
 from prefect_coder.flows.recovery.chat_state import note_archived
 from prefect_coder.flows.recovery.orphans import adopt_or_strand_orphans
-from prefect_coder.flows.recovery.recovered import SendPlan, publish_recovery, recovered_result
+from prefect_coder.flows.recovery.recovered import (
+    Archived,
+    Finished,
+    Unsent,
+    publish_recovery,
+    recovered_result,
+)
 from prefect_coder.flows.recovery.send_journal import send_entry
 
 __all__ = [
@@ -107,7 +113,7 @@ async def _finish_from_history(
     reason: str,
     before: JournalEntry | None,
     wrote: bool,
-) -> SendPlan | None:
+) -> Finished | None:
     """The step's finished last attempt, rebuilt from history; nothing is sent.
     ``None`` for a structured step whose attempt holds no valid answer."""
     answer = send.answer
@@ -136,10 +142,9 @@ async def _finish_from_history(
         decisions=[*decisions, RecoveryDecision("result", "finished attempt", "recovered", reason)],
     )
     await publish_recovery(send.workflow_id, send.step.name, outcome, artifacts=send.artifacts)
-    return SendPlan(
-        attempt=max(1, where.attempts),
-        result=recovered_result(send.workflow_id, send.step, outcome, send.tools, messages),
-        outcome=outcome,
+    return Finished(
+        max(1, where.attempts),
+        recovered_result(send.workflow_id, send.step, outcome, send.tools, messages),
     )
 
 
@@ -150,7 +155,7 @@ async def _on_archived(
     before: JournalEntry | None,
     wrote: bool,
     messages: list[Any] | None = None,
-) -> SendPlan:
+) -> Finished | Archived:
     """The checkpointed chat is archived (no message can be sent to it ever again).
 
     The step's finished attempt, if the chat holds one, is its result (read from
@@ -186,7 +191,7 @@ async def _on_archived(
             RecoveryDecision("archived", seen, "recover" if finished else "fresh chat", why)
         )
         if finished:
-            plan = await _finish_from_history(
+            recovered = await _finish_from_history(
                 send,
                 messages=messages,
                 where=where,
@@ -196,8 +201,8 @@ async def _on_archived(
                 before=before,
                 wrote=wrote,
             )
-            if plan is not None:
-                return plan
+            if recovered is not None:
+                return recovered
             why = "its attempt holds no valid structured answer (no re-ask on an archived chat)"
     decisions.append(RecoveryDecision("archived", seen, "fresh chat", why))
     log = run_logger(__name__)
@@ -250,7 +255,7 @@ async def _on_archived(
         decisions=decisions,
     )
     await publish_recovery(send.workflow_id, send.step.name, outcome, artifacts=send.artifacts)
-    return SendPlan(attempt=1, outcome=outcome, fresh_chat=True, adopted=found.adopted)
+    return Archived(adopted=found.adopted)
 
 
 async def look_in_history(
@@ -259,7 +264,7 @@ async def look_in_history(
     before: JournalEntry | None,
     wrote: bool,
     journal_names_step: bool = False,
-) -> SendPlan | None:
+) -> Unsent | Finished | Archived | None:
     """Find the step's marker in history before sending (or recovering) it.
 
     An archived chat → :func:`_on_archived`. A last attempt that a LATER step's
@@ -297,7 +302,7 @@ async def look_in_history(
             await send.store.journal.set(
                 send.chat_id, send_entry(marker, 0, send.timings.settle_budget)
             )
-        return SendPlan(attempt=1)
+        return Unsent(1)
     if where.tail:
         return None
     seen = f"{where.attempts} attempt(s) in history, a later step sent after them; journal " + (
@@ -310,7 +315,7 @@ async def look_in_history(
         before, wrote = None, True
     reason = "a later step was sent after its last attempt: it finished, its result was lost"
     decisions = [RecoveryDecision("history", seen, "recover, send nothing", reason)]
-    plan = await _finish_from_history(
+    finished = await _finish_from_history(
         send,
         messages=messages,
         where=where,
@@ -320,7 +325,7 @@ async def look_in_history(
         before=before,
         wrote=wrote,
     )
-    if plan is None:
+    if finished is None:
         raise CoderRecoveryError(
             f"step {send.step.name!r} of {send.workflow_id!r}: its last attempt on chat "
             f"{send.chat_id} holds no valid structured answer, yet the workflow went on after "
@@ -328,4 +333,4 @@ async def look_in_history(
             "the workflow under a new workflow_id, or archive the chat with "
             "archive-workflow-chat)."
         )
-    return plan
+    return finished

@@ -1,6 +1,7 @@
-"""An earlier attempt's result rebuilt from history, what ``run_turn`` does next
-(:class:`SendPlan`), recovery's bounds (:func:`recovery_timings`) and its report
-(:func:`publish_recovery`): what every way of recovering a step hands back."""
+"""An earlier attempt's result rebuilt from history, what recovery found on a step's
+checkpointed chat (:data:`Found`: one of :class:`Unsent`, :class:`Finished`,
+:class:`Running`, :class:`Archived`), recovery's bounds (:func:`recovery_timings`) and
+its report (:func:`publish_recovery`): what every way of recovering a step hands back."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ from prefect_coder.flows.observe.artifacts import artifact_key
 from prefect_coder.flows.observe.run_log import run_logger
 
 __all__ = [
-    "SendPlan",
+    "Archived",
+    "Finished",
+    "Found",
+    "Running",
+    "Unsent",
     "publish_recovery",
     "recovered_result",
     "recovery_timings",
@@ -69,25 +74,49 @@ def recovery_timings(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class SendPlan:
-    """What ``run_turn`` does next on a checkpointed chat."""
+# --- what recovery found: one finding per shape, each with only what it needs -----------
+# (flows/turn/decide.py rules on them; no rule reads a combination of optional fields)
 
-    #: 1-based number of the attempt about to be sent (or recovered).
+
+@dataclass(frozen=True, slots=True)
+class Unsent:
+    """No attempt of the step is left running or finished: send attempt ``attempt``
+    (1: it never sent — its write-ahead is journaled; more: the earlier attempts were
+    cut short and the resubmission is journaled)."""
+
     attempt: int
-    #: Set when the crashed attempt finished: return it, send nothing.
-    result: TurnResult | None = None
-    outcome: RecoveryOutcome | None = None
-    #: Set when the crashed attempt was still running and was followed to its
-    #: settle: its ``generate()`` result, nothing sent.
-    followed: GenerateResult | None = None
-    #: The checkpointed chat is archived and holds no finished attempt of the
-    #: step: send it in a fresh chat (which becomes the checkpoint).
-    fresh_chat: bool = False
-    #: With ``fresh_chat``: an earlier fresh attempt's chat, created but never
-    #: checkpointed, holds only this step — adopted (now the checkpoint): recover
-    #: the step there instead of creating another chat.
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The earlier attempt ``attempt`` finished and its result was lost: ``result``,
+    rebuilt from history. Return it, send nothing."""
+
+    attempt: int
+    result: TurnResult
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The earlier attempt ``attempt`` was still running and was followed to its
+    settle: ``gen`` is what its ``generate()`` would have returned. Nothing sent."""
+
+    attempt: int
+    gen: GenerateResult
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """The checkpointed chat is archived and holds no finished attempt of the step: it
+    continues in a fresh chat (which becomes the checkpoint). ``adopted``: an earlier
+    fresh attempt's chat, created but never checkpointed, that holds only this step —
+    adopted (the checkpoint now): the step is recovered there instead."""
+
     adopted: str | None = None
+
+
+#: What recovering a step's checkpointed chat found before its send.
+Found = Unsent | Finished | Running | Archived
 
 
 def turn_fields(messages: Iterable[Any], user_message_id: int) -> tuple[list[int], dict[str, Any]]:

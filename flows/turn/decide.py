@@ -6,11 +6,11 @@ controller. It observes (a frozen :class:`TurnSnapshot`), asks :func:`decide`, a
 a recovered result is returned, the step fails, or a send (or a followed attempt)
 settles. No I/O here; ``tests/flows/test_turn_decide.py`` tables every branch.
 
-What an earlier attempt's recovery found (``recover_before_send``'s
-:class:`~prefect_coder.flows.recovery.recovered.SendPlan`) is read once, by
-:func:`found_of`, into one of four findings — :class:`Unsent`, :class:`Finished`,
-:class:`Running`, :class:`Archived` — so no rule reads a combination of optional
-fields.
+What recovering an earlier attempt found is one of four findings
+(:mod:`prefect_coder.flows.recovery.recovered`, made by ``recover_before_send`` and
+``from_history``) — :class:`Unsent`, :class:`Finished`, :class:`Running`,
+:class:`Archived` — each with only the fields it needs, so no rule reads a
+combination of optional fields.
 
 The rules, in the order they apply (each closes a failure window):
 
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from coder_chat.results import GenerateResult
 from prefect_coder.flows.common.results import TurnResult
-from prefect_coder.flows.recovery.recovered import SendPlan
+from prefect_coder.flows.recovery.recovered import Archived, Finished, Found, Running, Unsent
 
 __all__ = [
     "Action",
@@ -83,67 +83,7 @@ __all__ = [
     "Unsent",
     "after_sends",
     "decide",
-    "found_of",
 ]
-
-
-# --- what recovery found on the checkpointed chat -------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Unsent:
-    """No attempt of the step is left running or finished: send attempt ``attempt``
-    (1: it never sent; more: the earlier attempts were cut short and journaled for a
-    resubmission)."""
-
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """The earlier attempt finished: its result, rebuilt from history."""
-
-    attempt: int
-    result: TurnResult
-
-
-@dataclass(frozen=True, slots=True)
-class Running:
-    """The earlier attempt was still running and was followed to its settle."""
-
-    attempt: int
-    gen: GenerateResult
-
-
-@dataclass(frozen=True, slots=True)
-class Archived:
-    """The checkpointed chat is archived and holds no finished attempt of the step.
-    ``adopted``: an earlier fresh attempt's chat (created, never checkpointed) that
-    holds only this step — the checkpoint now."""
-
-    adopted: str | None = None
-
-
-Found = Unsent | Finished | Running | Archived
-
-
-def found_of(plan: SendPlan) -> Found:
-    """``recover_before_send``'s plan as one finding. Its fields come in four shapes
-    only (``flows/recovery/before_send.py``, ``from_history.py``); any other mix is a
-    programming error, raised rather than guessed at."""
-    if plan.fresh_chat:
-        if plan.result is not None or plan.followed is not None:
-            raise ValueError("a fresh-chat plan carries no result and follows nothing")
-        return Archived(adopted=plan.adopted)
-    if plan.adopted is not None:
-        raise ValueError("an adopted chat comes only with a fresh-chat plan")
-    if plan.result is not None:
-        if plan.followed is not None:
-            raise ValueError("a plan either returns a result or follows an attempt")
-        return Finished(plan.attempt, plan.result)
-    if plan.followed is not None:
-        return Running(plan.attempt, plan.followed)
-    return Unsent(plan.attempt)
 
 
 # --- what a send (or a followed attempt) returned --------------------------------------

@@ -106,7 +106,6 @@ from prefect_coder.flows.turn.decide import (
     TurnSnapshot,
     after_sends,
     decide,
-    found_of,
 )
 
 __all__ = [
@@ -443,7 +442,7 @@ class _TurnActs:
 
     async def recover(self, s: TurnSnapshot, action: Recover) -> TurnSnapshot:
         """Recover: an earlier attempt on the chat followed, read back or resubmitted."""
-        plan = await recover_before_send(
+        found = await recover_before_send(
             client=self.agent.client,
             store=self.store,
             workflow_id=self.workflow_id,
@@ -460,7 +459,6 @@ class _TurnActs:
             replaced=self.start.replaced,
             earlier=self.earlier,
         )
-        found = found_of(plan)
         was_reask = None
         if isinstance(found, Finished) and self.answer is not None:
             if found.result.structured is None:

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from coder_chat.core.usage import Usage
 from coder_chat.results import GenerateResult
 from prefect_coder.flows.common.results import TurnResult
-from prefect_coder.flows.recovery.recovered import SendPlan
 from prefect_coder.flows.turn.decide import (
     Action,
     AfterSends,
@@ -45,7 +44,6 @@ from prefect_coder.flows.turn.decide import (
     Unsent,
     after_sends,
     decide,
-    found_of,
 )
 
 PLAIN = TurnResult(
@@ -238,40 +236,6 @@ ROWS: list[tuple[str, TurnSnapshot, Action]] = [
 @pytest.mark.parametrize(("situation", "snapshot", "expected"), ROWS, ids=[r[0] for r in ROWS])
 def test_decide(situation: str, snapshot: TurnSnapshot, expected: Action) -> None:
     assert decide(snapshot) == expected, situation
-
-
-PLANS: list[tuple[str, SendPlan, Found]] = [
-    ("the common send", SendPlan(attempt=1), Unsent(1)),
-    ("a resubmission", SendPlan(attempt=3), Unsent(3)),
-    ("a finished attempt", SendPlan(attempt=2, result=PLAIN), Finished(2, PLAIN)),
-    ("a followed attempt", SendPlan(attempt=1, followed=GEN), Running(1, GEN)),
-    ("archived", SendPlan(attempt=1, fresh_chat=True), Archived()),
-    (
-        "archived, a fresh chat adopted",
-        SendPlan(attempt=1, fresh_chat=True, adopted="o2"),
-        Archived("o2"),
-    ),
-]
-
-
-@pytest.mark.parametrize(("situation", "plan", "expected"), PLANS, ids=[r[0] for r in PLANS])
-def test_found_of(situation: str, plan: SendPlan, expected: Found) -> None:
-    assert found_of(plan) == expected, situation
-
-
-@pytest.mark.parametrize(
-    "plan",
-    [
-        SendPlan(attempt=1, fresh_chat=True, result=PLAIN),
-        SendPlan(attempt=1, fresh_chat=True, followed=GEN),
-        SendPlan(attempt=1, adopted="o2"),
-        SendPlan(attempt=1, result=PLAIN, followed=GEN),
-    ],
-    ids=["fresh+result", "fresh+followed", "adopted without fresh", "result+followed"],
-)
-def test_found_of_refuses_a_mix(plan: SendPlan) -> None:
-    with pytest.raises(ValueError):
-        found_of(plan)
 
 
 AFTER: list[tuple[str, AfterSends, StrandChats | CheckpointChat | CheckpointFirstSend]] = [

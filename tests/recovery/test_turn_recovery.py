@@ -366,7 +366,7 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
     from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
     from prefect_coder.flows.recovery import chat_state
     from prefect_coder.flows.recovery.before_send import recover_before_send
-    from prefect_coder.flows.recovery.recovered import recovery_timings
+    from prefect_coder.flows.recovery.recovered import Unsent, recovery_timings
 
     wf = f"wf-{uuid.uuid4().hex[:8]}"
     first, second = Step(name="a", prompt="A"), Step(name="b", prompt="B")
@@ -398,7 +398,7 @@ async def test_the_common_send_reads_no_history_when_the_journal_names_an_earlie
             plan = await recover_before_send(**kw, earlier=frozenset({step_marker(wf, first.name)}))
         finally:
             chat_state.forget("chat-1")
-        assert plan.attempt == 1 and plan.result is None and not plan.fresh_chat
+        assert plan == Unsent(1)
         # Without the step order (agent-turn, recover-turn) it must look first.
         with pytest.raises(CoderTransportError):
             await recover_before_send(**kw)
