@@ -239,11 +239,16 @@ async def _adopt(
     if not candidates:
         return OrphanCheck(stranded=left)
     adopted, marker = candidates[0][0].id, candidates[0][1]
+    # A sweep that interrupted the orphan journaled its attempt cut-short (under the
+    # workflow's lease, which this run holds now): keep that verdict, so recovery
+    # resubmits the step instead of returning the interrupted attempt as its answer.
+    earlier = await store.journal.get(adopted)
+    kept = earlier is not None and earlier.marker == marker and earlier.state == "cut-short"
     await store.turns.record(
         workflow_id,
         adopted,
         None,
-        journal=JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout),
+        journal=None if kept else JournalEntry.submitting(marker, 0, turn_timeout=turn_timeout),
     )
     log.warning(
         "orphan chat %s of workflow %s holds this step's prompt: adopted and checkpointed; "

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from coder_chat.core.fields import field
 from coder_chat.core.journal import Standing, classify_entry
 from coder_chat.errors import CoderTransportError
-from coder_chat.history import marker_attempts
+from coder_chat.history import fetch_turn, marker_attempts
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import JournalEntry
@@ -49,18 +50,43 @@ async def journal_send(
 
 
 async def journal_cut_short(client: ChatClient, store: StateStore, chat_id: str) -> bool:
-    """Before somebody else's interrupt of a checkpointed chat (a sweep), journal
-    the step's tail attempt ``cut-short``; returns whether the chat had a journal.
+    """Before somebody else's interrupt of a workflow's chat (a sweep), journal the
+    step's tail attempt ``cut-short``; returns whether a step was journaled.
 
     Without it, the workflow's own recovery later sends an interrupt of its own,
     gets 409 (the sweep already stopped the run) and would take the truncated
-    attempt for a finished one, returning it as the step's answer."""
+    attempt for a finished one, returning it as the step's answer.
+
+    A chat with no journal entry yet — a first turn's orphan, created before its
+    checkpoint — is journaled under the step marker of its newest prompt: the next
+    run ADOPTS such a chat (flows/recovery/orphans.py) and keeps this verdict, so it
+    resubmits the step rather than return the interrupted attempt (chaos seed 149: a
+    stuck-turn sweep interrupted an orphan parked on a tool call; the adopting rerun
+    returned "Tool execution interrupted by user" as the answer and the charge never
+    ran)."""
     entry = await store.journal.get(chat_id)
-    if entry is None:
+    marker = entry.marker if entry is not None else await _newest_marker(client, chat_id)
+    if marker is None:
         return False
-    count = await marker_attempts(client, chat_id, entry.marker, timeout=5.0)
-    await store.journal.set(chat_id, JournalEntry.cut_short(entry.marker, count))
+    count = await marker_attempts(client, chat_id, marker, timeout=5.0)
+    await store.journal.set(chat_id, JournalEntry.cut_short(marker, count))
     return True
+
+
+async def _newest_marker(client: ChatClient, chat_id: str) -> str | None:
+    """The step marker (``[<workflow>/<step>]``) the chat's newest prompt starts with."""
+    for message in reversed(await fetch_turn(client, chat_id, timeout=5.0)):
+        if field(message, "role") != "user":
+            continue
+        text = "".join(
+            field(p, "text", "") or ""
+            for p in field(message, "content", None) or ()
+            if field(p, "type") == "text"
+        ).lstrip()
+        end = text.find("]")
+        marker = text[: end + 1]
+        return marker if text.startswith("[") and "/" in marker else None
+    return None
 
 
 async def note_failed_attempt(

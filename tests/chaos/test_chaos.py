@@ -75,11 +75,6 @@ ORPHAN_INTERRUPTED = Schedule(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: a sweep's interrupt of an orphaned first turn is taken for its "
-    "answer when the rerun adopts the orphan (docs/chaos.md, seed 149)",
-)
 async def test_an_orphan_interrupted_by_a_sweep_is_not_taken_for_its_answer(rig: Rig) -> None:
     outcome = await run_schedule(rig, ORPHAN_INTERRUPTED)
     print(outcome.report())
