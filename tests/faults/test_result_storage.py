@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 from pydantic import SecretStr
 from unwritable import make_unwritable, make_writable
 
@@ -72,18 +71,6 @@ async def _settings(emu: Emulator, tmp_path: Path, suffix: str, retries: int) ->
         redial_backoff_ms=20,
         artifacts=False,
     )
-
-
-@pytest.fixture
-def results_dir(tmp_path: Path) -> Iterator[Path]:
-    """This test's own result storage (the session's stays writable for the others)."""
-    path = tmp_path / "results"
-    path.mkdir()
-    with temporary_settings(updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: path}):
-        try:
-            yield path
-        finally:
-            make_writable(path)
 
 
 def _on(point: str, nth: int, action: Callable[[], None]) -> Callable[[], None]:

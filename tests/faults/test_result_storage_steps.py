@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
-from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 from pydantic import SecretStr
 from unwritable import make_unwritable, make_writable
 
@@ -29,18 +26,6 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.common.params import ModelStep, WorkflowSettings
 from prefect_coder.flows.turn.approval_step import ApprovalResult, approval_key, record_approval
 from prefect_coder.flows.turn.model_step import model_result_key, model_step
-
-
-@pytest.fixture
-def results_dir(tmp_path: Path) -> Iterator[Path]:
-    """This test's own result storage (the session's stays writable for the others)."""
-    path = tmp_path / "results"
-    path.mkdir()
-    with temporary_settings(updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: path}):
-        try:
-            yield path
-        finally:
-            make_writable(path)
 
 
 async def _writable_at_the_retry(results_dir: Path, task_run_name: str) -> int:
