@@ -14,7 +14,9 @@ Unless the journal names an EARLIER step of the workflow (``earlier``: the marke
 of the steps before it, which ``run_steps`` hands each turn in
 ``TurnResources.earlier_steps``), the step looks for its marker in history first
 (:mod:`prefect_coder.flows.recovery.from_history`: a result lost while the
-workflow went on, an archived chat).
+workflow went on, an archived chat). Which of the three ways a send starts — the
+common send, a look in history, a recovery — is :func:`send_route`'s choice (pure,
+tabled in ``tests/recovery/test_send_route.py``).
 
 Each recovery decision is logged and published as a table artifact (what was
 seen, what was decided, why: :func:`prefect_coder.flows.recovery.recovered.publish_recovery`).
@@ -26,6 +28,7 @@ Test seam: :func:`coder_chat.crash_safe.crash_point` names points
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any
 
 from coder_chat.crash_safe import crash_point
@@ -49,7 +52,52 @@ from prefect_coder.flows.recovery.recovered import (
 )
 from prefect_coder.flows.recovery.send_journal import send_entry
 
-__all__ = ["recover_before_send"]
+__all__ = ["SendRoute", "recover_before_send", "send_route"]
+
+
+class SendRoute(Enum):
+    """Which way a step's send on a checkpointed chat starts (:func:`send_route`)."""
+
+    #: The journal names an EARLIER step: the common send, unless the chat is archived
+    #: — ask (free when this process knows the chat, else one read), then route again.
+    ASK_ARCHIVED = "ask whether the chat is archived"
+    #: The step never sent: write its write-ahead (unless begin did) and send attempt 1.
+    COMMON_SEND = "the common send"
+    #: The step's marker may be in history (a result lost, an archived chat): look first.
+    LOOK_FIRST = "look in history"
+    #: The journal names this step: an earlier attempt sent; look, then recover it.
+    RECOVER = "recover"
+
+
+def send_route(
+    before: JournalEntry | None,
+    marker: str,
+    earlier: frozenset[str] | None,
+    *,
+    archived: bool | None = None,
+) -> SendRoute:
+    """The way a send of the step ``marker`` starts, from the journal entry before its
+    write-ahead (``before``), the markers of the steps before it (``earlier``; None:
+    the order is unknown) and whether the chat is archived (None: not asked). Pure.
+
+    * The entry names this step ⇒ :attr:`~SendRoute.RECOVER`: an attempt of it sent
+      (a crash, a failure, a rerun) — never sent again beside it.
+    * The entry names an earlier step ⇒ this step never sent (its own write-ahead would
+      name it): :attr:`~SendRoute.COMMON_SEND`, no history read — once the chat is
+      known to take messages (:attr:`~SendRoute.ASK_ARCHIVED` first); an archived one
+      (a failure handler's or an operator's archive) looks in history, never a 400.
+    * Anything else ⇒ :attr:`~SendRoute.LOOK_FIRST`: no entry (an archived chat's
+      records were dropped), a LATER step's (this step's result was lost while the
+      workflow went on), or the order unknown (``agent-turn``, ``recover-turn``): the
+      step's marker may be in history.
+    """
+    if before is not None and before.marker == marker:
+        return SendRoute.RECOVER
+    if before is not None and before.marker in (earlier or ()):
+        if archived is None:
+            return SendRoute.ASK_ARCHIVED
+        return SendRoute.LOOK_FIRST if archived else SendRoute.COMMON_SEND
+    return SendRoute.LOOK_FIRST
 
 
 async def recover_before_send(
@@ -103,25 +151,18 @@ async def recover_before_send(
         if entry is None:
             entry = await store.journal.get(chat_id)
         before = entry
-    if before is None or before.marker != marker:
-        if (
-            before is not None
-            and before.marker in (earlier or ())
-            # ...and the chat takes messages: an archived one (a failure handler's or an
-            # operator's archive) goes the archived-chat path below, never a 400. Free
-            # when this process knows the chat (chat_state.py).
-            and not await chat_archived(client, chat_id, bound_s=timings.probe_bound)
-        ):
-            # The common send: the journal names an EARLIER step of this workflow,
-            # which proves this one never sent (its write-ahead would name it).
-            if not journaled:
-                # Write-ahead BEFORE the send. The count before this step's first
-                # send is 0 (an earlier send would have journaled this marker).
-                await store.journal.set(chat_id, send_entry(marker, 0, timings.settle_budget))
-            return Unsent(1)
-        # No entry (an archived chat's records were dropped), a LATER step's (this
-        # step's result was lost while the workflow went on), or the order is
-        # unknown: the step's marker may be in history. Look before sending.
+    way = send_route(before, marker, earlier)
+    if way is SendRoute.ASK_ARCHIVED:
+        # Free when this process knows the chat (chat_state.py).
+        archived = await chat_archived(client, chat_id, bound_s=timings.probe_bound)
+        way = send_route(before, marker, earlier, archived=archived)
+    if way is SendRoute.COMMON_SEND:
+        if not journaled:
+            # Write-ahead BEFORE the send. The count before this step's first send is
+            # 0 (an earlier send would have journaled this marker).
+            await store.journal.set(chat_id, send_entry(marker, 0, timings.settle_budget))
+        return Unsent(1)
+    if way is SendRoute.LOOK_FIRST:
         found = await look_in_history(send, before=before, wrote=journaled)
         if found is not None:
             return found
