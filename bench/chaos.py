@@ -134,13 +134,14 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
     # "N" = seed N as drawn; "N:LIFECYCLE" = with that lifecycle forced ("N:" = none)
     plan: dict[int, str | None] = {}
     if args.only:
+        seeds = []  # a seed may be listed more than once (replays)
         for item in (s.strip() for s in args.only.split(",")):
             if item:
                 n, sep, life = item.partition(":")
                 if sep and life not in LIFECYCLES:
                     raise SystemExit(f"unknown lifecycle {life!r}: one of {list(LIFECYCLES)}")
                 plan[int(n)] = life if sep else None
-        seeds = list(plan)
+                seeds.append(int(n))
     else:
         seeds = list(range(args.first, args.first + args.seeds))
     outcomes: list[Outcome] = []

@@ -21,7 +21,10 @@ recorded: the emulator's stored rows and event log, and the payments service.
   as one extra turn of it: a chat orphaned before its checkpoint (lost create
   response, kill after create) is adopted by the next attempt, so one is left
   beside the workflow's chat only when the SDK discarded it (its stream failed
-  on create: a fault) or when several crashes each left one.
+  on create: a fault) or when several crashes each left one — or when a
+  ``sweep-orphans`` run with a grace below the turn timeout retired it first (the
+  product warns that such a grace protects a first turn's chat only by its
+  workflow's lease; each chat it retired allows one extra turn).
 * ``recovery-finished`` — recovery reached the end of the workflow (a clean rerun
   after the schedule succeeds) and returns the stored results unchanged.
 * ``one-key`` — each logical tool call reached the payments service under one
@@ -82,6 +85,11 @@ class Evidence:
     notes: list[str] = field(default_factory=list)
     #: every idempotency key the payments service was asked with → its amount
     keys: dict[str, int] = field(default_factory=dict)
+    #: orphan chats retired by the schedule's sweep-orphans runs (grace 0, below the
+    #: turn timeout: a first turn's chat is protected only by its workflow's lease
+    #: until its checkpoint is written — the product warns so; a crashed first turn's
+    #: chat retired before the rerun adopts it makes the rerun send that step again)
+    retired: int = 0
 
 
 def _text(m: dict[str, Any]) -> str:
@@ -274,13 +282,13 @@ def _extra_turns(ev: Evidence) -> list[Violation]:
         for marker, _ in ev.steps.values():
             n = sum(marker in u for u in users)
             extra += max(0, n - 1)
-    if extra > ev.cuts + ev.fired:
+    if extra > ev.cuts + ev.fired + ev.retired:
         out.append(
             Violation(
                 "extra-turns",
                 f"{extra} extra user turns (on chat {main} and as other chats of the "
-                f"workflow), but only {ev.cuts} crashes left a live attempt and {ev.fired} "
-                "faults fired",
+                f"workflow), but only {ev.cuts} crashes left a live attempt, {ev.fired} "
+                f"faults fired and {ev.retired} orphans were retired by a sweep",
             )
         )
     return out

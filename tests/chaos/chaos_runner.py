@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -51,6 +52,8 @@ PHASE_LIMIT_S = 90.0
 CLEAN_RERUNS = 2
 #: The approval schedules' deployment of ``agent-workflow`` (one per Prefect server).
 DEPLOYMENT_NAME = "chaos-approvals"
+#: The rows of a sweep-orphans run in a phase's line (``orphans sweep: [retire/ok, …]``).
+_ORPHAN_ROWS = re.compile(r"orphans sweep: \[([^\]]*)\]")
 #: New runs started at a decision while none waits (the reconciler's max_attempts).
 RERUNS_TO_SUSPEND = 3
 #: Exit codes of a crash child (crash_child.py).
@@ -547,6 +550,8 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
         await asyncio.sleep(0.05)
     ev = _evidence(rig, workflow_id, steps, schedule, results, stored, cuts, error)
     # Every fault of this rig's emulator since the start is this schedule's.
+    # Orphans the schedule's sweep-orphans runs retired (the phases' sweep rows).
+    ev.retired = sum(rows.count("retire/ok") for line in log for rows in _ORPHAN_ROWS.findall(line))
     ev.fired = sum(
         1
         for e in rig.emu.event_log(["fault", "restart"])

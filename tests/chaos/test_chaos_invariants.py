@@ -138,3 +138,15 @@ def test_a_chat_archived_before_its_last_step_finished_is_caught() -> None:
     during = _evidence()
     during.events.insert(4, archived)  # between the tool round and the answer
     assert _names(during) == ["archived-early"]
+
+
+def test_an_orphan_retired_by_a_short_grace_sweep_allows_one_extra_turn() -> None:
+    """A crashed first turn's chat, retired by sweep-orphans (grace below the turn
+    timeout) before the rerun could adopt it: the rerun sends that step again in a
+    new chat — the sweep's documented window, one extra turn per retired chat."""
+    ev = _evidence()
+    first_prompt = next(m for m in ev.messages[CHAT] if m["role"] == "user")
+    ev.messages["chat-retired"] = [first_prompt]
+    assert _names(ev) == ["extra-turns"]
+    ev.retired = 1
+    assert _names(ev) == []
