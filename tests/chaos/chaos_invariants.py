@@ -14,7 +14,8 @@ recorded: the emulator's stored rows and event log, and the payments service.
   unarchived at the end.
 * ``extra-turns`` — extra user turns of the steps on the workflow's chat ≤ the
   crashes that cut a live attempt: SIGKILLs (or failed runs) that left a live
-  attempt behind, plus every fault that fired (a lost response, a 5xx, a dropped
+  attempt behind, plus attempts a stuck sweep interrupted (journaled cut-short:
+  the step is resubmitted), plus every fault that fired (a lost response, a 5xx, a dropped
   stream, a restart: each can fail the turn's task attempt, whose retry or rerun
   then finds the attempt live and unowned — the matrix's documented window). Any
   other chat of the workflow may carry only the first step's prompt, and counts
@@ -90,6 +91,10 @@ class Evidence:
     #: until its checkpoint is written — the product warns so; a crashed first turn's
     #: chat retired before the rerun adopts it makes the rerun send that step again)
     retired: int = 0
+    #: attempts the schedule's sweep-stuck-turns runs interrupted (0.01 s budgets:
+    #: every running or paused turn is "stuck"); each is journaled cut-short, and the
+    #: workflow's recovery resubmits that step — a journaled cut, like a crash's
+    interrupted: int = 0
 
 
 def _text(m: dict[str, Any]) -> str:
@@ -282,13 +287,14 @@ def _extra_turns(ev: Evidence) -> list[Violation]:
         for marker, _ in ev.steps.values():
             n = sum(marker in u for u in users)
             extra += max(0, n - 1)
-    if extra > ev.cuts + ev.fired + ev.retired:
+    if extra > ev.cuts + ev.fired + ev.retired + ev.interrupted:
         out.append(
             Violation(
                 "extra-turns",
                 f"{extra} extra user turns (on chat {main} and as other chats of the "
                 f"workflow), but only {ev.cuts} crashes left a live attempt, {ev.fired} "
-                f"faults fired and {ev.retired} orphans were retired by a sweep",
+                f"faults fired, {ev.interrupted} attempts were interrupted by a stuck "
+                f"sweep and {ev.retired} orphans were retired by a sweep",
             )
         )
     return out

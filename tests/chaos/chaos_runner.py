@@ -54,6 +54,8 @@ CLEAN_RERUNS = 2
 DEPLOYMENT_NAME = "chaos-approvals"
 #: The rows of a sweep-orphans run in a phase's line (``orphans sweep: [retire/ok, …]``).
 _ORPHAN_ROWS = re.compile(r"orphans sweep: \[([^\]]*)\]")
+#: The rows of a sweep-stuck-turns run (``stuck sweep: [interrupt/ok, …]``).
+_STUCK_ROWS = re.compile(r"stuck sweep: \[([^\]]*)\]")
 #: New runs started at a decision while none waits (the reconciler's max_attempts).
 RERUNS_TO_SUSPEND = 3
 #: Exit codes of a crash child (crash_child.py).
@@ -552,6 +554,9 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     # Every fault of this rig's emulator since the start is this schedule's.
     # Orphans the schedule's sweep-orphans runs retired (the phases' sweep rows).
     ev.retired = sum(rows.count("retire/ok") for line in log for rows in _ORPHAN_ROWS.findall(line))
+    ev.interrupted = sum(
+        rows.count("interrupt/ok") for line in log for rows in _STUCK_ROWS.findall(line)
+    )
     ev.fired = sum(
         1
         for e in rig.emu.event_log(["fault", "restart"])

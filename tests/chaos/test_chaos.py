@@ -56,9 +56,10 @@ async def test_chaos_schedule_keeps_every_invariant(
 #: chat's creation lands but its response is lost, so the run fails with the first
 #: turn parked on its client call in a chat no checkpoint names; sweep-stuck-turns
 #: (0.01 s budgets) interrupts that chat ("Tool execution interrupted by user"); the
-#: clean rerun adopts the orphan and returns the interrupted attempt's answer as the
-#: step's result, and the charge never runs. The sweep comes 3 s in, after the run
-#: failed (≈ 0.1-0.5 s), so that it meets the parked chat (3 of 3 at load 13).
+#: clean rerun adopted the orphan and returned the interrupted attempt's answer as the
+#: step's result, and the charge never ran — until commit 469c756: the interrupt is
+#: journaled cut-short and the adopting run resubmits the step. The sweep comes 3 s
+#: in, after the run failed (≈ 0.1-0.5 s), so that it meets the parked chat.
 ORPHAN_INTERRUPTED = Schedule(
     149,
     ("deposit", "rest"),

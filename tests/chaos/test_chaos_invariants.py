@@ -150,3 +150,14 @@ def test_an_orphan_retired_by_a_short_grace_sweep_allows_one_extra_turn() -> Non
     assert _names(ev) == ["extra-turns"]
     ev.retired = 1
     assert _names(ev) == []
+
+
+def test_an_attempt_a_stuck_sweep_interrupted_allows_its_resubmission() -> None:
+    """A stuck sweep's interrupt is journaled cut-short: the step's resubmission on
+    the workflow's chat is a journaled cut's extra turn, not a violation."""
+    again = {"id": 5, "role": "user", "content": [{"type": "text", "text": f"again {MARK}"}]}
+    ev = _evidence()
+    ev.messages[CHAT].append(again)
+    assert _names(ev) == ["extra-turns"]
+    ev.interrupted = 1
+    assert _names(ev) == []
