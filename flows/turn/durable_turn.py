@@ -230,14 +230,31 @@ async def _record_after_turn(
     logger: RunLogger,
     observer: TurnObserver,
     eagerly_journaled: str | None = None,
-) -> None:
-    """The ``finally`` checkpoint: every exit of a turn goes through here.
+) -> str | None:
+    """The ``finally`` checkpoint: every exit of a turn goes through here. Returns the
+    chat it checkpointed (None: none).
 
     ``eagerly_journaled``: the chat this turn's eager checkpoint already recorded
     together with this step's write-ahead (marker, attempt 0) — its journal entry
     then needs no read. What is written on which exit:
     :func:`prefect_coder.flows.turn.decide.after_sends`."""
     chat_id = agent.chat_id
+    cursor = agent.last_seen_message_id
+    stranded: list[str] = list(getattr(agent, "stranded_chat_ids", None) or ())
+    if not chat_id and not had_chat and stranded:
+        # The SDK discarded the chat this first turn created (its stream could not be
+        # re-established): the turn may have run there — a tool's effect committed
+        # under that chat's keys. Checkpointed, not stranded: the retry recovers the
+        # step ON it (its ledger answers a repeated call) instead of sending it again
+        # in a new chat, where the model's repeat is a new key (chaos seed 540: a
+        # charge applied twice). Older discards of the same turn stay stranded.
+        chat_id, cursor = stranded.pop(), None
+    for dropped in stranded:
+        reason = f"{type(failed).__name__} on its first turn" if failed else "discarded"
+        await store.stranded.record(workflow_id, dropped, reason)
+        logger.warning("chat %s stranded (%s); recorded for the sweep", dropped, reason)
+        observer.chat_id = dropped
+        observer.emit("coder.chat.stranded", {"reason": reason})
     record = after_sends(
         AfterSends(
             on_chat=bool(chat_id),
@@ -259,12 +276,12 @@ async def _record_after_turn(
                 marker, record.journal, turn_timeout=turn_timeout, at=started_at
             )
         )
-        await store.turns.record(workflow_id, chat_id, agent.last_seen_message_id, journal=journal)
-        return
+        await store.turns.record(workflow_id, chat_id, cursor, journal=journal)
+        return chat_id
     if isinstance(record, CheckpointFirstSend):
         async with store.transaction() as tx:
             entry = await tx.journal.get(chat_id)
-            await tx.checkpoints.set(workflow_id, chat_id, agent.last_seen_message_id)
+            await tx.checkpoints.set(workflow_id, chat_id, cursor)
             if not record.unless_named or entry is None or entry.marker != marker:
                 await tx.journal.set(
                     chat_id,
@@ -272,13 +289,8 @@ async def _record_after_turn(
                         marker, record.attempt, turn_timeout=turn_timeout, at=started_at
                     ),
                 )
-        return
-    for stranded in getattr(agent, "stranded_chat_ids", None) or ():
-        reason = f"{type(failed).__name__} on its first turn" if failed else "discarded"
-        await store.stranded.record(workflow_id, stranded, reason)
-        logger.warning("chat %s stranded (%s); recorded for the sweep", stranded, reason)
-        observer.chat_id = stranded
-        observer.emit("coder.chat.stranded", {"reason": reason})
+        return chat_id
+    return None
 
 
 async def execute_turn(
@@ -722,8 +734,9 @@ async def _turn_under_lease(
             try:
                 await eager.drain()
                 crash_point("turn.before_checkpoint")  # test seam: the store faulted here
+                kept: str | None = None
                 try:
-                    await _record_after_turn(
+                    kept = await _record_after_turn(
                         store,
                         workflow_id=workflow_id,
                         agent=agent,
@@ -744,14 +757,15 @@ async def _turn_under_lease(
                     if failed is None:
                         failed = exc
                     raise
-                await eager.after_turn(agent.chat_id)
+                # ``kept``: also a chat the SDK discarded but this turn checkpointed.
+                await eager.after_turn(kept)
                 if failed is not None:
                     # A timeout, an error or a cancellation: the SDK already fired its
                     # best-effort interrupt, so a later recovery must not trust a 409.
                     await note_failed_attempt(
                         agent.client,
                         store,
-                        agent.chat_id,
+                        kept,
                         marker,
                         failed,
                         left_live=agent.left_run_live is not None,
