@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -117,9 +118,19 @@ def main(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     postgres = contextlib.contextmanager(suite.postgres_url.__wrapped__)
     harness = contextlib.contextmanager(suite.prefect_harness.__wrapped__)
-    with postgres() as pg_url, harness(_TmpFactory(tmp), pg_url) as prefect:
-        print(f"setup {time.perf_counter() - t_start:.0f} s", flush=True)
-        return asyncio.run(run_seeds(args, tmp, prefect.results_dir))
+    code = 2
+    try:
+        with postgres() as pg_url, harness(_TmpFactory(tmp), pg_url) as prefect:
+            print(f"setup {time.perf_counter() - t_start:.0f} s", flush=True)
+            code = asyncio.run(run_seeds(args, tmp, prefect.results_dir))
+            return code
+    finally:
+        # Rigs, stores and logs of a clean run are gone with it; a run with a
+        # violation (or a harness error) keeps them for the replay's comparison.
+        if code == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept for inspection: {tmp}", flush=True)
 
 
 async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> int:
