@@ -478,6 +478,16 @@ def step_marker(workflow_id: str, step_name: str) -> str:
     return f"[{workflow_id}/{step_name}]"
 
 
+def leading_marker(prompt: str, workflow_id: str | None = None) -> str | None:
+    """The step marker a prompt starts with (:func:`step_marker`'s shape; of
+    ``workflow_id``'s steps when given), else None."""
+    text = prompt.lstrip()
+    end = text.find("]")
+    marker = text[: end + 1]
+    prefix = "[" if workflow_id is None else f"[{workflow_id}/"
+    return marker if end > 0 and text.startswith(prefix) and "/" in marker else None
+
+
 def validate_workflow_id(workflow_id: str) -> None:
     """Reject ids that cannot be embedded in a marker or a result key."""
     if not isinstance(workflow_id, str) or not _ID_RE.match(workflow_id):

@@ -43,6 +43,7 @@ from prefect_coder.flows.common.labels import (
     owned_by,
     scope_labels,
 )
+from prefect_coder.flows.common.params import leading_marker
 from prefect_coder.flows.common.retry import is_retryable_failure
 from prefect_coder.flows.observe.run_log import RunLogger, run_logger
 
@@ -166,16 +167,15 @@ def _labels(store: StateStore, workflow_id: str) -> dict[str, str]:
 _MIXED = ""  # several markers, or a user message carrying none: never adopted
 
 
-def _lone_marker(messages: list[ChatMessage], prefix: str) -> str | None:
-    """The one step marker every user message starts with (``_MIXED`` when they
-    differ or one has none; None: no user message)."""
+def _lone_marker(messages: list[ChatMessage], workflow_id: str) -> str | None:
+    """The one step marker of ``workflow_id`` every user message starts with
+    (``_MIXED`` when they differ or one has none; None: no user message)."""
     found: str | None = None
     for message in messages:
         if message.role != "user":
             continue
-        text = "".join(p.text or "" for p in message.content if p.type == "text").lstrip()
-        end = text.find("]")
-        marker = text[: end + 1] if text.startswith(prefix) and end > 0 else _MIXED
+        text = "".join(p.text or "" for p in message.content if p.type == "text")
+        marker = leading_marker(text, workflow_id) or _MIXED
         if marker == _MIXED or (found is not None and marker != found):
             return _MIXED
         found = marker
@@ -186,15 +186,14 @@ async def _step_of(
     client: ChatClient, chat_id: str, workflow_id: str, bound_s: float
 ) -> str | None:
     """The marker of the one step the chat's whole history holds, else None."""
-    prefix = f"[{workflow_id}/"
     messages, whole = await fetch_until(
         client,
         chat_id,
         # stop paging at the first user message that disqualifies the chat
-        lambda ms: _lone_marker(ms, prefix) == _MIXED,
+        lambda ms: _lone_marker(ms, workflow_id) == _MIXED,
         timeout=bound_s,
     )
-    marker = _lone_marker(messages, prefix)
+    marker = _lone_marker(messages, workflow_id)
     return marker if marker and whole else None
 
 

@@ -14,6 +14,7 @@ from coder_chat.history import fetch_turn, marker_attempts
 from coder_chat.rest import ChatClient
 from prefect_coder.blocks import StateStore
 from prefect_coder.blocks.state import JournalEntry
+from prefect_coder.flows.common.params import leading_marker
 from prefect_coder.flows.observe.run_log import run_logger
 
 __all__ = [
@@ -78,14 +79,13 @@ async def _newest_marker(client: ChatClient, chat_id: str) -> str | None:
     for message in reversed(await fetch_turn(client, chat_id, timeout=5.0)):
         if field(message, "role") != "user":
             continue
-        text = "".join(
-            field(p, "text", "") or ""
-            for p in field(message, "content", None) or ()
-            if field(p, "type") == "text"
-        ).lstrip()
-        end = text.find("]")
-        marker = text[: end + 1]
-        return marker if text.startswith("[") and "/" in marker else None
+        return leading_marker(
+            "".join(
+                field(p, "text", "") or ""
+                for p in field(message, "content", None) or ()
+                if field(p, "type") == "text"
+            )
+        )
     return None
 
 
