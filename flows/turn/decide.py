@@ -280,7 +280,8 @@ def _after_send(s: TurnSnapshot, a: Answered) -> Action:
 class AfterSends:
     """What the turn's ``finally`` knows of its sends, however they ended."""
 
-    #: The agent still holds a chat (False: the SDK discarded the session it created).
+    #: The turn has a chat to checkpoint: the agent's, or — on a first turn — the one
+    #: the SDK discarded after its stream was lost (the turn may have run there).
     on_chat: bool
     #: That chat was the checkpoint before the sends (not a first turn's, not a fresh one).
     had_chat: bool = False
@@ -318,8 +319,11 @@ class CheckpointFirstSend:
 def after_sends(a: AfterSends) -> StrandChats | CheckpointChat | CheckpointFirstSend:
     """What the ``finally`` of a turn's sends writes (every exit goes through here).
 
-    * No chat held: the stream was lost on a chat this call created — nothing to
-      resume, but the chat exists and the sweep must retire it (``StrandChats``).
+    * No chat at all (nothing was created): only chats the SDK discarded before the
+      last one it created, if any, go to the sweep (``StrandChats``). The last chat a
+      first turn created is checkpointed even when the SDK discarded it: a tool's
+      effect may have committed there, and only a retry on that chat finds it in the
+      ledger (chaos seed 540).
     * The chat was the checkpoint: its sends were journaled before they left (the
       turn's begin, recovery's resubmission, the re-ask's write-ahead); even a
       failed turn checkpoints its cursor (``CheckpointChat()``).
