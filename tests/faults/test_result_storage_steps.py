@@ -28,17 +28,17 @@ from prefect_coder.flows.turn.approval_step import ApprovalResult, approval_key,
 from prefect_coder.flows.turn.model_step import model_result_key, model_step
 
 
-async def _writable_at_the_retry(results_dir: Path, task_run_name: str) -> int:
-    """Make the storage writable once the task run waits for its retry; the number of
-    state reads it took (the task must get there: before the fix it Completed)."""
+async def _writable_at_the_retry(results_dir: Path, task_run_name: str) -> None:
+    """Make the storage writable once the task run waits for its retry (the task must
+    get there: before the fix it Completed)."""
     async with get_client() as client:
-        for reads in range(1, 600):
+        for _ in range(600):
             runs = await client.read_task_runs(
                 task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[task_run_name]))
             )
             if any(r.state is not None and r.state.name == "AwaitingRetry" for r in runs):
                 make_writable(results_dir)
-                return reads
+                return
             assert not any(r.state is not None and r.state.is_final() for r in runs), [
                 r.state for r in runs
             ]
@@ -79,7 +79,8 @@ async def test_an_approval_decision_the_storage_refuses_is_retried_not_lost(
     assert await running == decision
     stored = json.loads((results_dir / approval_key(workflow_id, "review")).read_text())
     assert json.loads(stored["result"])["data"]["decision"] == "approve"
-    assert await _run_count(f"{workflow_id}/review") == 2
+    # A visible retry (more than one if a slow poll missed the first wait).
+    assert await _run_count(f"{workflow_id}/review") >= 2
 
 
 async def test_a_model_answer_the_storage_refuses_is_retried_not_lost(
