@@ -39,7 +39,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.flow_runs import aresume_flow_run
-from reconcile_env import one_message_per_step, tick_until
+from reconcile_env import one_message_per_step, start_workflow, tick_until
 from warm_python import WarmPython
 
 from coder_chat.emulator import Emulator
@@ -91,13 +91,8 @@ async def test_a_suspended_approval_outlives_the_zombie_window_and_runs_its_next
     seen: list[ReconcileRow] = []
     try:
         async with get_client() as client:
-            run = await client.create_flow_run_from_deployment(
-                deployment_id(deployed, "agent-workflow"),
-                parameters={
-                    "workflow_id": wf,
-                    "steps": [s.model_dump(mode="json") for s in item.steps],
-                    "settings": settings.model_dump(mode="json"),
-                },
+            run = await start_workflow(
+                client, deployment_id(deployed, "agent-workflow"), item, settings
             )
 
             async def suspended() -> bool:
@@ -200,13 +195,8 @@ async def test_an_expired_approval_is_recorded_done_never_rerun(
     seen: list[ReconcileRow] = []
     try:
         async with get_client() as client:
-            run = await client.create_flow_run_from_deployment(
-                deployment_id(deployed, "agent-workflow"),
-                parameters={
-                    "workflow_id": wf,
-                    "steps": [s.model_dump(mode="json") for s in item.steps],
-                    "settings": settings.model_dump(mode="json"),
-                },
+            run = await start_workflow(
+                client, deployment_id(deployed, "agent-workflow"), item, settings
             )
 
             async def suspended() -> bool:
