@@ -25,7 +25,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -52,6 +52,7 @@ from prefect.events.filters import (
     EventRelatedFilter,
     EventResourceFilter,
 )
+from prefect.events.schemas.events import ReceivedEvent
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
@@ -253,33 +254,39 @@ async def _runs_by_id(client: PrefectClient, ids: list[str]) -> dict[str, FlowRu
     return found
 
 
+async def _events(client: PrefectClient, event_filter: EventFilter) -> AsyncIterator[ReceivedEvent]:
+    """The events ``event_filter`` matches, 50 a page (the API's most), at most
+    ``_EVENT_PAGES`` pages; a caller that has what it needs stops iterating."""
+    page = await client.read_events(event_filter, limit=_EVENTS_PER_PAGE)
+    for _ in range(_EVENT_PAGES):
+        for event in page.events:
+            yield event
+        if page.next_page is None:
+            return
+        page = await client.read_events_page(str(page.next_page))
+
+
 async def _heartbeats(
     client: PrefectClient, run_ids: list[str], since: datetime
 ) -> dict[str, datetime]:
     """The latest heartbeat per run since ``since`` (none found, or a failed read: absent).
 
-    Newest first, 50 a page (the API's most), paged only until every run of the chunk
-    has its latest beat or ``_EVENT_PAGES`` pages were read."""
+    Newest first, paged only until every run of the chunk has its latest beat."""
     latest: dict[str, datetime] = {}
     try:
         for chunk in _chunks(run_ids):
-            page = await client.read_events(
-                EventFilter(
-                    occurred=EventOccurredFilter.model_validate({"since": since}),
-                    event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
-                    resource=EventResourceFilter(id=[f"prefect.flow-run.{i}" for i in chunk]),
-                    order=EventOrder.DESC,
-                ),
-                limit=_EVENTS_PER_PAGE,
+            beats = EventFilter(
+                occurred=EventOccurredFilter.model_validate({"since": since}),
+                event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                resource=EventResourceFilter(id=[f"prefect.flow-run.{i}" for i in chunk]),
+                order=EventOrder.DESC,
             )
-            for _ in range(_EVENT_PAGES):
-                for event in page.events:
-                    run_id = event.resource.id.removeprefix("prefect.flow-run.")
-                    if run_id not in latest or event.occurred > latest[run_id]:
-                        latest[run_id] = event.occurred
-                if page.next_page is None or all(i in latest for i in chunk):
+            async for event in _events(client, beats):
+                run_id = event.resource.id.removeprefix("prefect.flow-run.")
+                if run_id not in latest or event.occurred > latest[run_id]:
+                    latest[run_id] = event.occurred
+                if all(i in latest for i in chunk):
                     break
-                page = await client.read_events_page(str(page.next_page))
     except Exception as exc:
         logger.warning("could not read heartbeats: %s", type(exc).__name__)
     return latest
@@ -299,24 +306,15 @@ async def _resumable_runs(client: PrefectClient, runs: Sequence[FlowRun]) -> set
     try:
         for chunk in _chunks([str(r.id) for r in runs]):
             wanted = {f"prefect.flow-run.{i}" for i in chunk}
-            page = await client.read_events(
-                EventFilter(
-                    occurred=EventOccurredFilter.model_validate({"since": since}),
-                    event=EventNameFilter(name=[RESUMABLE_EVENT]),
-                    related=EventRelatedFilter(id=sorted(wanted)),
-                ),
-                limit=_EVENTS_PER_PAGE,
+            marks = EventFilter(
+                occurred=EventOccurredFilter.model_validate({"since": since}),
+                event=EventNameFilter(name=[RESUMABLE_EVENT]),
+                related=EventRelatedFilter(id=sorted(wanted)),
             )
-            for _ in range(_EVENT_PAGES):
-                for event in page.events:
-                    found.update(
-                        r.id.removeprefix("prefect.flow-run.")
-                        for r in event.related
-                        if r.id in wanted
-                    )
-                if page.next_page is None:
-                    break
-                page = await client.read_events_page(str(page.next_page))
+            async for event in _events(client, marks):
+                found.update(
+                    r.id.removeprefix("prefect.flow-run.") for r in event.related if r.id in wanted
+                )
     except Exception as exc:
         logger.warning("could not read resumable events: %s", type(exc).__name__)
         return None
