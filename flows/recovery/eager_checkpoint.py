@@ -132,13 +132,3 @@ class EagerCheckpoint:
         """Wait for scheduled checkpoint writes (call before the ``finally`` checkpoint)."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    async def after_turn(self, agent_chat_id: str | None) -> None:
-        """The SDK discarded the session (stream lost on the chat it created): clear
-        the eagerly checkpointed id, or "starts fresh after a discard" silently turns
-        into resuming the dead chat (it is recorded stranded for the sweep)."""
-        await self.drain()
-        if self.written and agent_chat_id is None:
-            cp = await self.store.checkpoints.get(self.workflow_id)
-            if cp is not None and cp.chat_id == self.written:
-                await self.store.checkpoints.clear(self.workflow_id)

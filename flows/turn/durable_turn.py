@@ -757,15 +757,13 @@ async def _turn_under_lease(
                     if failed is None:
                         failed = exc
                     raise
-                # ``kept``: also a chat the SDK discarded but this turn checkpointed.
-                await eager.after_turn(kept)
                 if failed is not None:
                     # A timeout, an error or a cancellation: the SDK already fired its
                     # best-effort interrupt, so a later recovery must not trust a 409.
                     await note_failed_attempt(
                         agent.client,
                         store,
-                        kept,
+                        kept,  # also a chat the SDK discarded that this turn checkpointed
                         marker,
                         failed,
                         left_live=agent.left_run_live is not None,
