@@ -1,7 +1,7 @@
 """Randomized chaos benchmark: hundreds of seeded schedules, every invariant checked.
 
     .venv/bin/python bench/chaos.py [--seeds 300] [--first 1] [--only 7,42:shard] [--parallel 3]
-                                    [--verbose] [--json FILE]
+                                    [--store sqlite|pg] [--no-infra] [--verbose] [--json FILE]
 
 Each seed is a schedule (``tests/chaos/chaos_schedule.py``): real SIGKILLs of the
 process running the workflow at crash points, emulator stream drops / REST faults /
@@ -15,6 +15,17 @@ from finished attempts, no chat archived before its workflow finished nor left l
 or unarchived, extra user turns ≤ crashes that cut a live attempt).
 ``--only 44:`` replays seed 44 without its lifecycle dimension, ``--only 7:approval``
 forces one.
+
+Faults of our own dependencies (issue 30, ``tests/chaos/chaos_infra.py``): the
+stores are SQLite files (``--store sqlite``, one per rig) or one private PostgreSQL
+cluster (``--store pg``); the Prefect API is a server of the bench's own (on a
+database of the suite's PostgreSQL) so that it can be restarted; each rig has its
+own result storage. A schedule may then restart the PostgreSQL store or terminate
+its connections, hold the SQLite store's write lock from a stopped process, restart
+the Prefect API, or make the result storage unwritable for a while. The store and
+Prefect faults land on every rig, as on every worker of a deployment; each outcome
+names those of other rigs that overlapped it. ``--no-infra``: none of them (the
+schedules, the suite's Prefect server and SQLite stores of before issue 30).
 Same engine as ``tests/chaos`` (which runs a short fixed seed set in CI).
 
 ``--parallel N`` runs N independent rigs (each its own emulator — faults and
@@ -42,13 +53,15 @@ import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAOS = ROOT / "tests" / "chaos"
 RECOVERY = ROOT / "tests" / "recovery"
-sys.path[:0] = [str(ROOT), str(CHAOS), str(RECOVERY)]
+FAULTS = ROOT / "tests" / "faults"
+sys.path[:0] = [str(ROOT), str(CHAOS), str(RECOVERY), str(FAULTS)]
 # tests/conftest.py imports its helper modules (e.g. warm_python) from its own
 # folder, which pytest puts on sys.path; last, so another folder's ``conftest``
 # still never shadows the ones above.
@@ -104,15 +117,70 @@ def _coverage(outcomes: list[Any]) -> dict[str, int]:
                 seen[f"recoveries by {phase.mode}"] += 1
             seen["faults armed"] += len(phase.faults)
             seen["emulator restarts"] += line.count("restart done")
+            for what, label in _INFRA_LINES.items():
+                seen[label] += line.count(what)
             seen["all-stream drops"] += line.count("drop-streams done")
             seen["sweeps racing"] += len(phase.sweeps)
         seen["crashes that left a live attempt"] += o.cuts
     return dict(seen)
 
 
+#: What a phase's line says when a dependency fault ran (chaos_infra), by label.
+_INFRA_LINES = {
+    "store restarted": "store restarts",
+    "store connections terminated": "store connection kills",
+    "store write lock held": "store locks",
+    "Prefect API restarted": "Prefect API restarts",
+    "result storage unwritable": "result storage outages",
+}
+
+
+@contextlib.contextmanager
+def _restartable_prefect(suite: Any, pg_url: str, tmp: Path) -> Iterator[Any]:
+    """A Prefect server of the bench's own that a schedule may restart: uvicorn on
+    Prefect's app (``tests/faults/prefect_server_proc.py``) on a database of the
+    suite's PostgreSQL cluster (several rigs' concurrent runs: not SQLite), its schema
+    from the suite's cached dump; this process's settings point at it as the suite's
+    harness does (no flow heartbeats, no retry jitter, quiet logs)."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_RETRY_JITTER_FACTOR,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
+    from prefect_server_proc import PrivatePrefectServer
+
+    database = suite._create_database(pg_url, "chaos_prefect")
+    restored = suite._restore_server_db(database)
+    if restored is False:
+        database = suite._create_database(pg_url, "chaos_prefect", replace=True)
+    server = PrivatePrefectServer(tmp / "prefect", database, migrated=bool(restored))
+    server.start(timeout=300)
+    try:
+        with (
+            temporary_settings(
+                updates={
+                    PREFECT_API_URL: server.api_url,
+                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                    PREFECT_LOGGING_LEVEL: "WARNING",
+                    PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                    PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
+                }
+            ),
+            _temporary_global_settings_context(get_settings_context()),
+        ):
+            yield server
+    finally:
+        server.close()
+
+
 def main(args: argparse.Namespace) -> int:
-    """Start the suite's PostgreSQL and Prefect server (synchronous: they run their
-    own event loops to set up), then run the seeds."""
+    """Start the suite's PostgreSQL and a Prefect server (synchronous: they run their
+    own event loops to set up) and, for ``--store pg``, the stores' cluster; then run
+    the seeds."""
     suite = _suite_conftest()
     tmp = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     t_start = time.perf_counter()
@@ -120,9 +188,24 @@ def main(args: argparse.Namespace) -> int:
     harness = contextlib.contextmanager(suite.prefect_harness.__wrapped__)
     code = 2
     try:
-        with postgres() as pg_url, harness(_TmpFactory(tmp), pg_url) as prefect:
+        with contextlib.ExitStack() as stack:
+            from chaos_infra import Infra
+            from faults_pg import PrivateCluster
+
+            pg_url = stack.enter_context(postgres())
+            if args.no_infra:
+                stack.enter_context(harness(_TmpFactory(tmp), pg_url))
+                infra = Infra()
+            else:
+                prefect = stack.enter_context(_restartable_prefect(suite, pg_url, tmp))
+                cluster = None
+                if args.store == "pg":
+                    cluster = PrivateCluster()
+                    stack.callback(cluster.close)
+                    cluster.start()
+                infra = Infra(args.store, pg=cluster, prefect=prefect)
             print(f"setup {time.perf_counter() - t_start:.0f} s", flush=True)
-            code = asyncio.run(run_seeds(args, tmp, prefect.results_dir))
+            code = asyncio.run(run_seeds(args, tmp, infra))
             return code
     finally:
         # Rigs, stores and logs of a clean run are gone with it; a run with a
@@ -133,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"kept for inspection: {tmp}", flush=True)
 
 
-async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> int:
+async def run_seeds(args: argparse.Namespace, tmp: Path, infra: Any) -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
     from chaos_runner import Outcome, open_rig, process_env, run_schedule
     from chaos_schedule import LIFECYCLES, make_schedule
@@ -164,11 +247,12 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
         child_env = {
             **os.environ,
             "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results_dir),
             "PREFECT_LOGGING_LEVEL": "ERROR",
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(RECOVERY)]),
         }
-        print(f"{len(seeds)} seeds, {args.parallel} rigs", flush=True)
+        restarts = infra.prefect_restarts
+        faults = "none" if args.no_infra else f"store {infra.store}, Prefect restarts {restarts}"
+        print(f"{len(seeds)} seeds, {args.parallel} rigs; dependency faults: {faults}", flush=True)
 
         # Rigs start one after another: a fresh Prefect server races its first
         # secret-block writes (duplicate ENCRYPTION_KEY), and calibrations overlap less.
@@ -180,8 +264,13 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
             if n:
                 await opened[n - 1].wait()
             try:
-                async with open_rig(child_env, workdir, payments) as rig:
+                async with open_rig(
+                    child_env, workdir, payments, infra=infra, name=f"rig-{n}"
+                ) as rig:
                     opened[n].set()
+                    # every rig set up before any schedule runs: a schedule's Prefect
+                    # restart must not land on another rig's set-up (not a workflow)
+                    await asyncio.gather(*(e.wait() for e in opened))
                     await drain(rig)
             except Exception:  # this rig is lost; the others go on with the seeds
                 harness_errors.append((-1, traceback.format_exc()))
@@ -198,7 +287,11 @@ async def run_seeds(args: argparse.Namespace, tmp: Path, results_dir: Path) -> i
                 except asyncio.QueueEmpty:
                     return
                 try:
-                    outcome = await run_schedule(rig, make_schedule(seed, plan.get(seed)))
+                    store = None if args.no_infra else infra.store
+                    schedule = make_schedule(
+                        seed, plan.get(seed), store=store, prefect_restart=restarts
+                    )
+                    outcome = await run_schedule(rig, schedule)
                 except Exception:
                     harness_errors.append((seed, traceback.format_exc()))
                     print(f"seed {seed}: HARNESS ERROR\n{traceback.format_exc()}", flush=True)
@@ -306,6 +399,17 @@ if __name__ == "__main__":
         type=float,
         default=0,
         help="start no new schedule after this long (0 = no limit); the summary says how many ran",
+    )
+    p.add_argument(
+        "--store",
+        choices=["sqlite", "pg"],
+        default="sqlite",
+        help="the state store: SQLite files (one per rig) or a private PostgreSQL cluster",
+    )
+    p.add_argument(
+        "--no-infra",
+        action="store_true",
+        help="no faults of the store, the Prefect API or result storage (before issue 30)",
     )
     p.add_argument("--verbose", action="store_true", help="print every schedule's report")
     p.add_argument("--json", default="", help="write every outcome to this file")

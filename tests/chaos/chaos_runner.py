@@ -2,8 +2,9 @@
 payments service, a warm fork server whose children are really SIGKILLed
 (``tests/recovery/crash_child.py``: the workflow, ``recover-turn``, a fan-out shard,
 or a flow run of an ``agent-workflow`` deployment that suspends at an approval and
-is resumed through Prefect's API), the Prefect server of the caller, SQLite
-stores. Shared by ``tests/chaos`` (a short fixed seed set) and ``bench/chaos.py``
+is resumed through Prefect's API), the Prefect server of the caller, the stores
+(SQLite files or a PostgreSQL cluster) and a result storage of each rig's own; the
+dependency faults of ``chaos_infra`` when the schedule has them. Shared by ``tests/chaos`` (a short fixed seed set) and ``bench/chaos.py``
 (hundreds of seeds).
 
 The caller provides the Prefect API (``PREFECT_API_URL`` current in this process
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from chaos_infra import Infra
 from chaos_invariants import LIVE, Evidence, Violation, check
 from chaos_schedule import APPROVAL_STEP, TEMPLATES, Phase, Schedule, SweepRun, Timed
 from crash_matrix import ForkServer, crash_settings, directive, env_for_children
@@ -100,9 +102,27 @@ class Rig:
     fork: ForkServer
     credentials_block: str
     state_url: str
+    #: the dependencies a schedule may fault (the store kind among them)
+    infra: Infra
+    #: this rig's directory: its SQLite store, its result storage (``results``)
+    workdir: Path
+    name: str = "rig"
     expected_text: dict[str, str] = field(default_factory=dict)
     #: the ``agent-workflow`` deployment the approval schedules' runs come from
     deployment_id: uuid.UUID | None = None
+
+    @property
+    def results_dir(self) -> Path:
+        """The rig's result storage (its children's and its in-process runs')."""
+        return self.workdir / "results"
+
+    def results_setting(self) -> contextlib.AbstractContextManager[Any]:
+        """This rig's result storage for the in-process runs of the current task (a
+        setting of the context, not of the process: rigs of one bench run side by
+        side)."""
+        from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+
+        return temporary_settings(updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: self.results_dir})
 
     async def settings_for(self, tag: str, retries: int) -> WorkflowSettings:
         """Workflow settings on a store tenant of its own: a sweep of the schedule
@@ -174,7 +194,7 @@ def process_env(payments: Payments) -> Iterator[None]:
 
 
 async def _start_fork_server(
-    env: dict[str, str], workdir: Path, warm: WarmPython | None
+    env: dict[str, str], workdir: Path, warm: WarmPython | None, results: Path
 ) -> ForkServer:
     """The fork server: on ``warm`` (the test session's warm process) when its
     ``PREFECT_*`` environment is ``env``'s — the children fork from it and no second
@@ -183,11 +203,11 @@ async def _start_fork_server(
     process's import can outlast the 60 s ready bound, so a slow start is retried (the
     slow one is stopped first)."""
     if warm is not None and warm.would_fork(env):
-        fork = ForkServer(env, workdir / "chaos-children.log", warm)
+        fork = ForkServer(env, workdir / "chaos-children.log", warm, results_dir=results)
         await fork.start(ready_s=300)
         return fork
     for attempt in range(1, 4):
-        fork = ForkServer(env, workdir / f"chaos-children-{attempt}.log")
+        fork = ForkServer(env, workdir / f"chaos-children-{attempt}.log", results_dir=results)
         try:
             await fork.start()
             return fork
@@ -200,15 +220,26 @@ async def _start_fork_server(
 
 @contextlib.asynccontextmanager
 async def open_rig(
-    child_env: dict[str, str], workdir: Path, payments: Payments, warm: WarmPython | None = None
+    child_env: dict[str, str],
+    workdir: Path,
+    payments: Payments,
+    warm: WarmPython | None = None,
+    *,
+    infra: Infra | None = None,
+    name: str = "rig",
 ) -> AsyncIterator[Rig]:
     """Start an emulator and a fork server of their own (its children forked from
     ``warm`` when given and compatible); learn the fault-free text of every catalog
-    step. Call inside :func:`process_env` of ``payments``; ``workdir`` must exist."""
+    step. Call inside :func:`process_env` of ``payments``; ``workdir`` must exist.
+    ``infra``: the dependencies (default: SQLite stores, the caller's Prefect server,
+    which is never restarted)."""
+    infra = infra or Infra()
+    results = workdir / "results"
+    results.mkdir(exist_ok=True)
     token = f"tok-chaos-{uuid.uuid4().hex}"
     with Emulator.running_in_thread(tokens=[token], delta_delay=0.0, log_requests=False) as emu:
         fork = await _start_fork_server(
-            env_for_children({**child_env, **FAST_ENV}, payments.url), workdir, warm
+            env_for_children({**child_env, **FAST_ENV}, payments.url), workdir, warm, results
         )
         try:
             block = f"chaos-coder-{uuid.uuid4().hex[:8]}"
@@ -223,13 +254,14 @@ async def open_rig(
                 # then repeated a charge. Still well inside PHASE_LIMIT_S.
                 turn_timeout=40.0,
             ).save(block, overwrite=True)
-            rig = Rig(emu, payments, fork, block, f"sqlite+aiosqlite:///{workdir / 'chaos.db'}")
+            rig = Rig(emu, payments, fork, block, infra.store_url(workdir), infra, workdir, name)
             rig.deployment_id = await _deployment()
             names = sorted(TEMPLATES)
             settings = await rig.settings_for("calibrate", 0)
             calibrate = f"chaos-calibrate-{uuid.uuid4().hex[:6]}"
-            results = await run_workflow(calibrate, steps_of(names), settings)
-            rig.expected_text = {n: r.text for n, r in zip(names, results, strict=True)}
+            with rig.results_setting():
+                answers = await run_workflow(calibrate, steps_of(names), settings)
+            rig.expected_text = {n: r.text for n, r in zip(names, answers, strict=True)}
             yield rig
         finally:
             await fork.stop()
@@ -306,6 +338,8 @@ async def _timed(rig: Rig, t: Timed, stop: asyncio.Event) -> str | None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), t.at_s)
         return None  # the phase ended first
+    if t.infra:  # lasts its own time, whenever the phase ends: the fault clears
+        return await rig.infra.act(t.action, t.downtime, rig=rig.name, workdir=rig.workdir)
     if t.action == "restart":
         await asyncio.to_thread(rig.emu.faults.restart, t.downtime)
     else:
@@ -497,6 +531,29 @@ async def _run_phase(
 
 async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     """Run ``schedule``, recover to the end, check every invariant."""
+    with rig.results_setting():
+        return await _run_schedule(rig, schedule)
+
+
+async def _workflow_after_faults(
+    rig: Rig, workflow_id: str, steps: list[Any], settings: WorkflowSettings
+) -> list[Any]:
+    """The workflow run to the end once every dependency fault is over. A run that
+    fails while a fault of another rig's schedule hits the shared store or Prefect
+    server is not this schedule's failure to finish: it runs again when that fault
+    has cleared (bounded)."""
+    for attempt in range(1, 6):
+        await rig.infra.quiet()
+        began = time.monotonic()
+        try:
+            return await asyncio.wait_for(run_workflow(workflow_id, steps, settings), PHASE_LIMIT_S)
+        except Exception:
+            if attempt == 5 or not rig.infra.faulted_since(began):
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     t0 = time.monotonic()
     since = time.monotonic()  # the emulator's event clock (same process)
     workflow_id = f"chaos-{schedule.seed}-{uuid.uuid4().hex[:6]}"
@@ -529,9 +586,7 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     error = None
     for _ in range(CLEAN_RERUNS if results is None else 0):
         try:
-            results = await asyncio.wait_for(
-                run_workflow(workflow_id, steps, settings), PHASE_LIMIT_S
-            )
+            results = await _workflow_after_faults(rig, workflow_id, steps, settings)
             log.append("clean rerun finished")
             break
         except Exception as exc:
@@ -541,9 +596,7 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     if results is not None:
         error = None
         try:  # every step from storage now
-            stored = await asyncio.wait_for(
-                run_workflow(workflow_id, steps, settings), PHASE_LIMIT_S
-            )
+            stored = await _workflow_after_faults(rig, workflow_id, steps, settings)
         except Exception as exc:
             error = f"the rerun after recovery failed: {type(exc).__name__}: {str(exc)[:300]}"
     for _ in range(100):  # a sweep's or archive's interrupt winds down in milliseconds
@@ -565,6 +618,9 @@ async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     violations = found + check(ev)
     if hung:
         violations.append(Violation("phase-bounded", f"a run outlived {PHASE_LIMIT_S:g} s"))
+    foreign = rig.infra.overlapping(rig.name, t0, time.monotonic())
+    if foreign:
+        log.append("faults of other rigs meanwhile: " + ", ".join(foreign))
     return Outcome(
         schedule,
         workflow_id,

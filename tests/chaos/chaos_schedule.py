@@ -25,6 +25,13 @@ without one keeps the events it always had (``lifecycle``):
   after the suspension, a second run started while one is suspended, then the
   decision through Prefect's API (``decide``) and the resumed run(s).
 
+Faults of our own dependencies (issue 30), drawn from a third stream of their own
+and only when the caller names the store (``store``: ``make_schedule``): timed
+actions of ``chaos_infra`` in a phase — a PostgreSQL store restarted or its
+connections terminated, a SQLite store's write lock held by a stopped process,
+the Prefect API restarted (``prefect_restart``: only on a server the rig owns),
+the result storage unwritable for a while.
+
 Each phase may carry emulator faults armed for its duration (stream drops, REST
 faults, stalls, lost responses), timed actions at an offset into it (an emulator
 restart that keeps state, dropping every open stream) and concurrent sweep runs
@@ -42,6 +49,7 @@ from typing import Any
 
 __all__ = [
     "APPROVAL_STEP",
+    "INFRA_FAULTS",
     "LIFECYCLES",
     "TEMPLATES",
     "Fault",
@@ -203,6 +211,25 @@ RESUMED_POINTS = [
 LIFECYCLES = {"": 8, "start": 3, "recovery-run": 3, "shard": 3, "approval": 3}
 #: The approval step of an ``approval`` schedule (after its first step).
 APPROVAL_STEP = "approve"
+#: Faults of our own dependencies by store kind: action → (weight, durations in s —
+#: a restart's downtime, how long a lock or an unwritable storage lasts). A lock held
+#: 12 s outlasts the store's own 10 s wait and its retries; a 10 s storage fault
+#: outlasts a task's retries.
+INFRA_FAULTS: dict[str, dict[str, tuple[int, tuple[float, ...]]]] = {
+    "sqlite": {
+        "store-lock": (3, (0.5, 3.0, 12.0)),
+        "prefect-restart": (2, (0.0, 1.0, 4.0)),
+        "results-unwritable": (2, (1.0, 4.0, 10.0)),
+    },
+    "pg": {
+        "store-restart": (2, (0.0, 0.5, 2.0, 5.0)),
+        "store-drop-conns": (2, (0.0,)),
+        "prefect-restart": (2, (0.0, 1.0, 4.0)),
+        "results-unwritable": (2, (1.0, 4.0, 10.0)),
+    },
+}
+#: The share of schedules with dependency faults (when a store is named).
+INFRA_P = 0.6
 
 
 @dataclass(frozen=True)
@@ -276,15 +303,25 @@ def _random_fault(rng: random.Random) -> Fault:
 @dataclass(frozen=True)
 class Timed:
     """An action ``at_s`` seconds into a phase: ``restart`` (the emulator restarts,
-    keeping all state, after ``downtime`` s) or ``drop-streams`` (every open stream
-    aborted now)."""
+    keeping all state, after ``downtime`` s), ``drop-streams`` (every open stream
+    aborted now), or a fault of a dependency (``chaos_infra.INFRA_ACTIONS``) lasting
+    ``downtime`` s."""
 
     at_s: float
     action: str
     downtime: float = 0.0
 
+    @property
+    def infra(self) -> bool:
+        """A fault of a dependency (store, Prefect API, result storage)."""
+        return self.action.startswith(("store-", "prefect-", "results-"))
+
     def __str__(self) -> str:
-        extra = f" downtime={self.downtime}s" if self.action == "restart" else ""
+        extra = ""
+        if self.action == "restart":
+            extra = f" downtime={self.downtime}s"
+        elif self.infra and self.action != "store-drop-conns":
+            extra = f" for {self.downtime}s"
         return f"{self.action} at +{self.at_s:.2f}s{extra}"
 
 
@@ -394,12 +431,21 @@ def _faults(rng: random.Random, p: float) -> tuple[Fault, ...]:
     return tuple(_random_fault(rng) for _ in range(n))
 
 
-def make_schedule(seed: int, lifecycle: str | None = None) -> Schedule:
+def make_schedule(
+    seed: int,
+    lifecycle: str | None = None,
+    *,
+    store: str | None = None,
+    prefect_restart: bool = False,
+) -> Schedule:
     """The schedule of ``seed`` (same seed, same events).
 
     ``lifecycle``: None = the seed's own draw; a key of :data:`LIFECYCLES` forces
     that dimension on the seed's base events ("" = none: the schedule the seed had
-    before issue 29, which CI's regression seeds keep)."""
+    before issue 29, which CI's regression seeds keep). ``store`` ("sqlite" or "pg",
+    a key of :data:`INFRA_FAULTS`): draw faults of the dependencies too (None: none,
+    the schedule as before issue 30); ``prefect_restart``: the Prefect server may be
+    restarted among them."""
     rng = random.Random(seed)
     k = rng.choice([2, 2, 3])
     templates = tuple(rng.sample(sorted(TEMPLATES), k))
@@ -444,7 +490,31 @@ def make_schedule(seed: int, lifecycle: str | None = None) -> Schedule:
         phases = _shard_runs(life, phases)
     elif lifecycle == "approval":
         phases = _approval_runs(life, phases)
+    if store is not None:
+        phases = _infra_faults(random.Random(f"infra-{seed}"), phases, store, prefect_restart)
     return Schedule(seed, templates, retries, tuple(phases), lifecycle)
+
+
+def _infra_faults(
+    rng: random.Random, phases: list[Phase], store: str, prefect_restart: bool
+) -> list[Phase]:
+    """One or two dependency faults in random phases (or none, 1 - INFRA_P)."""
+    if store not in INFRA_FAULTS:
+        raise ValueError(f"unknown store {store!r}: one of {list(INFRA_FAULTS)}")
+    kinds = {
+        k: v for k, v in INFRA_FAULTS[store].items() if prefect_restart or k != "prefect-restart"
+    }
+    if rng.random() >= INFRA_P:
+        return phases
+    out = list(phases)
+    for _ in range(1 if rng.random() < 0.75 else 2):
+        i = rng.randrange(len(out))
+        action = rng.choices(list(kinds), weights=[w for w, _ in kinds.values()])[0]
+        # early: most phases end (a kill, a finish) within a second or two, and a fault
+        # at +0 is one a run starts into
+        fault = Timed(round(rng.uniform(0.0, 1.5), 2), action, rng.choice(kinds[action][1]))
+        out[i] = replace(out[i], timed=tuple(sorted((*out[i].timed, fault), key=lambda t: t.at_s)))
+    return out
 
 
 def _start_kills(rng: random.Random, phases: list[Phase]) -> list[Phase]:

@@ -36,11 +36,19 @@ def _free_port() -> int:
 class PrivatePrefectServer:
     """One Prefect API server process at a time, on a fixed port and database."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, database_url: str | None = None, *, migrated: bool = False
+    ) -> None:
+        """``database_url``: the server's database (default: a SQLite file under
+        ``root``, its schema copied from a cache); ``migrated``: that database already
+        holds a migrated schema and Prefect's block types (a restored dump), so even
+        the first start skips the migrations."""
         self.root = root
         self.home = root / "prefect-home"
         self.home.mkdir(parents=True, exist_ok=True)
-        self.database_url = f"sqlite+aiosqlite:///{root / 'prefect.db'}"
+        self.sqlite = database_url is None
+        self.database_url = database_url or f"sqlite+aiosqlite:///{root / 'prefect.db'}"
+        self.migrated = migrated
         self.port = _free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.log_path = root / "server.log"
@@ -76,7 +84,7 @@ class PrivatePrefectServer:
 
         database = self.root / "prefect.db"
         cache = self._schema_cache()
-        fresh = not self.starts and not database.exists()
+        fresh = self.sqlite and not self.starts and not database.exists()
         from_cache = fresh and cache.is_file()
         if from_cache:
             shutil.copyfile(cache, database)
@@ -97,7 +105,7 @@ class PrivatePrefectServer:
             "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
         }
-        if self.starts or from_cache:
+        if self.starts or from_cache or self.migrated:
             # A restart finds its schema and block types in place: skip the checks
             # (seconds of start-up on a busy machine, not part of what is tested).
             env["PREFECT_SERVER_DATABASE_MIGRATE_ON_START"] = "false"
