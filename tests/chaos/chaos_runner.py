@@ -116,13 +116,12 @@ class Rig:
         """The rig's result storage (its children's and its in-process runs')."""
         return self.workdir / "results"
 
-    def results_setting(self) -> contextlib.AbstractContextManager[Any]:
-        """This rig's result storage for the in-process runs of the current task (a
-        setting of the context, not of the process: rigs of one bench run side by
-        side)."""
-        from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
-
-        return temporary_settings(updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: self.results_dir})
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        """This rig's settings for the in-process runs of the current task: its result
+        storage, and the restartable Prefect server's API when the infra has one
+        (settings of the context, not of the process: rigs of one bench run side by
+        side, and a test's rig must leave the session's server to the others)."""
+        return _rig_settings(self.workdir, self.infra)
 
     async def settings_for(self, tag: str, retries: int) -> WorkflowSettings:
         """Workflow settings on a store tenant of its own: a sweep of the schedule
@@ -218,6 +217,19 @@ async def _start_fork_server(
     raise AssertionError("unreachable")
 
 
+def _rig_settings(workdir: Path, infra: Infra) -> contextlib.AbstractContextManager[Any]:
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+
+    updates: dict[Any, Any] = {PREFECT_RESULTS_LOCAL_STORAGE_PATH: workdir / "results"}
+    if infra.prefect is not None:
+        updates[PREFECT_API_URL] = infra.prefect.api_url
+    return temporary_settings(updates=updates)
+
+
 @contextlib.asynccontextmanager
 async def open_rig(
     child_env: dict[str, str],
@@ -236,35 +248,51 @@ async def open_rig(
     infra = infra or Infra()
     results = workdir / "results"
     results.mkdir(exist_ok=True)
+    if infra.prefect is not None:
+        child_env = {**child_env, "PREFECT_API_URL": infra.prefect.api_url}
     token = f"tok-chaos-{uuid.uuid4().hex}"
     with Emulator.running_in_thread(tokens=[token], delta_delay=0.0, log_requests=False) as emu:
         fork = await _start_fork_server(
             env_for_children({**child_env, **FAST_ENV}, payments.url), workdir, warm, results
         )
         try:
-            block = f"chaos-coder-{uuid.uuid4().hex[:8]}"
-            await CoderCredentials(
-                base_url=emu.base_url,
-                organization_id=uuid.UUID(emu.organization_id),
-                token=SecretStr(token),
-                request_timeout=5.0,
-                # A crashed attempt is followed (not cut short and resubmitted)
-                # only within its turn deadline; a loaded 2-core machine took
-                # 24-28 s for a first child run, past 20 s, and the resubmission
-                # then repeated a charge. Still well inside PHASE_LIMIT_S.
-                turn_timeout=40.0,
-            ).save(block, overwrite=True)
-            rig = Rig(emu, payments, fork, block, infra.store_url(workdir), infra, workdir, name)
-            rig.deployment_id = await _deployment()
-            names = sorted(TEMPLATES)
-            settings = await rig.settings_for("calibrate", 0)
-            calibrate = f"chaos-calibrate-{uuid.uuid4().hex[:6]}"
-            with rig.results_setting():
-                answers = await run_workflow(calibrate, steps_of(names), settings)
-            rig.expected_text = {n: r.text for n, r in zip(names, answers, strict=True)}
+            with _rig_settings(workdir, infra):  # left before the yield: one task's context
+                rig = await _set_up(emu, payments, fork, infra, workdir, name, token)
             yield rig
         finally:
             await fork.stop()
+
+
+async def _set_up(
+    emu: Emulator,
+    payments: Payments,
+    fork: ForkServer,
+    infra: Infra,
+    workdir: Path,
+    name: str,
+    token: str,
+) -> Rig:
+    """The rig's blocks and deployment, and the fault-free text of every catalog step."""
+    block = f"chaos-coder-{uuid.uuid4().hex[:8]}"
+    await CoderCredentials(
+        base_url=emu.base_url,
+        organization_id=uuid.UUID(emu.organization_id),
+        token=SecretStr(token),
+        request_timeout=5.0,
+        # A crashed attempt is followed (not cut short and resubmitted)
+        # only within its turn deadline; a loaded 2-core machine took
+        # 24-28 s for a first child run, past 20 s, and the resubmission
+        # then repeated a charge. Still well inside PHASE_LIMIT_S.
+        turn_timeout=40.0,
+    ).save(block, overwrite=True)
+    rig = Rig(emu, payments, fork, block, infra.store_url(workdir), infra, workdir, name)
+    rig.deployment_id = await _deployment()
+    names = sorted(TEMPLATES)
+    settings = await rig.settings_for("calibrate", 0)
+    calibrate = f"chaos-calibrate-{uuid.uuid4().hex[:6]}"
+    answers = await run_workflow(calibrate, steps_of(names), settings)
+    rig.expected_text = {n: r.text for n, r in zip(names, answers, strict=True)}
+    return rig
 
 
 async def _deployment() -> uuid.UUID:
@@ -531,7 +559,7 @@ async def _run_phase(
 
 async def run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     """Run ``schedule``, recover to the end, check every invariant."""
-    with rig.results_setting():
+    with rig.context():
         return await _run_schedule(rig, schedule)
 
 

@@ -17,7 +17,8 @@ from warm_python import WarmPython
 
 HERE = Path(__file__).resolve().parent
 RECOVERY = HERE.parent / "recovery"
-for _p in (str(HERE), str(RECOVERY)):
+FAULTS = HERE.parent / "faults"  # the dependency faults' helpers (chaos_infra)
+for _p in (str(HERE), str(RECOVERY), str(FAULTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

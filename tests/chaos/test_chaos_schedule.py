@@ -1,19 +1,23 @@
 """The schedule generator (pure): a seed is the same schedule every time, and each
-lifecycle dimension of issue 29 has the shape the runner relies on."""
+lifecycle dimension of issue 29 has the shape the runner relies on, and the
+dependency faults of issue 30 fit the store and leave the other draws alone."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from chaos_schedule import (
     APPROVAL_POINTS,
     FIRST_STEP_POINTS,
+    INFRA_FAULTS,
     LIFECYCLES,
     RECOVERY_RUN_POINTS,
     RESUMED_POINTS,
     START_POINT,
     Schedule,
+    Timed,
     make_schedule,
 )
 
@@ -98,3 +102,45 @@ def test_approval_runs_deployment_runs_then_a_decision() -> None:
     assert second  # a second run started beside the first occurs
     points = {make_schedule(s, "approval").phases[0].crash_at for s in SEEDS}
     assert {"", "approval.before_suspend:1", "approval.suspended:1", START_POINT} <= points
+
+
+def _infra(sch: Schedule) -> list[Timed]:
+    return [t for p in sch.phases for t in p.timed if t.infra]
+
+
+def test_dependency_faults_leave_the_other_draws_alone() -> None:
+    """With a store named, a seed keeps every other event it had (issue 30: the
+    dependency faults come from a stream of their own) and only gains timed faults."""
+    for seed in SEEDS:
+        base = make_schedule(seed)
+        for store in INFRA_FAULTS:
+            sch = make_schedule(seed, store=store, prefect_restart=True)
+            assert (sch.templates, sch.retries, sch.lifecycle) == (
+                base.templates,
+                base.retries,
+                base.lifecycle,
+            )
+            assert len(sch.phases) == len(base.phases)
+            for p, q in zip(sch.phases, base.phases, strict=True):
+                assert [t for t in p.timed if not t.infra] == list(q.timed)
+                assert replace(p, timed=q.timed) == q
+        assert not _infra(base)
+
+
+def test_dependency_faults_fit_the_store_and_the_server() -> None:
+    drawn: dict[str, Counter[str]] = {}
+    for store, kinds in INFRA_FAULTS.items():
+        seen: Counter[str] = Counter()
+        for seed in SEEDS:
+            for t in _infra(make_schedule(seed, store=store, prefect_restart=True)):
+                assert t.action in kinds and t.downtime in kinds[t.action][1], t
+                seen[t.action] += 1
+            no_restart = make_schedule(seed, store=store, prefect_restart=False)
+            assert all(t.action != "prefect-restart" for t in _infra(no_restart))
+        assert set(seen) == set(kinds), seen  # every kind occurs in a long run
+        drawn[store] = seen
+    assert "store-lock" not in drawn["pg"] and "store-restart" not in drawn["sqlite"]
+    with_faults = sum(bool(_infra(make_schedule(s, store="pg"))) for s in SEEDS)
+    assert 0.45 * len(SEEDS) < with_faults < 0.75 * len(SEEDS), with_faults
+    with pytest.raises(ValueError):
+        make_schedule(1, store="mysql")

@@ -1,0 +1,151 @@
+"""Chaos schedules with faults of our own dependencies (issue 30): the state store
+(PostgreSQL restarted, its connections terminated; SQLite's write lock held by a
+stopped process), the Prefect API (restarted) and result storage (unwritable for a
+while), each beside a workflow run that is killed or not, then recovery to the end;
+every invariant of ``chaos_invariants`` must hold. ``bench/chaos.py --store pg`` and
+``--store sqlite`` draw these faults on hundreds of seeds (docs/chaos.md).
+
+Fixed schedules, not seeds: each test names the fault it is about and asserts that
+the fault really ran during the schedule (its line in the phase's report), so that
+none of them passes without its fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from chaos_infra import Infra
+from chaos_runner import Rig, open_rig, process_env, run_schedule
+from chaos_schedule import Phase, Schedule, Timed
+from faults_pg import PrivateCluster
+from payments import running_payments
+from prefect_server_proc import PrivatePrefectServer
+from recovery_env import PrefectEnv
+
+
+def _schedule(seed: int, templates: tuple[str, ...], retries: int, *phases: Phase) -> Schedule:
+    return Schedule(seed, templates, retries, phases)
+
+
+def _ran(outcome: Any, phase: int, what: str) -> None:
+    assert what in outcome.phases[phase], f"the fault did not run:\n{outcome.report()}"
+
+
+@pytest.fixture(scope="module")
+def pg_cluster() -> Iterator[PrivateCluster]:
+    cluster = PrivateCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def private_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePrefectServer]:
+    """A Prefect server of this module's own, which its schedules restart (the
+    session's must never go down)."""
+    server = PrivatePrefectServer(tmp_path_factory.mktemp("chaos-prefect"))
+    server.start()
+    try:
+        yield server
+    finally:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)  # its log worker's last batch, while it is up
+        server.close()
+
+
+@pytest.fixture(scope="module")
+async def pg_rig(
+    pg_cluster: PrivateCluster,
+    private_prefect: PrivatePrefectServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Rig]:
+    """A rig on a PostgreSQL store and a Prefect server both of which may be faulted;
+    its crash children fork from a warm process of its own (another API URL)."""
+    workdir = tmp_path_factory.mktemp("chaos-infra-pg")
+    infra = Infra("pg", pg=pg_cluster, prefect=private_prefect)
+    env = PrefectEnv(private_prefect.api_url, workdir / "results")
+    with running_payments() as payments, process_env(payments):
+        async with open_rig(env.child_env(), workdir, payments, infra=infra, name="pg") as r:
+            yield r
+
+
+#: A SQLite store's write lock taken by another process 0.3 s into a workflow run and
+#: held 12 s (the process SIGSTOPped): past the store's own 10 s wait and its retries,
+#: so a write of the run fails, transiently — the task retries, or the run fails and
+#: the rerun goes on in the same chat once the lock is gone; the chat is never
+#: archived for it.
+LOCK_HELD = _schedule(
+    9101,
+    ("rounds", "deposit"),
+    1,
+    Phase("child", timed=(Timed(0.3, "store-lock", 12.0),)),
+    Phase("recover"),
+)
+
+#: The result storage refuses new files for 4 s from 0.2 s into a run: a step whose
+#: result cannot be written fails retryably (never a silent Completed); the rerun
+#: stores it, from the chat, without a second charge.
+RESULTS_UNWRITABLE = _schedule(
+    9102,
+    ("deposit", "rest"),
+    0,
+    Phase("child", timed=(Timed(0.2, "results-unwritable", 4.0),)),
+    Phase("recover"),
+)
+
+
+async def test_sqlite_store_locked_by_a_stopped_process(rig: Rig) -> None:
+    outcome = await run_schedule(rig, LOCK_HELD)
+    print(outcome.report())
+    _ran(outcome, 0, "store write lock held 12 s")
+    assert outcome.ok, "\n" + outcome.report()
+
+
+async def test_result_storage_unwritable_for_a_while(rig: Rig) -> None:
+    outcome = await run_schedule(rig, RESULTS_UNWRITABLE)
+    print(outcome.report())
+    _ran(outcome, 0, "result storage unwritable 4 s")
+    assert outcome.ok, "\n" + outcome.report()
+
+
+#: PostgreSQL restarted (down 1 s) 0.4 s into a run, then every connection of the
+#: store terminated at the start of the recovery: every pooled connection of both
+#: processes is dead once.
+PG_RESTARTED = _schedule(
+    9201,
+    ("think", "deposit"),
+    0,
+    Phase("child", timed=(Timed(0.4, "store-restart", 1.0),)),
+    Phase("recover", timed=(Timed(0.05, "store-drop-conns"),)),
+)
+
+#: The Prefect API SIGKILLed and restarted (down 1 s) while a run that will be killed
+#: after its first charge starts, and again (down 0 s) during the recovery.
+PREFECT_RESTARTED = _schedule(
+    9202,
+    ("rounds", "rest"),
+    1,
+    Phase("child", crash_at="tool.after_effect:1", timed=(Timed(0.1, "prefect-restart", 1.0),)),
+    Phase("recover", timed=(Timed(0.05, "prefect-restart", 0.0),)),
+)
+
+
+async def test_postgresql_store_restarted_and_its_connections_terminated(pg_rig: Rig) -> None:
+    outcome = await run_schedule(pg_rig, PG_RESTARTED)
+    print(outcome.report())
+    _ran(outcome, 0, "store restarted (down 1 s)")
+    _ran(outcome, 1, "store connections terminated")
+    assert outcome.ok, "\n" + outcome.report()
+
+
+async def test_prefect_api_restarted_during_a_run_and_its_recovery(pg_rig: Rig) -> None:
+    outcome = await run_schedule(pg_rig, PREFECT_RESTARTED)
+    print(outcome.report())
+    _ran(outcome, 0, "Prefect API restarted (down 1 s")
+    _ran(outcome, 1, "Prefect API restarted (down 0 s")
+    assert outcome.ok, "\n" + outcome.report()
