@@ -52,10 +52,20 @@ def private_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Privat
     try:
         yield server
     finally:
-        from prefect.logging.handlers import APILogWorker
-
-        APILogWorker.drain_all(timeout=10)  # its log worker's last batch, while it is up
         server.close()
+
+
+def _rebind_prefect_workers() -> None:
+    """Send what Prefect's process-wide event and log workers hold and stop them: the
+    next ones start bound to the server current then. The events worker is one per
+    process, bound to the API of the moment it started: left bound to the session's
+    server, it looked this rig's runs up there (404: events dropped); left bound to this
+    module's server, the later tests of this process would lose theirs."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    EventsWorker.drain_all(timeout=10, at_exit=False)
+    APILogWorker.drain_all(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +79,13 @@ async def pg_rig(
     workdir = tmp_path_factory.mktemp("chaos-infra-pg")
     infra = Infra("pg", pg=pg_cluster, prefect=private_prefect)
     env = PrefectEnv(private_prefect.api_url, workdir / "results")
-    with running_payments() as payments, process_env(payments):
-        async with open_rig(env.child_env(), workdir, payments, infra=infra, name="pg") as r:
-            yield r
+    _rebind_prefect_workers()
+    try:
+        with running_payments() as payments, process_env(payments):
+            async with open_rig(env.child_env(), workdir, payments, infra=infra, name="pg") as r:
+                yield r
+    finally:
+        _rebind_prefect_workers()
 
 
 #: A SQLite store's write lock taken by another process 0.3 s into a workflow run and
