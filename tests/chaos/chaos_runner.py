@@ -21,11 +21,13 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import httpx
 from chaos_infra import Infra
 from chaos_invariants import LIVE, Evidence, Violation, check
 from chaos_schedule import APPROVAL_STEP, TEMPLATES, Phase, Schedule, SweepRun, Timed
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
     from warm_python import WarmPython
 
 __all__ = ["Outcome", "Rig", "open_rig", "process_env", "run_schedule"]
+
+T = TypeVar("T")
 
 #: Short recovery constants (production: 1 s poll, horizon = request timeout).
 FAST_ENV = {"PREFECT_CODER_SETTLE_POLL_S": "0.05", "PREFECT_CODER_COMMIT_HORIZON_S": "1.0"}
@@ -353,6 +357,25 @@ class RunBook:
                 await client.set_flow_run_state(run_id, Crashed(message="chaos: SIGKILLed"))
 
 
+async def _api(rig: Rig, call: Callable[[], Awaitable[T]]) -> T:
+    """A request of the harness to the Prefect API — what the reconciler or a person
+    does around the workflow's runs (start a run, mark a killed one Crashed, approve),
+    and they try again: retried while a fault of a schedule (this rig's or another's)
+    has the server down. Prefect's client does not retry a refused connection on a
+    client that never connected."""
+    for attempt in range(1, 61):
+        await rig.infra.quiet()
+        try:
+            return await call()
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+                raise
+            if attempt == 60:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 def _workflow_chats(emu: Emulator, workflow_id: str) -> list[dict[str, Any]]:
     want = label_value(workflow_id)
     return [c for c in emu.chats() if (c.get("labels") or {}).get(LABEL_WORKFLOW) == want]
@@ -434,14 +457,14 @@ async def _child(
     run_id = None
     if phase.flow == "deployment":
         assert book is not None
-        run_id = await book.start(rig)
+        run_id = await _api(rig, lambda: book.start(rig))
         spec["flow_run_id"] = str(run_id)
     try:
         rc: int | None = await rig.fork.run(crash_at, json.dumps(spec), limit_s=PHASE_LIMIT_S)
     except TimeoutError:
         rc = None
     if run_id is not None and book is not None and rc in (-9, None):
-        await book.mark_crashed(run_id)
+        await _api(rig, lambda: book.mark_crashed(run_id))
     return rc
 
 
@@ -464,7 +487,7 @@ async def _decide(
 
     notes = []
     found: list[Violation] = []
-    states = await book.states()
+    states = await _api(rig, book.states)
     waiting = [r for r, name in states.items() if name in ("Suspended", "Paused")]
     for _ in range(RERUNS_TO_SUSPEND):
         if waiting:
@@ -473,7 +496,7 @@ async def _decide(
         # reconciler starts after a crash or a resumable failure, up to its bound.
         new = await _child(rig, Phase("child", flow="deployment"), "", spec, book)
         notes.append(f"no run waited: a new run {RC_WHAT.get(new, new)}")
-        states = await book.states()
+        states = await _api(rig, book.states)
         waiting = [r for r, name in states.items() if name in ("Suspended", "Paused")]
     for s in phase.sweeps:
         notes.append(await _sweep(s, settings))
@@ -490,7 +513,7 @@ async def _decide(
     rc: int | None = 0
     cuts = 0
     for i, run_id in enumerate(waiting):
-        await aresume_flow_run(run_id, run_input={"decision": "approve"})
+        await _api(rig, partial(aresume_flow_run, run_id, run_input={"decision": "approve"}))
         crash_at = phase.crash_at if i == 0 else ""
         spec_run = {**spec, "flow": "deployment", "flow_run_id": str(run_id)}
         try:
@@ -498,7 +521,7 @@ async def _decide(
         except TimeoutError:
             rc = None
         if rc in (-9, None):
-            await book.mark_crashed(run_id)
+            await _api(rig, partial(book.mark_crashed, run_id))
         notes.append(f"resumed run {i + 1} of {len(waiting)} {RC_WHAT.get(rc, f'rc {rc}')}")
         if i < len(waiting) - 1 and rc not in (0, 4) and _any_live(rig.emu, workflow_id):
             cuts += 1  # counted here: the phase counts only its last run's
@@ -586,7 +609,7 @@ async def _run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     since = time.monotonic()  # the emulator's event clock (same process)
     workflow_id = f"chaos-{schedule.seed}-{uuid.uuid4().hex[:6]}"
     steps = steps_of(schedule.templates, approval=schedule.approval)
-    settings = await rig.settings_for(str(schedule.seed), schedule.retries)
+    settings = await _api(rig, lambda: rig.settings_for(str(schedule.seed), schedule.retries))
     spec: dict[str, Any] = {
         "workflow_id": workflow_id,
         "steps": _STEPS.dump_python(steps, mode="json"),

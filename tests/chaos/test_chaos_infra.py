@@ -12,6 +12,7 @@ none of them passes without its fault.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ def private_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Privat
         server.close()
 
 
-def _rebind_prefect_workers() -> None:
+async def _rebind_prefect_workers() -> None:
     """Send what Prefect's process-wide event and log workers hold and stop them: the
     next ones start bound to the server current then. The events worker is one per
     process, bound to the API of the moment it started: left bound to the session's
@@ -64,8 +65,13 @@ def _rebind_prefect_workers() -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    EventsWorker.drain_all(timeout=10, at_exit=False)
-    APILogWorker.drain_all(timeout=10)
+    # (from a running event loop these return an awaitable)
+    for drained in (
+        EventsWorker.drain_all(timeout=10, at_exit=False),
+        APILogWorker.drain_all(timeout=10),
+    ):
+        if inspect.isawaitable(drained):
+            await drained
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +85,13 @@ async def pg_rig(
     workdir = tmp_path_factory.mktemp("chaos-infra-pg")
     infra = Infra("pg", pg=pg_cluster, prefect=private_prefect)
     env = PrefectEnv(private_prefect.api_url, workdir / "results")
-    _rebind_prefect_workers()
+    await _rebind_prefect_workers()
     try:
         with running_payments() as payments, process_env(payments):
             async with open_rig(env.child_env(), workdir, payments, infra=infra, name="pg") as r:
                 yield r
     finally:
-        _rebind_prefect_workers()
+        await _rebind_prefect_workers()
 
 
 #: A SQLite store's write lock taken by another process 0.3 s into a workflow run and
