@@ -20,7 +20,7 @@ import pytest
 from chaos_infra import Infra
 from chaos_runner import Rig, open_rig, process_env, run_schedule
 from chaos_schedule import Phase, Schedule, Timed
-from faults_pg import PrivateCluster
+from faults_pg import PrivateCluster, running_cluster
 from payments import running_payments
 from prefect_server_proc import PrivatePrefectServer
 from recovery_env import PrefectEnv
@@ -36,12 +36,8 @@ def _ran(outcome: Any, phase: int, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def pg_cluster() -> Iterator[PrivateCluster]:
-    cluster = PrivateCluster()
-    cluster.start()
-    try:
+    with running_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from faults_pg import PrivateCluster  # noqa: E402
+from faults_pg import PrivateCluster, running_cluster  # noqa: E402
 from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings  # noqa: E402
 from unwritable import make_writable  # noqa: E402
 
@@ -23,12 +23,8 @@ from unwritable import make_writable  # noqa: E402
 def pg_cluster() -> Iterator[PrivateCluster]:
     """A cluster of this module's own (never the session's shared one): restarted by
     the tests; each test gets it running (:meth:`PrivateCluster.start` if stopped)."""
-    cluster = PrivateCluster()
-    cluster.start()
-    try:
+    with running_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture

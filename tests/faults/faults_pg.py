@@ -16,6 +16,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _RUN = {"check": True, "capture_output": True, "text": True, "timeout": 60}
@@ -95,3 +97,14 @@ class PrivateCluster:
         finally:
             self.running = False
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def running_cluster() -> Iterator[PrivateCluster]:
+    """A started :class:`PrivateCluster`, closed (and deleted) afterwards."""
+    cluster = PrivateCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()

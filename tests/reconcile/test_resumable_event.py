@@ -36,7 +36,7 @@ from fanout_env import (
     undeploy,
     until,
 )
-from faults_pg import PrivateCluster
+from faults_pg import PrivateCluster, running_cluster
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
@@ -54,12 +54,8 @@ STEPS = ("one", "two", "three")
 
 @pytest.fixture
 def private_pg() -> Iterator[PrivateCluster]:
-    cluster = PrivateCluster()
-    cluster.start()
-    try:
+    with running_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 async def test_a_run_failed_by_a_store_outage_is_rerun_on_its_event_when_the_mark_is_lost(

@@ -1,0 +1,155 @@
+"""A step whose send's response was lost, recovered by a follow whose stream cannot be
+dialed while the attempt finishes on the server (chaos seed 519).
+
+The window: the first run's ``POST /messages`` of step ``pay`` lands but its response
+is lost; the run fails and leaves the attempt live (it pauses on its charge). The
+rerun's recovery answers the pause through the ledger and follows the revived run,
+but every stream dial is refused, so the follow fails (``CoderStreamError``, its
+redials exhausted) — while the run, its tool result submitted, finishes on the
+server. Two things went wrong there:
+
+* the follower's teardown fired a best-effort interrupt in the background, and
+  recovery took the attempt for cut short without knowing whether that interrupt
+  ever reached a live run: the FINISHED attempt was resubmitted;
+* that background interrupt (its journaling first: a store read, a history read, a
+  store write) was still on its way when the turn sent the step again, and it
+  stopped the NEW attempt: the turn returned the interrupted attempt's partial
+  text as the step's answer (``'Charg'``).
+
+Reproduced with the emulator's fault API, no timing: ``refuse_upgrades`` fails the
+follow's five dials, ``hold_commit`` holds any interrupt of the chat until the test
+releases it — once the step was sent again and its turn streams its first words and
+sleeps (a scripted ``sleep`` the test ends). Fixed: the durable turn's follower
+leaves the run alone when its follow fails (no interrupt from its teardown), and
+recovery settles again: the finished attempt is followed to its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from crash_matrix import STEPS, directive, run_workflow, workflow_chat
+from payments import Payments
+from test_crash_followups import _interrupts, _transcript, _user_turns, assert_finished_once
+
+from coder_chat.emulator import Emulator
+from prefect_coder.flows.common.params import Step, WorkflowSettings, step_marker
+
+#: What an interrupted attempt of ``pay`` commits: its first words, streamed before
+#: the sleep.
+PARTIAL = "Charg"
+#: ``pay``: its first words, a sleep the test ends, the rest, then a charge.
+PAY = Step(
+    name="pay",
+    prompt="Charge the rest."
+    + directive(
+        {
+            "steps": [
+                {
+                    "parts": [
+                        {"type": "text", "text": PARTIAL},
+                        {"type": "sleep", "seconds": 60},
+                        {"type": "text", "text": "ing the rest now."},
+                        {
+                            "type": "client_tool",
+                            "name": "charge_card",
+                            "args": {"amount_cents": 250},
+                        },
+                    ]
+                }
+            ]
+        }
+    ),
+    tools=["charge_card"],
+)
+#: The releasing request of the held interrupt: a route nothing else here calls.
+RELEASE_PATH = "/api/v2/buildinfo"
+
+
+async def _until(what: str, pred: Any, bound: float = 60.0) -> None:
+    deadline = time.monotonic() + bound
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def _fault_seen(emu: Emulator, name: str, mark: int) -> bool:
+    return any(
+        e["kind"] == "fault" and e["details"].get("fault") == name for e in emu.event_log()[mark:]
+    )
+
+
+async def test_a_finished_attempt_whose_follow_lost_its_stream_is_recovered_not_resent(
+    settings: WorkflowSettings,
+    workflow_id: str,
+    emu: Emulator,
+    payments: Payments,
+) -> None:
+    steps = [STEPS[0], PAY]
+    marker = step_marker(workflow_id, "pay")
+    # plan creates the chat (POST /chats); pay's POST /messages lands, its response is
+    # lost: the run fails and leaves the attempt live.
+    emu.faults.drop_response(1, method="POST", path="/messages")
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the transient failure, whatever its type
+            await run_workflow(workflow_id, steps, settings)
+    finally:
+        emu.faults.clear()
+    chat = await workflow_chat(emu, workflow_id)
+    assert _interrupts(emu, chat) == 0, _transcript(emu, chat)
+
+    # The attempt goes on: past its sleep, it pauses on its charge (nobody answers).
+    def paused() -> bool:
+        emu.end_sleeps(chat)
+        return bool(emu.chat(chat)["status"] == "requires_action")
+
+    await _until("the attempt to pause on its charge", paused)
+
+    # The rerun: recovery answers the pause through the ledger and follows the revived
+    # run, whose five stream dials are refused; any interrupt of the chat is held.
+    emu.faults.refuse_upgrades(503, count=5, chat_id=chat)
+    emu.faults.hold_commit(
+        method="POST",
+        path=f"/chats/{chat}/interrupt",
+        until_method="GET",
+        until_path=RELEASE_PATH,
+        max_seconds=60.0,
+    )
+    mark = len(emu.event_log())
+    rerun = asyncio.create_task(run_workflow(workflow_id, steps, settings))
+    try:
+        # Either the rerun ends, or an interrupt is held while the step was sent again
+        # and its new turn streamed its first words and sleeps: release the interrupt
+        # onto that turn (the order the chaos run met by timing).
+        def resent_under_held_interrupt() -> bool:
+            return (
+                _fault_seen(emu, "hold_commit", mark)
+                and len(_user_turns(emu, chat, marker)) == 2
+                and bool(emu.chat(chat)["sleeping"])
+            )
+
+        await _until(
+            "the rerun's end or a resend", lambda: rerun.done() or resent_under_held_interrupt()
+        )
+        if not rerun.done():
+            async with httpx.AsyncClient(base_url=emu.base_url) as raw:
+                await raw.get(RELEASE_PATH)
+        results = await rerun
+    finally:
+        emu.faults.clear()
+        emu.end_sleeps(chat)
+        if not rerun.done():
+            rerun.cancel()
+    transcript = "\n".join(_transcript(emu, chat))
+    # Never the interrupted attempt's partial text as the step's answer ...
+    assert results[1].text != PARTIAL, transcript
+    # ... but the finished attempt's: its charge's result.
+    assert results[1].text.startswith("Results: charge_card"), (results[1].text, transcript)
+    assert [c.name for c in results[1].tool_calls] == ["charge_card"], transcript
+    # The finished attempt was not sent again, nothing was interrupted, and plan's and
+    # pay's charges each applied once under their own call id's key.
+    await assert_finished_once(emu, payments, chat, marker, calls=2)
