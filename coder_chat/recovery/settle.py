@@ -22,6 +22,7 @@ from coder_chat.core.recovery import (
 )
 from coder_chat.errors import (
     CoderAgentError,
+    CoderError,
     CoderRecoveryError,
     CoderStreamError,
     CoderTransportError,
@@ -36,6 +37,13 @@ __all__ = ["TurnRecovery"]
 
 #: Re-follows of a live attempt after transient follow failures, per recovery pass.
 _MAX_REFOLLOWS = 3
+
+
+def _own_deadline(exc: BaseException) -> bool:
+    """The follow ran out of its own time (the attempt's turn deadline): the run did not
+    settle within it. A request's timeout (``CoderTimeoutError``) is a transport
+    failure, not this."""
+    return isinstance(exc, TimeoutError) and not isinstance(exc, CoderError)
 
 
 class TurnRecovery(Reconcile, ResultCheck):
@@ -305,6 +313,14 @@ class TurnRecovery(Reconcile, ResultCheck):
             f"under recovery's reads) for {self.timings.max_rounds} rounds"
         )
 
+    async def _follower_quiet(self) -> None:
+        """Wait (bounded) for the follower's background requests — the best-effort
+        interrupt a failed follow's teardown fired — when it has any
+        (:meth:`coder_chat.agent.CoderAgent.wait_background`)."""
+        wait = getattr(self.follower, "wait_background", None)
+        if wait is not None:
+            await wait(self.timings.probe_bound)
+
     async def follow(self, settled: SettleResult) -> RecoveryOutcome | None:
         """Re-attach to the crashed attempt's live run and follow it to its settle.
 
@@ -314,8 +330,13 @@ class TurnRecovery(Reconcile, ResultCheck):
         returned. ``None``: settle again the ordinary way — there was no turn
         to follow after all, or a failed follow left the chat paused on tools
         (reconciled, never interrupted away). When the follow ends before the
-        run settles (its turn deadline, a stream failure) the attempt is cut
-        short: journaled "cut-short", stopped, and resubmitted.
+        run settles the attempt is cut short — journaled "cut-short", stopped,
+        and resubmitted — if the follow's own deadline passed or the follower's
+        teardown interrupted the run; a follower that left the run alone
+        (``left_run_live``: a transient failure, or a durable turn's follower
+        after any failure) is settled again instead, so an attempt that
+        finished meanwhile is recovered, never sent again (chaos seed 519).
+        Either way the follower's background requests end first.
         """
         assert self.follower is not None and settled.follow_s is not None
         self._mark(f"follow begins (≤ {settled.follow_s:.1f}s)")
@@ -333,21 +354,34 @@ class TurnRecovery(Reconcile, ResultCheck):
             OSError,
         ) as exc:
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
-            if getattr(self.follower, "left_run_live", None) is not None:
-                # A transient failure (e.g. a tool-results POST that landed but whose
-                # response was lost) and the follower fired no interrupt: the run is
-                # still this attempt's own. Cutting it short now would let the
-                # resubmitted step repeat its committed calls under new ids; settle
-                # and follow it again (a few times), else leave it for a later pass.
+            # An interrupt the follower's teardown fired runs in its background: let it
+            # end before anything is read, stopped or sent again. Still on its way, it
+            # stopped the step's NEXT attempt (chaos seed 519: that attempt's first
+            # words were returned as the step's answer).
+            await self._follower_quiet()
+            left_alone = getattr(self.follower, "left_run_live", None) is not None
+            if left_alone and not _own_deadline(exc):
+                # The follower fired no interrupt (a transient failure — a tool-results
+                # POST that landed but whose response was lost — or a durable turn's
+                # follower, which leaves every failure to recovery): the run is as the
+                # failure found it, maybe finished meanwhile (a lost stream says nothing
+                # of the run). Cutting it short now would resubmit a finished attempt, or
+                # let the resubmitted step repeat its committed calls under new ids;
+                # settle and follow it again (a few times), else leave it for a later
+                # pass. Settling again recovers a finished one.
                 self._refollows += 1
                 if self._refollows > _MAX_REFOLLOWS:
                     self._decide("follow", why, "raise", "the run stays live for a later pass")
                     raise
-                self._decide("follow", why, "settle again", "transient: the run was left live")
+                self._decide(
+                    "follow", why, "settle again", "the follower left the run alone (no interrupt)"
+                )
                 return None
-            # The follower's teardown already fired a best-effort interrupt (as the
-            # dead generate() would have): the attempt is cut short. Journal that
-            # before bringing the chat to rest, so no later pass trusts a 409.
+            # The follow's own deadline passed, or the follower's teardown fired a
+            # best-effort interrupt (as the dead generate() would have): the attempt is
+            # cut short. Journal that before bringing the chat to rest (recovery's own
+            # interrupt of a run the follower left alone comes after it), so no later
+            # pass trusts a 409.
             self._follow_off = True
             await self._journal("cut-short", settled.attempts)
             try:

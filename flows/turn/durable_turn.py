@@ -107,6 +107,7 @@ from prefect_coder.flows.turn.decide import (
     after_sends,
     decide,
 )
+from prefect_coder.flows.turn.follower import FollowGate, RecoveryFollower
 
 __all__ = [
     "execute_turn",
@@ -451,6 +452,8 @@ class _TurnActs:
     earlier: frozenset[str] | None
     #: What the last ``store.turns.begin`` read and wrote: the journal recovery starts from.
     start: TurnStart
+    #: Closed while recovery follows with the agent: its interrupts are recovery's.
+    gate: FollowGate
 
     async def recover(self, s: TurnSnapshot, action: Recover) -> TurnSnapshot:
         """Recover: an earlier attempt on the chat followed, read back or resubmitted."""
@@ -465,7 +468,10 @@ class _TurnActs:
             timings=self.timings,
             known_failure=self.known_failure,
             artifacts=self.settings.artifacts,
-            follower=self.agent,
+            # A failed follow leaves the run to recovery, which stops it (journaled
+            # first) or finds it finished — never the agent's blind background interrupt,
+            # which could land on the step's next send (chaos seed 519).
+            follower=RecoveryFollower(self.agent, self.gate, wait_s=self.timings.probe_bound),
             entry=self.start.journal,
             journaled=self.start.journaled,
             replaced=self.start.replaced,
@@ -593,7 +599,12 @@ async def _turn_under_lease(
     # (docs/performance.md, round 11b).
     client = shared if shared is not None else creds.get_client(on_transport_event=hook)
 
+    # While recovery follows an earlier attempt with this agent, the agent's interrupts
+    # are recovery's to send (flows/turn/follower.py, chaos seed 519).
+    gate = FollowGate()
+
     async def journal_before_interrupt(cid: str) -> None:
+        gate.check(cid)
         await journal_cut_short(client, store, cid)
 
     async def still_ours(_cid: str | None) -> None:
@@ -675,6 +686,7 @@ async def _turn_under_lease(
         known_failure=retry_reason is not None,
         earlier=resources.earlier_steps,
         start=start,
+        gate=gate,
     )
     try:
         t_recovery = time.perf_counter()
