@@ -127,11 +127,17 @@ class Rig:
         side, and a test's rig must leave the session's server to the others)."""
         return _rig_settings(self.workdir, self.infra)
 
-    async def settings_for(self, tag: str, retries: int) -> WorkflowSettings:
+    async def settings_for(
+        self, tag: str, retries: int, store_wait: tuple[float, float] | None = None
+    ) -> WorkflowSettings:
         """Workflow settings on a store tenant of its own: a sweep of the schedule
-        sees only the schedule's chats."""
+        sees only the schedule's chats. ``store_wait``: the store block's
+        ``(connect_timeout, transient_retry_s)`` (None: its defaults)."""
         tenant = f"chaos-{tag}-{uuid.uuid4().hex[:8]}"
-        await ChatStateStore(url=self.state_url, tenant=tenant).save(tenant, overwrite=True)
+        store = ChatStateStore(url=self.state_url, tenant=tenant)
+        if store_wait is not None:
+            store.connect_timeout, store.transient_retry_s = store_wait
+        await store.save(tenant, overwrite=True)
         return crash_settings(self.credentials_block, tenant, retries=retries)
 
 
@@ -609,7 +615,9 @@ async def _run_schedule(rig: Rig, schedule: Schedule) -> Outcome:
     since = time.monotonic()  # the emulator's event clock (same process)
     workflow_id = f"chaos-{schedule.seed}-{uuid.uuid4().hex[:6]}"
     steps = steps_of(schedule.templates, approval=schedule.approval)
-    settings = await _api(rig, lambda: rig.settings_for(str(schedule.seed), schedule.retries))
+    settings = await _api(
+        rig, lambda: rig.settings_for(str(schedule.seed), schedule.retries, schedule.store_wait)
+    )
     spec: dict[str, Any] = {
         "workflow_id": workflow_id,
         "steps": _STEPS.dump_python(steps, mode="json"),

@@ -51,6 +51,7 @@ __all__ = [
     "APPROVAL_STEP",
     "INFRA_FAULTS",
     "LIFECYCLES",
+    "SHORT_STORE_WAIT",
     "TEMPLATES",
     "Fault",
     "Phase",
@@ -230,6 +231,12 @@ INFRA_FAULTS: dict[str, dict[str, tuple[int, tuple[float, ...]]]] = {
 }
 #: The share of schedules with dependency faults (when a store is named).
 INFRA_P = 0.6
+#: Half the schedules with a dependency fault give their store little patience
+#: (``connect_timeout`` 2 s, ``transient_retry_s`` 3 s): with the defaults the store
+#: rides out every drawn fault itself; with these a lock or an outage of a few
+#: seconds exhausts its retries, and the step fails transiently — the path of task
+#: retries, a failed run with its chat kept live, and the rerun.
+SHORT_STORE_WAIT = (2.0, 3.0)
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,9 @@ class Schedule:
     phases: tuple[Phase, ...] = field(default_factory=tuple)
     #: the lifecycle dimension ("" none, or a key of LIFECYCLES)
     lifecycle: str = ""
+    #: the store's patience, ``(connect_timeout, transient_retry_s)`` of its block;
+    #: None = the block's defaults (10 s, 20 s), which ride out every drawn fault
+    store_wait: tuple[float, float] | None = None
 
     @property
     def approval(self) -> bool:
@@ -390,7 +400,11 @@ class Schedule:
         if self.approval:
             shape.insert(1, f"({APPROVAL_STEP})")
         head = f"seed {self.seed}: steps {shape}, task retries {self.retries}"
-        lines = [head + (f", lifecycle {self.lifecycle}" if self.lifecycle else "")]
+        if self.lifecycle:
+            head += f", lifecycle {self.lifecycle}"
+        if self.store_wait:
+            head += f", store waits {self.store_wait[0]:g}+{self.store_wait[1]:g} s"
+        lines = [head]
         lines += [f"  {i + 1}. {p}" for i, p in enumerate(self.phases)]
         return "\n".join(lines)
 
@@ -490,9 +504,13 @@ def make_schedule(
         phases = _shard_runs(life, phases)
     elif lifecycle == "approval":
         phases = _approval_runs(life, phases)
+    store_wait = None
     if store is not None:
-        phases = _infra_faults(random.Random(f"infra-{seed}"), phases, store, prefect_restart)
-    return Schedule(seed, templates, retries, tuple(phases), lifecycle)
+        infra = random.Random(f"infra-{seed}")
+        phases = _infra_faults(infra, phases, store, prefect_restart)
+        if any(t.infra for p in phases for t in p.timed) and infra.random() < 0.5:
+            store_wait = SHORT_STORE_WAIT
+    return Schedule(seed, templates, retries, tuple(phases), lifecycle, store_wait)
 
 
 def _infra_faults(

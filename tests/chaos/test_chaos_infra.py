@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from chaos_infra import Infra
 from chaos_runner import Rig, open_rig, process_env, run_schedule
-from chaos_schedule import Phase, Schedule, Timed
+from chaos_schedule import SHORT_STORE_WAIT, Phase, Schedule, Timed
 from faults_pg import PrivateCluster, running_cluster
 from payments import running_payments
 from prefect_server_proc import PrivatePrefectServer
@@ -115,8 +116,16 @@ RESULTS_UNWRITABLE = _schedule(
 )
 
 
-async def test_sqlite_store_locked_by_a_stopped_process(rig: Rig) -> None:
-    outcome = await run_schedule(rig, LOCK_HELD)
+#: The same lock with a store of little patience (2 s to connect, 3 s of retries):
+#: its retries run out while the lock is held, so the step fails transiently — task
+#: retries, then a failed run whose chat stays live — and the recovery goes on in
+#: the same chat once the lock is gone.
+LOCK_PAST_PATIENCE = replace(LOCK_HELD, seed=9103, store_wait=SHORT_STORE_WAIT)
+
+
+@pytest.mark.parametrize("schedule", [LOCK_HELD, LOCK_PAST_PATIENCE], ids=["waits", "gives-up"])
+async def test_sqlite_store_locked_by_a_stopped_process(rig: Rig, schedule: Schedule) -> None:
+    outcome = await run_schedule(rig, schedule)
     print(outcome.report())
     _ran(outcome, 0, "store write lock held 12 s")
     assert outcome.ok, "\n" + outcome.report()
@@ -129,15 +138,28 @@ async def test_result_storage_unwritable_for_a_while(rig: Rig) -> None:
     assert outcome.ok, "\n" + outcome.report()
 
 
-#: PostgreSQL restarted (down 1 s) 0.4 s into a run, then every connection of the
-#: store terminated at the start of the recovery: every pooled connection of both
-#: processes is dead once.
+#: Every connection to the store terminated 0.8 s into a run (the run's own and this
+#: process's pooled ones), then PostgreSQL restarted (down 1 s) at the start of the
+#: recovery: every pooled connection of both processes is dead once.
 PG_RESTARTED = _schedule(
     9201,
     ("think", "deposit"),
     0,
-    Phase("child", timed=(Timed(0.4, "store-restart", 1.0),)),
-    Phase("recover", timed=(Timed(0.05, "store-drop-conns"),)),
+    Phase("child", timed=(Timed(0.8, "store-drop-conns"),)),
+    Phase("recover", timed=(Timed(0.05, "store-restart", 1.0),)),
+)
+
+#: PostgreSQL down 5 s, past a store of little patience: the step fails transiently
+#: and the run fails with its chat live; the recovery continues in it.
+PG_DOWN_PAST_PATIENCE = replace(
+    _schedule(
+        9203,
+        ("deposit", "rest"),
+        0,
+        Phase("child", timed=(Timed(0.4, "store-restart", 5.0),)),
+        Phase("recover"),
+    ),
+    store_wait=SHORT_STORE_WAIT,
 )
 
 #: The Prefect API SIGKILLed and restarted (down 1 s) while a run that will be killed
@@ -154,8 +176,16 @@ PREFECT_RESTARTED = _schedule(
 async def test_postgresql_store_restarted_and_its_connections_terminated(pg_rig: Rig) -> None:
     outcome = await run_schedule(pg_rig, PG_RESTARTED)
     print(outcome.report())
-    _ran(outcome, 0, "store restarted (down 1 s)")
-    _ran(outcome, 1, "store connections terminated")
+    _ran(outcome, 0, "store connections terminated")
+    assert "terminated (0)" not in outcome.phases[0], outcome.report()
+    _ran(outcome, 1, "store restarted (down 1 s)")
+    assert outcome.ok, "\n" + outcome.report()
+
+
+async def test_postgresql_store_down_past_the_stores_patience(pg_rig: Rig) -> None:
+    outcome = await run_schedule(pg_rig, PG_DOWN_PAST_PATIENCE)
+    print(outcome.report())
+    _ran(outcome, 0, "store restarted (down 5 s)")
     assert outcome.ok, "\n" + outcome.report()
 
 

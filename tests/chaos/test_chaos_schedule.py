@@ -15,6 +15,7 @@ from chaos_schedule import (
     LIFECYCLES,
     RECOVERY_RUN_POINTS,
     RESUMED_POINTS,
+    SHORT_STORE_WAIT,
     START_POINT,
     Schedule,
     Timed,
@@ -144,3 +145,19 @@ def test_dependency_faults_fit_the_store_and_the_server() -> None:
     assert 0.45 * len(SEEDS) < with_faults < 0.75 * len(SEEDS), with_faults
     with pytest.raises(ValueError):
         make_schedule(1, store="mysql")
+
+
+def test_half_the_faulted_schedules_give_the_store_little_patience() -> None:
+    """``store_wait`` (the store block's timeouts) is short only beside a dependency
+    fault, about half the time; never without a store named."""
+    faulted = [
+        sch for s in SEEDS if _infra(sch := make_schedule(s, store="pg", prefect_restart=True))
+    ]
+    short = [sch for sch in faulted if sch.store_wait == SHORT_STORE_WAIT]
+    assert 0.3 * len(faulted) < len(short) < 0.7 * len(faulted), (len(short), len(faulted))
+    for seed in SEEDS:
+        sch = make_schedule(seed, store="sqlite")
+        assert sch.store_wait in (None, SHORT_STORE_WAIT)
+        assert sch.store_wait is None or _infra(sch)
+        assert make_schedule(seed).store_wait is None
+    assert "store waits 2+3 s" in short[0].describe()
