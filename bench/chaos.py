@@ -151,30 +151,28 @@ def _restartable_prefect(suite: Any, pg_url: str, tmp: Path) -> Iterator[Any]:
         PREFECT_SERVER_ANALYTICS_ENABLED,
         temporary_settings,
     )
-    from prefect_server_proc import PrivatePrefectServer
+    from prefect_server_proc import running_prefect_server
 
     database = suite._create_database(pg_url, "chaos_prefect")
     restored = suite._restore_server_db(database)
     if restored is False:
         database = suite._create_database(pg_url, "chaos_prefect", replace=True)
-    server = PrivatePrefectServer(tmp / "prefect", database, migrated=bool(restored))
-    server.start(timeout=300)
-    try:
-        with (
-            temporary_settings(
-                updates={
-                    PREFECT_API_URL: server.api_url,
-                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-                    PREFECT_LOGGING_LEVEL: "WARNING",
-                    PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                    PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
-                }
-            ),
-            _temporary_global_settings_context(get_settings_context()),
-        ):
-            yield server
-    finally:
-        server.close()
+    with (
+        running_prefect_server(
+            tmp / "prefect", database, migrated=bool(restored), timeout=300
+        ) as server,
+        temporary_settings(
+            updates={
+                PREFECT_API_URL: server.api_url,
+                PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                PREFECT_LOGGING_LEVEL: "WARNING",
+                PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
+            }
+        ),
+        _temporary_global_settings_context(get_settings_context()),
+    ):
+        yield server
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from chaos_runner import Rig, open_rig, process_env, run_schedule
 from chaos_schedule import SHORT_STORE_WAIT, Phase, Schedule, Timed
 from faults_pg import PrivateCluster, running_cluster
 from payments import running_payments
-from prefect_server_proc import PrivatePrefectServer
+from prefect_server_proc import PrivatePrefectServer, running_prefect_server
 from recovery_env import PrefectEnv
 
 
@@ -45,12 +45,8 @@ def pg_cluster() -> Iterator[PrivateCluster]:
 def private_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePrefectServer]:
     """A Prefect server of this module's own, which its schedules restart (the
     session's must never go down)."""
-    server = PrivatePrefectServer(tmp_path_factory.mktemp("chaos-prefect"))
-    server.start()
-    try:
+    with running_prefect_server(tmp_path_factory.mktemp("chaos-prefect")) as server:
         yield server
-    finally:
-        server.close()
 
 
 async def _rebind_prefect_workers() -> None:

@@ -20,11 +20,12 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
-__all__ = ["PrivatePrefectServer"]
+__all__ = ["PrivatePrefectServer", "running_prefect_server"]
 
 
 def _free_port() -> int:
@@ -168,3 +169,16 @@ class PrivatePrefectServer:
     def close(self) -> None:
         if self.running:
             self.kill(signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_prefect_server(
+    root: Path, database_url: str | None = None, *, migrated: bool = False, timeout: float = 120.0
+) -> Iterator[PrivatePrefectServer]:
+    """A started :class:`PrivatePrefectServer` (see its arguments), closed afterwards."""
+    server = PrivatePrefectServer(root, database_url, migrated=migrated)
+    try:
+        server.start(timeout)
+        yield server
+    finally:
+        server.close()

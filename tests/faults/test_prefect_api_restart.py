@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prefect_server_proc import PrivatePrefectServer
+from prefect_server_proc import PrivatePrefectServer, running_prefect_server
 
 from coder_chat.emulator.server import Emulator
 from prefect_coder.flows.common.params import step_marker
@@ -49,12 +49,8 @@ HOLD = {"sleep": 3600}  # a step's model "thinks" until the test ends its sleep
 
 @pytest.fixture(scope="module")
 def private_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePrefectServer]:
-    server = PrivatePrefectServer(tmp_path_factory.mktemp("private-prefect"))
-    server.start()
-    try:
+    with running_prefect_server(tmp_path_factory.mktemp("private-prefect")) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
