@@ -22,6 +22,7 @@ from coder_chat.core.recovery import (
 )
 from coder_chat.errors import (
     CoderAgentError,
+    CoderChatError,
     CoderError,
     CoderRecoveryError,
     CoderStreamError,
@@ -40,9 +41,11 @@ _MAX_REFOLLOWS = 3
 
 
 def _own_deadline(exc: BaseException) -> bool:
-    """The follow ran out of its own time (the attempt's turn deadline): the run did not
-    settle within it. A request's timeout (``CoderTimeoutError``) is a transport
-    failure, not this."""
+    """The follow ran out of its own time — the attempt's turn deadline, or a segment's
+    ``request_timeout`` (as a ``generate()`` would have): the run did not settle within
+    it. A request's timeout (``CoderTimeoutError``) is a transport failure, not this."""
+    if isinstance(exc, CoderChatError):
+        return exc.kind == "timeout"
     return isinstance(exc, TimeoutError) and not isinstance(exc, CoderError)
 
 
