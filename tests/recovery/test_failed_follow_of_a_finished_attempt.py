@@ -4,7 +4,7 @@ dialed while the attempt finishes on the server (chaos seed 519).
 The window: the first run's ``POST /messages`` of step ``pay`` lands but its response
 is lost; the run fails and leaves the attempt live (it pauses on its charge). The
 rerun's recovery answers the pause through the ledger and follows the revived run,
-but every stream dial is refused, so the follow fails (``CoderStreamError``, its
+but its five stream dials are refused, so the follow fails (``CoderStreamError``, its
 redials exhausted) — while the run, its tool result submitted, finishes on the
 server. Two things went wrong there:
 
