@@ -114,7 +114,13 @@ async def test_a_run_lost_while_pending_is_adopted_crashed_and_rerun(
     assert rerun.id != run.id and "coder-reconciled" in rerun.tags, logs
     assert rerun.state is not None and rerun.state.type == StateType.COMPLETED, logs
     assert rerun.parameters == run.parameters  # all of them
-    assert record.attempts == 1 and [a for a, _ in actions] == ["mark-crashed", "recover"], actions
+    # A tick between the rerun's Completed state and its own write of the record may
+    # mark the record done itself (the same verdict, idempotent).
+    acted = [a for a, _ in actions]
+    assert record.attempts == 1 and acted in (
+        ["mark-crashed", "recover"],
+        ["mark-crashed", "recover", "done"],
+    ), actions
     counts = one_message_per_step(emu, item, STEPS)
     assert counts == {step_marker(item.workflow_id, s): 1 for s in STEPS}, counts
     assert all(c["archived"] for c in emu.chats())
