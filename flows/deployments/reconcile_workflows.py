@@ -15,8 +15,16 @@ Level-triggered liveness (issue 29; docs/reconciler.md). Each tick:
    store); or give up — a ``coder.workflow.gave-up`` event and a markdown artifact
    naming the workflow, its chat (left live, not archived) and why.
 
-Nothing to do costs three reads of the Prefect API and one of the store, and no
-write, artifact or event (docs/reconciler.md, "Cost").
+Every age is taken on the clock that stamped it (docs/reconciler.md, "Clocks"): state
+ages, pause deadlines, heartbeat ages and the Prefect queries' windows against the
+Prefect server's clock, read once per tick (``flows/liveness/server_clock.py``); lease
+silences and the time since the reconciler last acted against the store's clock. The
+reconciler host's own clock never enters a verdict: a host running minutes ahead would
+crash healthy runs, one running behind would never notice a lost one.
+
+Nothing to do costs the server-clock read (``/hello``, no database), three reads of
+the Prefect API and one of the store, and no write, artifact or event
+(docs/reconciler.md, "Cost").
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -76,6 +84,7 @@ from prefect_coder.flows.liveness.decide import (
     Timing,
     decide,
 )
+from prefect_coder.flows.liveness.server_clock import ServerClock, read_server_clock
 from prefect_coder.flows.liveness.track import RESUMABLE_EVENT, batch_key, workflow_record_key
 from prefect_coder.flows.observe.run_log import run_logger
 
@@ -106,6 +115,11 @@ _DEFAULT_TTL_S = 60.0
 #: Events per page (the API's maximum) and pages per chunk of runs.
 _EVENTS_PER_PAGE = 50
 _EVENT_PAGES = 10
+#: An event's ``occurred`` is the clock of the host that emitted it (a flow run's), the
+#: only time Prefect's events API filters on: the windows reach this far past the
+#: server's "now" both ways so that an emitter's skewed clock does not hide its events.
+#: Their ages are then taken from ``received`` (the server's clock).
+_OCCURRED_SKEW = timedelta(minutes=15)
 
 logger = logging.getLogger("prefect_coder.flows.reconcile")
 
@@ -199,9 +213,12 @@ def _settings_ttl(parameters: dict[str, Any]) -> float:
 def lease_facts(
     record: WorkflowRecord, leases: dict[str, LeaseView], now: float
 ) -> LeaseFacts | None:
-    """The record's leases as evidence (store clock): live if any row is unexpired;
-    silent since the most recent renewal of a row not released (renewed = its expiry
-    minus the ttl the run renews with)."""
+    """The record's leases as evidence: live if any row is unexpired; silent since the
+    most recent renewal of a row not released (renewed = its expiry minus the ttl the
+    run renews with).
+
+    On the store's clock: ``now`` is the snapshot's (``WorkflowsSnapshot.now``, read in
+    the same transaction) and every expiry was written by the store's clock."""
     if not record.lease_keys:
         return None
     ttl = _settings_ttl(record.parameters)
@@ -215,7 +232,14 @@ def lease_facts(
 
 
 def run_facts(run: FlowRun, heartbeat: datetime | None, now: datetime) -> RunFacts:
-    """A flow run as the pure function sees it (ages on this host's clock)."""
+    """A flow run as the pure function sees it, every age on the Prefect server's clock.
+
+    ``now``: the server's "now" (:func:`read_server_clock`). The state's ``timestamp``
+    is minted by the server when it accepts the state. ``heartbeat``: the latest beat's
+    ``received`` (stamped by the server), not its ``occurred`` (the emitting host's
+    clock). A pause's ``pause_timeout`` is computed by the pausing run's host, and
+    Prefect's server expires the pause against its own clock: the same comparison here.
+    """
     state = run.state
     if state is None:
         return RunFacts(None)
@@ -266,25 +290,35 @@ async def _events(client: PrefectClient, event_filter: EventFilter) -> AsyncIter
         page = await client.read_events_page(str(page.next_page))
 
 
+def _occurred(since: datetime, now: datetime) -> EventOccurredFilter:
+    """An ``occurred`` window from ``since`` to ``now`` (server clock), widened by
+    :data:`_OCCURRED_SKEW` both ways (``occurred`` is on the emitter's clock; the
+    default ``until`` would be this host's "now")."""
+    return EventOccurredFilter.model_validate(
+        {"since": since - _OCCURRED_SKEW, "until": now + _OCCURRED_SKEW}
+    )
+
+
 async def _heartbeats(
-    client: PrefectClient, run_ids: list[str], since: datetime
+    client: PrefectClient, run_ids: list[str], since: datetime, now: datetime
 ) -> dict[str, datetime]:
-    """The latest heartbeat per run since ``since`` (none found, or a failed read: absent).
+    """When the server received each run's latest heartbeat since ``since`` (server
+    clock; none found, or a failed read: absent).
 
     Newest first, paged only until every run of the chunk has its latest beat."""
     latest: dict[str, datetime] = {}
     try:
         for chunk in _chunks(run_ids):
             beats = EventFilter(
-                occurred=EventOccurredFilter.model_validate({"since": since}),
+                occurred=_occurred(since, now),
                 event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
                 resource=EventResourceFilter(id=[f"prefect.flow-run.{i}" for i in chunk]),
                 order=EventOrder.DESC,
             )
             async for event in _events(client, beats):
                 run_id = event.resource.id.removeprefix("prefect.flow-run.")
-                if run_id not in latest or event.occurred > latest[run_id]:
-                    latest[run_id] = event.occurred
+                if run_id not in latest or event.received > latest[run_id]:
+                    latest[run_id] = event.received
                 if all(i in latest for i in chunk):
                     break
     except Exception as exc:
@@ -292,7 +326,9 @@ async def _heartbeats(
     return latest
 
 
-async def _resumable_runs(client: PrefectClient, runs: Sequence[FlowRun]) -> set[str] | None:
+async def _resumable_runs(
+    client: PrefectClient, runs: Sequence[FlowRun], now: datetime
+) -> set[str] | None:
     """The ids among ``runs`` (Failed, with no resumable mark in the store) whose failure
     handler emitted ``coder.workflow.resumable``; None when the events could not be read.
 
@@ -307,7 +343,7 @@ async def _resumable_runs(client: PrefectClient, runs: Sequence[FlowRun]) -> set
         for chunk in _chunks([str(r.id) for r in runs]):
             wanted = {f"prefect.flow-run.{i}" for i in chunk}
             marks = EventFilter(
-                occurred=EventOccurredFilter.model_validate({"since": since}),
+                occurred=_occurred(since, now),
                 event=EventNameFilter(name=[RESUMABLE_EVENT]),
                 related=EventRelatedFilter(id=sorted(wanted)),
             )
@@ -511,13 +547,18 @@ async def reconcile_once(
     options = options or ReconcileOptions()
     timing = options.timing()
     snapshot = await store.workflows.snapshot()
-    now = datetime.now(UTC)
-    if options.adopt and not dry_run:
+    adopting = options.adopt and not dry_run
+    if not adopting and not snapshot.records:
+        return []
+    # One clock for every age taken from Prefect: the server's, read once this tick.
+    clock: ServerClock = await read_server_clock(client)
+    now = clock.now()
+    if adopting:
         try:
             older = now - timedelta(seconds=min(options.pending_grace_s, 30.0))
             if await _adopt(client, store, snapshot, store_block, older):
                 snapshot = await store.workflows.snapshot()
-                now = datetime.now(UTC)
+                now = clock.now()
         except Exception as exc:
             logger.warning("could not look for runs to adopt: %s", type(exc).__name__)
     if not snapshot.records:
@@ -533,7 +574,7 @@ async def reconcile_once(
         and s.type in (StateType.RUNNING, StateType.PENDING)
     ]
     since = now - timedelta(seconds=max(timing.heartbeat_grace_s, timing.heartbeat_fresh_s) * 2)
-    beats = await _heartbeats(client, live, since) if live else {}
+    beats = await _heartbeats(client, live, since, now) if live else {}
     unmarked = [
         run
         for r in snapshot.records
@@ -544,7 +585,7 @@ async def reconcile_once(
         and run.state is not None
         and run.state.type == StateType.FAILED
     ]
-    evented = await _resumable_runs(client, unmarked)
+    evented = await _resumable_runs(client, unmarked, now)
     rows: list[ReconcileRow] = []
     for record in snapshot.records:
         acted_age = None if record.acted_at is None else snapshot.now - record.acted_at
