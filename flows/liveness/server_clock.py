@@ -11,6 +11,9 @@ header of one cheap request (``/hello``: no database) per tick.
 
 The header has one-second resolution (it is truncated to the second: the middle of that
 second, and of the request's round trip, is taken), against graces of tens of seconds.
+uvicorn (what ``prefect server start`` runs) also refreshes its ``Date`` only once a
+second, so the estimate can be up to 1.5 s behind the server (plus half a round trip);
+behind is the safe side: every age comes out shorter, an act comes later, never sooner.
 A server that sends no usable ``Date`` (a proxy that strips it) leaves the host's clock:
 that is logged once, at WARNING, naming the fix. A failed read (the server briefly
 unreachable) reuses the last offset measured for that server, else the host's clock;
