@@ -49,7 +49,11 @@ from prefect_coder.blocks.state.store import StateStore
 from prefect_coder.flows.deployments.reconcile_workflows import ReconcileOptions, reconcile_once
 from prefect_coder.flows.liveness.server_clock import read_server_clock
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+#: Debian's libfaketime, wherever its multiarch directory is.
+LIBFAKETIME = next(
+    iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))),
+    Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
+)
 SKEW = timedelta(minutes=10)
 
 
