@@ -55,3 +55,19 @@ ensure_postgres_binaries() {
   fi
   pg_bindir >/dev/null
 }
+
+# libfaketime (Debian package faketime): tests/reconcile/test_skewed_server_clock.py
+# runs a real Prefect server whose clock is minutes off the host's.
+ensure_faketime() {
+  command -v faketime >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing libfaketime (Debian package faketime)..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+  else
+    echo "faketime is needed for the reconciler's clock-skew test:" >&2
+    echo "  sudo apt-get install faketime   # or your platform's libfaketime" >&2
+    exit 1
+  fi
+  command -v faketime >/dev/null
+}
