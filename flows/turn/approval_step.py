@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
+from uuid import UUID
 
 from prefect import task
 from prefect.context import FlowRunContext
@@ -52,10 +53,12 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
+from coder_chat.crash_safe import crash_point
 from prefect_coder.flows.common.params import AnyStep, ApprovalStep
 from prefect_coder.flows.common.result_write import write_step_result
 from prefect_coder.flows.common.results import result_key
 from prefect_coder.flows.observe.run_log import RunLogger
+from prefect_coder.flows.turn.approval_earlier import answer_given_to_an_earlier_run
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -227,12 +230,22 @@ async def await_approval(
     if stored is not None:
         logger.info("approval %s was decided before: %s", step.name, stored.decision)
         return stored
+    timeout_s = int(step.timeout_s or DEFAULT_TIMEOUT_S)
+    earlier = await _earlier_answer(workflow_id, step.name, timeout_s, logger)
+    if earlier is not None:
+        answer_run, answer = earlier
+        logger.info(
+            "approval %s was decided on an earlier run (%s) that ended before it recorded "
+            "the decision: taking that decision, not asking again",
+            step.name,
+            answer_run,
+        )
+        return await _record(workflow_id, step.name, answer, next_step, logger)
     form = ApprovalInput.with_initial_data(
         description=_description(workflow_id, step, last_text, next_step),
         decision="approve",
         next_prompt=next_step.prompt if next_step is not None else None,
     )
-    timeout_s = int(step.timeout_s or DEFAULT_TIMEOUT_S)
     where = current_flow_run.get_flow_run_ui_url() or "the run's page in the Prefect UI"
     logger.info(
         "approval %s: this run now waits for a decision (approve, edit or reject) for up to "
@@ -248,21 +261,66 @@ async def await_approval(
             wait_for_input=form, timeout=timeout_s, key=f"approval-{step.name}"
         ),
     )
+    crash_point("approval.answered")  # test seam: the answer read, not yet recorded
+    return await _record(workflow_id, step.name, answer, next_step, logger)
+
+
+async def _earlier_answer(
+    workflow_id: str, step_name: str, timeout_s: int, logger: RunLogger
+) -> tuple[UUID, ApprovalInput] | None:
+    """The answer a person gave an earlier run of this workflow at this step (see
+    :mod:`.approval_earlier`); None when there is none or the lookup failed (then the
+    run asks: a second question costs a person's time, a wrong answer the workflow)."""
+    ctx = FlowRunContext.get()
+    run = getattr(ctx, "flow_run", None)
+    flow = getattr(ctx, "flow", None)
+    if run is None or flow is None:
+        return None
+    try:
+        found = await answer_given_to_an_earlier_run(
+            flow_name=flow.name,
+            current_run=run.id,
+            workflow_id=workflow_id,
+            step_name=step_name,
+            within_s=timeout_s,
+        )
+        if found is None:
+            return None
+        return found.flow_run_id, ApprovalInput(**found.values)
+    except Exception as exc:  # the question is asked again; say why
+        logger.warning(
+            "approval %s: could not look for a decision given to an earlier run (%s: %s); "
+            "asking for one",
+            step_name,
+            type(exc).__name__,
+            str(exc)[:200],
+        )
+        return None
+
+
+async def _record(
+    workflow_id: str,
+    step_name: str,
+    answer: ApprovalInput,
+    next_step: AnyStep | None,
+    logger: RunLogger,
+) -> ApprovalResult:
+    """The person's answer as the step's decision, recorded under the step's key."""
     written = next_step.prompt if next_step is not None else None
     decision, next_prompt = resolve_decision(answer, written)
     if decision == "edit" and answer.decision == "approve":
         logger.info(
             "approval %s: the next prompt was changed in the form under 'approve': "
             "treated as an edit",
-            step.name,
+            step_name,
         )
     result = ApprovalResult(
         workflow_id=workflow_id,
-        step=step.name,
+        step=step_name,
         decision=decision,
         next_prompt=next_prompt,
         comment=answer.comment,
         decided_at=datetime.now(UTC).isoformat(),
     )
-    logger.info("approval %s: %s", step.name, decision)
-    return await record_approval(workflow_id, step.name, result)
+    logger.info("approval %s: %s", step_name, decision)
+    return await record_approval(workflow_id, step_name, result)

@@ -81,3 +81,32 @@ async def test_an_orphan_interrupted_by_a_sweep_is_not_taken_for_its_answer(rig:
     print(outcome.report())
     assert "stuck sweep: [interrupt/ok]" in outcome.phases[0], outcome.report()
     assert outcome.ok, "\n" + outcome.report()
+
+
+#: Found by the chaos run with dependency faults (seed 263, 2026-12-06, docs/chaos.md):
+#: the run resumed with a person's approval failed before it recorded the decision (a
+#: Prefect restart of another rig), so the decision lived only as that flow run's
+#: input; the next run (a new one, as the reconciler's rerun is) found no recorded
+#: decision and had to ask again — a direct call could not even suspend, so the
+#: workflow never finished. Here the resumed run is SIGKILLed right after it read the
+#: answer (``approval.answered``), deterministically; the final direct rerun must take
+#: the decision from the earlier run's input (flows/turn/approval_earlier.py).
+DECISION_NOT_RECORDED = Schedule(
+    263,
+    ("rounds", "rest"),
+    0,
+    (
+        Phase("child", flow="deployment"),
+        Phase("decide", crash_at="approval.answered:1"),
+        Phase("recover"),
+    ),
+    lifecycle="approval",
+)
+
+
+async def test_a_decision_the_resumed_run_did_not_record_is_not_asked_again(rig: Rig) -> None:
+    outcome = await run_schedule(rig, DECISION_NOT_RECORDED)
+    print(outcome.report())
+    assert outcome.phases[0].startswith("suspended"), outcome.report()
+    assert "resumed run 1 of 1 killed" in outcome.phases[1], outcome.report()
+    assert outcome.ok, "\n" + outcome.report()
