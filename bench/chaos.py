@@ -113,6 +113,10 @@ def _coverage(outcomes: list[Any]) -> dict[str, int]:
                 seen["resumed runs killed"] += len(
                     re.findall(r"resumed run \d+ of \d+ killed", line)
                 )
+                seen["resumed runs killed before recording the answer"] += bool(
+                    phase.crash_at.startswith("approval.answered")
+                    and re.search(r"resumed run 1 of \d+ killed", line)
+                )
             else:
                 seen[f"recoveries by {phase.mode}"] += 1
             seen["faults armed"] += len(phase.faults)

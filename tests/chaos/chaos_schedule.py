@@ -231,6 +231,10 @@ INFRA_FAULTS: dict[str, dict[str, tuple[int, tuple[float, ...]]]] = {
 }
 #: The share of schedules with dependency faults (when a store is named).
 INFRA_P = 0.6
+#: With a store named, this share of the approval schedules kills the first resumed
+#: run right after it read the person's answer, before it recorded the decision.
+ANSWERED_P = 0.25
+ANSWERED_POINT = "approval.answered:1"
 #: Half the schedules with a dependency fault give their store little patience
 #: (``connect_timeout`` 2 s, ``transient_retry_s`` 3 s): with the defaults the store
 #: rides out every drawn fault itself; with these a lock or an outage of a few
@@ -510,6 +514,12 @@ def make_schedule(
         phases = _infra_faults(infra, phases, store, prefect_restart)
         if any(t.infra for p in phases for t in p.timed) and infra.random() < 0.5:
             store_wait = SHORT_STORE_WAIT
+        if lifecycle == "approval" and random.Random(f"answered-{seed}").random() < ANSWERED_P:
+            # the resumed run killed between reading the answer and recording it (the
+            # window of seed 263: a fault there lost a person's decision)
+            phases = [
+                replace(p, crash_at=ANSWERED_POINT) if p.kind == "decide" else p for p in phases
+            ]
     return Schedule(seed, templates, retries, tuple(phases), lifecycle, store_wait)
 
 
