@@ -42,32 +42,30 @@ pg_bindir() {
   return 1
 }
 
-ensure_postgres_binaries() {
-  pg_bindir >/dev/null && return 0
+# Install Debian package $1 ("what it is for" in $2) as root with apt-get, or say
+# what to install and exit.
+install_debian_package() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing PostgreSQL server binaries (Debian package postgresql)..." >&2
+    echo "installing $2 (Debian package $1)..." >&2
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
   else
-    echo "PostgreSQL server binaries (initdb, pg_ctl) are needed for the store tests:" >&2
-    echo "  sudo apt-get install postgresql   # or your platform's package" >&2
+    echo "$2 is needed by the tests:" >&2
+    echo "  sudo apt-get install $1   # or your platform's package" >&2
     exit 1
   fi
+}
+
+ensure_postgres_binaries() {
+  pg_bindir >/dev/null && return 0
+  install_debian_package postgresql "PostgreSQL's server binaries (initdb, pg_ctl) for the store tests"
   pg_bindir >/dev/null
 }
 
-# libfaketime (Debian package faketime): tests/reconcile/test_skewed_server_clock.py
-# runs a real Prefect server whose clock is minutes off the host's.
+# libfaketime: tests/reconcile/test_skewed_server_clock.py runs a real Prefect server
+# whose clock is minutes off the host's.
 ensure_faketime() {
   command -v faketime >/dev/null && return 0
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing libfaketime (Debian package faketime)..." >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
-  else
-    echo "faketime is needed for the reconciler's clock-skew test:" >&2
-    echo "  sudo apt-get install faketime   # or your platform's libfaketime" >&2
-    exit 1
-  fi
+  install_debian_package faketime "libfaketime for the reconciler's clock-skew test"
   command -v faketime >/dev/null
 }
