@@ -370,14 +370,15 @@ async def _api(rig: Rig, call: Callable[[], Awaitable[T]]) -> T:
     has the server down. Prefect's client does not retry a refused connection on a
     client that never connected."""
     for attempt in range(1, 61):
-        await rig.infra.quiet()
         try:
+            # at once: the request meets the faults of the moment, as the workflow's do
             return await call()
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
                 raise
             if attempt == 60:
                 raise
+            await rig.infra.quiet()
             await asyncio.sleep(0.5)
     raise AssertionError("unreachable")
 
