@@ -31,8 +31,15 @@ def _schedule(seed: int, templates: tuple[str, ...], retries: int, *phases: Phas
     return Schedule(seed, templates, retries, phases)
 
 
-def _ran(outcome: Any, phase: int, what: str) -> None:
-    assert what in outcome.phases[phase], f"the fault did not run:\n{outcome.report()}"
+async def _run(rig: Rig, schedule: Schedule, *ran: tuple[int, str]) -> Any:
+    """Run ``schedule``; each ``(phase, what)`` of ``ran`` must be in that phase's line
+    (the fault really ran), and every invariant must hold."""
+    outcome = await run_schedule(rig, schedule)
+    print(outcome.report())
+    for phase, what in ran:
+        assert what in outcome.phases[phase], f"the fault did not run:\n{outcome.report()}"
+    assert outcome.ok, "\n" + outcome.report()
+    return outcome
 
 
 @pytest.fixture(scope="module")
@@ -121,17 +128,11 @@ LOCK_PAST_PATIENCE = replace(LOCK_HELD, seed=9103, store_wait=SHORT_STORE_WAIT)
 
 @pytest.mark.parametrize("schedule", [LOCK_HELD, LOCK_PAST_PATIENCE], ids=["waits", "gives-up"])
 async def test_sqlite_store_locked_by_a_stopped_process(rig: Rig, schedule: Schedule) -> None:
-    outcome = await run_schedule(rig, schedule)
-    print(outcome.report())
-    _ran(outcome, 0, "store write lock held 12 s")
-    assert outcome.ok, "\n" + outcome.report()
+    await _run(rig, schedule, (0, "store write lock held 12 s"))
 
 
 async def test_result_storage_unwritable_for_a_while(rig: Rig) -> None:
-    outcome = await run_schedule(rig, RESULTS_UNWRITABLE)
-    print(outcome.report())
-    _ran(outcome, 0, "result storage unwritable 4 s")
-    assert outcome.ok, "\n" + outcome.report()
+    await _run(rig, RESULTS_UNWRITABLE, (0, "result storage unwritable 4 s"))
 
 
 #: Every connection to the store terminated 0.8 s into a run (the run's own and this
@@ -170,24 +171,23 @@ PREFECT_RESTARTED = _schedule(
 
 
 async def test_postgresql_store_restarted_and_its_connections_terminated(pg_rig: Rig) -> None:
-    outcome = await run_schedule(pg_rig, PG_RESTARTED)
-    print(outcome.report())
-    _ran(outcome, 0, "store connections terminated")
+    outcome = await _run(
+        pg_rig,
+        PG_RESTARTED,
+        (0, "store connections terminated"),
+        (1, "store restarted (down 1 s)"),
+    )
     assert "terminated (0)" not in outcome.phases[0], outcome.report()
-    _ran(outcome, 1, "store restarted (down 1 s)")
-    assert outcome.ok, "\n" + outcome.report()
 
 
 async def test_postgresql_store_down_past_the_stores_patience(pg_rig: Rig) -> None:
-    outcome = await run_schedule(pg_rig, PG_DOWN_PAST_PATIENCE)
-    print(outcome.report())
-    _ran(outcome, 0, "store restarted (down 5 s)")
-    assert outcome.ok, "\n" + outcome.report()
+    await _run(pg_rig, PG_DOWN_PAST_PATIENCE, (0, "store restarted (down 5 s)"))
 
 
 async def test_prefect_api_restarted_during_a_run_and_its_recovery(pg_rig: Rig) -> None:
-    outcome = await run_schedule(pg_rig, PREFECT_RESTARTED)
-    print(outcome.report())
-    _ran(outcome, 0, "Prefect API restarted (down 1 s")
-    _ran(outcome, 1, "Prefect API restarted (down 0 s")
-    assert outcome.ok, "\n" + outcome.report()
+    await _run(
+        pg_rig,
+        PREFECT_RESTARTED,
+        (0, "Prefect API restarted (down 1 s"),
+        (1, "Prefect API restarted (down 0 s"),
+    )
