@@ -10,13 +10,16 @@ of a run that will not run again: the reconciler's rerun is a NEW flow run, whic
 found no recorded decision, suspended again and asked the person a second time (a
 direct call could not suspend at all: the workflow could not finish).
 
-So before suspending, a run looks for an answer given to an earlier run of the same
-flow for the same workflow and step: recent runs of the flow (within the approval's
-own timeout: an answer cannot be older than its question), whose ``workflow_id``
-parameter is this one, that hold a response under the step's key. The newest such
-answer is the person's decision; the run records it and goes on. One query and one
-input read per earlier run of the workflow, and only at a point where the run would
-otherwise wait for a person.
+So a run that asks tags itself first (:func:`asked_tag`: the workflow's id), and
+before suspending a run looks for an answer given to an earlier run for the same
+workflow and step: the runs with that tag (exact), else — for a run asked before the
+tag existed, or whose tagging failed — recent runs of the flow (within the approval's
+own timeout: an answer cannot be older than its question; the newest
+``_RUNS_READ``) whose ``workflow_id`` parameter is this one; among them, those that
+hold a response under the step's key. The newest such answer is the person's
+decision; the run records it and goes on. A query or two and one input read per
+earlier run of the workflow, only at a point where the run would otherwise wait for a
+person.
 """
 
 from __future__ import annotations
@@ -33,14 +36,37 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterExpectedStartTime,
     FlowRunFilterId,
+    FlowRunFilterTags,
 )
+from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-__all__ = ["EarlierAnswer", "answer_given_to_an_earlier_run", "response_keys"]
+__all__ = [
+    "EarlierAnswer",
+    "answer_given_to_an_earlier_run",
+    "asked_tag",
+    "response_keys",
+    "tag_as_asked",
+]
 
 #: How many recent runs of the flow are read (newest first).
 _RUNS_READ = 200
+
+
+def asked_tag(workflow_id: str) -> str:
+    """The tag of every flow run that asked a person for a decision in ``workflow_id``
+    (also a filter for such runs in the Prefect UI)."""
+    return f"coder-approval-asked:{workflow_id}"
+
+
+async def tag_as_asked(flow_run_id: UUID, tags: list[str], workflow_id: str) -> None:
+    """Add :func:`asked_tag` to the run's tags (before it suspends); errors propagate."""
+    tag = asked_tag(workflow_id)
+    if tag in tags:
+        return
+    async with get_client() as client:
+        await client.update_flow_run(flow_run_id, tags=[*tags, tag])
 
 
 def response_keys(step_name: str) -> tuple[str, ...]:
@@ -72,27 +98,41 @@ async def answer_given_to_an_earlier_run(
     """The newest answer at ``step_name`` given to another run of ``flow_name`` for
     ``workflow_id`` in the last ``within_s`` seconds (its expected start), else None.
     Errors of the lookup propagate: the caller decides whether to ask again."""
+    not_this = None if current_run is None else FlowRunFilterId(not_any_=[current_run])
     since = datetime.now(UTC) - timedelta(seconds=within_s)
     # (the host's clock: against a window of the approval's timeout, hours, skew is noise)
-    flow_run_filter = FlowRunFilter(
-        expected_start_time=FlowRunFilterExpectedStartTime.model_validate({"after_": since})
-    )
-    if current_run is not None:
-        flow_run_filter.id = FlowRunFilterId(not_any_=[current_run])
+    recent = FlowRunFilterExpectedStartTime.model_validate({"after_": since})
     async with get_client() as client:
-        runs = await client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-            flow_run_filter=flow_run_filter,
+        tagged = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                id=not_this, tags=FlowRunFilterTags(all_=[asked_tag(workflow_id)])
+            ),
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=_RUNS_READ,
         )
-        for run in runs:
-            if (run.parameters or {}).get("workflow_id") != workflow_id:
-                continue
-            for key in response_keys(step_name):
-                value = await _input(client, run.id, key)
-                if value is not None:
-                    return EarlierAnswer(run.id, value)
+        found = await _newest_answer(client, tagged, workflow_id, step_name)
+        if found is not None:
+            return found
+        runs = await client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            flow_run_filter=FlowRunFilter(id=not_this, expected_start_time=recent),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=_RUNS_READ,
+        )
+        return await _newest_answer(client, runs, workflow_id, step_name)
+
+
+async def _newest_answer(
+    client: PrefectClient, runs: list[FlowRun], workflow_id: str, step_name: str
+) -> EarlierAnswer | None:
+    """The first of ``runs`` (newest first) of ``workflow_id`` holding an answer."""
+    for run in runs:
+        if (run.parameters or {}).get("workflow_id") != workflow_id:
+            continue
+        for key in response_keys(step_name):
+            value = await _input(client, run.id, key)
+            if value is not None:
+                return EarlierAnswer(run.id, value)
     return None
 
 

@@ -58,7 +58,10 @@ from prefect_coder.flows.common.params import AnyStep, ApprovalStep
 from prefect_coder.flows.common.result_write import write_step_result
 from prefect_coder.flows.common.results import result_key
 from prefect_coder.flows.observe.run_log import RunLogger
-from prefect_coder.flows.turn.approval_earlier import answer_given_to_an_earlier_run
+from prefect_coder.flows.turn.approval_earlier import (
+    answer_given_to_an_earlier_run,
+    tag_as_asked,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -246,6 +249,7 @@ async def await_approval(
         decision="approve",
         next_prompt=next_step.prompt if next_step is not None else None,
     )
+    await _tag_as_asked(workflow_id, step.name, logger)
     where = current_flow_run.get_flow_run_ui_url() or "the run's page in the Prefect UI"
     logger.info(
         "approval %s: this run now waits for a decision (approve, edit or reject) for up to "
@@ -296,6 +300,25 @@ async def _earlier_answer(
             str(exc)[:200],
         )
         return None
+
+
+async def _tag_as_asked(workflow_id: str, step_name: str, logger: RunLogger) -> None:
+    """Tag this run as one that asked (:func:`.approval_earlier.asked_tag`), so that a
+    later run finds its answer exactly; a failure is logged: the later run then scans
+    the flow's recent runs instead."""
+    ctx = FlowRunContext.get()
+    run = getattr(ctx, "flow_run", None)
+    if run is None:
+        return
+    try:
+        await tag_as_asked(run.id, list(run.tags or []), workflow_id)
+    except Exception as exc:
+        logger.warning(
+            "approval %s: could not tag this run as asking (%s); a later run looks for its "
+            "answer among the flow's recent runs",
+            step_name,
+            type(exc).__name__,
+        )
 
 
 async def _record(

@@ -35,6 +35,7 @@ from prefect_coder.blocks import ChatStateStore, CoderCredentials
 from prefect_coder.flows.common.params import WorkflowSettings
 from prefect_coder.flows.deployments.agent_workflow import agent_workflow
 from prefect_coder.flows.deployments.expire_approvals import EXPIRED_MESSAGE, expire_approvals
+from prefect_coder.flows.turn.approval_earlier import asked_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,6 +165,10 @@ async def _assert_suspended(run_id: UUID, stderr: str, emu: Emulator) -> None:
     [chat] = emu.chats()
     assert chat["status"] == "waiting" and not chat["archived"]
     assert run.state.state_details.run_input_keyset is not None  # the UI's typed form
+    # Tagged as asking, so a later run of the workflow finds the answer given to this
+    # one if this one ends before it records it (flows/turn/approval_earlier.py).
+    workflow_id = str(run.parameters["workflow_id"])
+    assert asked_tag(workflow_id) in run.tags, run.tags
 
 
 #: Three approvals in one workflow, one per way a person lets it go on: each resume is
