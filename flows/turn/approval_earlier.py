@@ -90,22 +90,24 @@ class EarlierAnswer:
 async def answer_given_to_an_earlier_run(
     *,
     flow_name: str,
-    current_run: UUID | None,
+    current_run: UUID,
     workflow_id: str,
     step_name: str,
     within_s: float,
 ) -> EarlierAnswer | None:
     """The newest answer at ``step_name`` given to another run of ``flow_name`` for
-    ``workflow_id`` in the last ``within_s`` seconds (its expected start), else None.
-    Errors of the lookup propagate: the caller decides whether to ask again."""
-    not_this = None if current_run is None else FlowRunFilterId(not_any_=[current_run])
-    since = datetime.now(UTC) - timedelta(seconds=within_s)
-    # (the host's clock: against a window of the approval's timeout, hours, skew is noise)
-    recent = FlowRunFilterExpectedStartTime.model_validate({"after_": since})
+    ``workflow_id`` in the last ``within_s`` seconds (its expected start), else None —
+    also None when ``current_run`` holds an answer of its own (it was resumed: its own
+    suspend call returns it, and a person's answer to THIS run wins over an older one;
+    no query of other runs). Errors of the lookup propagate: the caller decides
+    whether to ask again."""
     async with get_client() as client:
+        if await _answer_of(client, current_run, step_name) is not None:
+            return None
         tagged = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
-                id=not_this, tags=FlowRunFilterTags(all_=[asked_tag(workflow_id)])
+                id=FlowRunFilterId(not_any_=[current_run]),
+                tags=FlowRunFilterTags(all_=[asked_tag(workflow_id)]),
             ),
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=_RUNS_READ,
@@ -113,9 +115,17 @@ async def answer_given_to_an_earlier_run(
         found = await _newest_answer(client, tagged, workflow_id, step_name)
         if found is not None:
             return found
+        since = datetime.now(UTC) - timedelta(seconds=within_s)
+        # (the host's clock: against a window of the approval's timeout, hours, skew is
+        # noise); the tagged runs were read already
         runs = await client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-            flow_run_filter=FlowRunFilter(id=not_this, expected_start_time=recent),
+            flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(not_any_=[current_run, *(r.id for r in tagged)]),
+                expected_start_time=FlowRunFilterExpectedStartTime.model_validate(
+                    {"after_": since}
+                ),
+            ),
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=_RUNS_READ,
         )
@@ -129,10 +139,20 @@ async def _newest_answer(
     for run in runs:
         if (run.parameters or {}).get("workflow_id") != workflow_id:
             continue
-        for key in response_keys(step_name):
-            value = await _input(client, run.id, key)
-            if value is not None:
-                return EarlierAnswer(run.id, value)
+        value = await _answer_of(client, run.id, step_name)
+        if value is not None:
+            return EarlierAnswer(run.id, value)
+    return None
+
+
+async def _answer_of(
+    client: PrefectClient, flow_run_id: UUID, step_name: str
+) -> dict[str, Any] | None:
+    """The answer at ``step_name`` a run holds (under any of :func:`response_keys`)."""
+    for key in response_keys(step_name):
+        value = await _input(client, flow_run_id, key)
+        if value is not None:
+            return value
     return None
 
 
