@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from lock_holder import LockHolder  # noqa: E402
 from prefect_server_proc import PrivatePrefectServer  # noqa: E402
 from unwritable import make_unwritable, make_writable  # noqa: E402
 
-__all__ = ["INFRA_ACTIONS", "Infra", "InfraEvent"]
+__all__ = ["INFRA_ACTIONS", "Infra", "InfraEvent", "results_dir"]
 
 #: The timed actions of a schedule this module carries out.
 INFRA_ACTIONS = (
@@ -52,13 +51,23 @@ INFRA_ACTIONS = (
 )
 
 
+def results_dir(workdir: Path) -> Path:
+    """The result storage of the rig working in ``workdir`` (its children's and its
+    in-process runs'; ``results-unwritable`` faults it)."""
+    return workdir / "results"
+
+
+def _sqlite_file(workdir: Path) -> Path:
+    """The SQLite store of the rig working in ``workdir`` (``store-lock`` locks it)."""
+    return workdir / "chaos.db"
+
+
 @dataclass(frozen=True)
 class InfraEvent:
     """One fault as it ran: when (this process's monotonic clock), what, for whom."""
 
     began: float
     ended: float
-    action: str
     rig: str
     what: str
 
@@ -76,8 +85,8 @@ class Infra:
     #: one fault of a kind at a time: a restart while the same server restarts is
     #: not a fault of its own, and two lock holders would only queue
     _busy: dict[str, asyncio.Lock] = field(default_factory=dict)
-    _mutex: threading.Lock = field(default_factory=threading.Lock)
-    #: faults in progress (every rig's); ``_idle`` is set while there is none
+    #: faults in progress (every rig's); ``_idle`` is set while there is none. Every
+    #: rig runs on the one event loop: no lock guards these.
     active: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -98,22 +107,19 @@ class Infra:
         if self.store == "pg":
             assert self.pg is not None
             return self.pg.url
-        return f"sqlite+aiosqlite:///{workdir / 'chaos.db'}"
+        return f"sqlite+aiosqlite:///{_sqlite_file(workdir)}"
 
     def overlapping(self, rig: str, began: float, ended: float) -> list[str]:
         """The faults of other rigs that ran while a schedule of ``rig`` did."""
-        with self._mutex:
-            events = list(self.log)
         return [
             f"{e.what} (from {e.rig})"
-            for e in events
+            for e in self.log
             if e.rig != rig and e.began < ended and e.ended > began
         ]
 
     def faulted_since(self, began: float) -> bool:
         """Whether a fault (any rig's) ran at some time since ``began``."""
-        with self._mutex:
-            return self.active > 0 or any(e.ended > began for e in self.log)
+        return self.active > 0 or any(e.ended > began for e in self.log)
 
     async def quiet(self, limit_s: float = 120.0) -> None:
         """Wait until no fault of any rig is in progress: "after the fault clears"."""
@@ -129,19 +135,15 @@ class Infra:
             return f"{action} skipped (one already running)"
         async with lock:
             began = time.monotonic()
-            with self._mutex:
-                self.active += 1
-                self._idle.clear()
+            self.active += 1
+            self._idle.clear()
             try:
                 what = await self._act(action, seconds, workdir)
             finally:
-                with self._mutex:
-                    self.active -= 1
-                    if not self.active:
-                        self._idle.set()
-                    self.log.append(
-                        InfraEvent(began, time.monotonic(), action, rig, f"{action} {seconds:g}s")
-                    )
+                self.active -= 1
+                if not self.active:
+                    self._idle.set()
+                self.log.append(InfraEvent(began, time.monotonic(), rig, f"{action} {seconds:g}s"))
             return what
 
     async def _act(self, action: str, seconds: float, workdir: Path) -> str:
@@ -158,8 +160,7 @@ class Infra:
             n = await _terminate_backends(self.pg.url)
             return f"store connections terminated ({n})"
         if action == "store-lock":
-            path = workdir / "chaos.db"
-            holder = await asyncio.to_thread(LockHolder, path)
+            holder = await asyncio.to_thread(LockHolder, _sqlite_file(workdir))
             try:
                 await asyncio.sleep(seconds)
             finally:
@@ -175,7 +176,7 @@ class Infra:
                 took = await asyncio.to_thread(self.prefect.start)
             return f"Prefect API restarted (down {seconds:g} s + {took:.1f} s to start)"
         if action == "results-unwritable":
-            results = workdir / "results"
+            results = results_dir(workdir)
             await asyncio.to_thread(make_unwritable, results)
             try:
                 await asyncio.sleep(seconds)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
-from chaos_infra import Infra
+from chaos_infra import Infra, results_dir
 from chaos_invariants import LIVE, Evidence, Violation, check
 from chaos_schedule import APPROVAL_STEP, TEMPLATES, Phase, Schedule, SweepRun, Timed
 from crash_matrix import ForkServer, crash_settings, directive, env_for_children
@@ -114,11 +114,6 @@ class Rig:
     expected_text: dict[str, str] = field(default_factory=dict)
     #: the ``agent-workflow`` deployment the approval schedules' runs come from
     deployment_id: uuid.UUID | None = None
-
-    @property
-    def results_dir(self) -> Path:
-        """The rig's result storage (its children's and its in-process runs')."""
-        return self.workdir / "results"
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
         """This rig's settings for the in-process runs of the current task: its result
@@ -234,7 +229,7 @@ def _rig_settings(workdir: Path, infra: Infra) -> contextlib.AbstractContextMana
         temporary_settings,
     )
 
-    updates: dict[Any, Any] = {PREFECT_RESULTS_LOCAL_STORAGE_PATH: workdir / "results"}
+    updates: dict[Any, Any] = {PREFECT_RESULTS_LOCAL_STORAGE_PATH: results_dir(workdir)}
     if infra.prefect is not None:
         updates[PREFECT_API_URL] = infra.prefect.api_url
     return temporary_settings(updates=updates)
@@ -256,7 +251,7 @@ async def open_rig(
     ``infra``: the dependencies (default: SQLite stores, the caller's Prefect server,
     which is never restarted)."""
     infra = infra or Infra()
-    results = workdir / "results"
+    results = results_dir(workdir)
     results.mkdir(exist_ok=True)
     if infra.prefect is not None:
         child_env = {**child_env, "PREFECT_API_URL": infra.prefect.api_url}

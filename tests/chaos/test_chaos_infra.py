@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from chaos_infra import Infra
+from chaos_infra import Infra, results_dir
 from chaos_runner import Rig, open_rig, process_env, run_schedule
 from chaos_schedule import SHORT_STORE_WAIT, Phase, Schedule, Timed
 from faults_pg import PrivateCluster, running_cluster
@@ -84,7 +84,7 @@ async def pg_rig(
     its crash children fork from a warm process of its own (another API URL)."""
     workdir = tmp_path_factory.mktemp("chaos-infra-pg")
     infra = Infra("pg", pg=pg_cluster, prefect=private_prefect)
-    env = PrefectEnv(private_prefect.api_url, workdir / "results")
+    env = PrefectEnv(private_prefect.api_url, results_dir(workdir))
     await _rebind_prefect_workers()
     try:
         with running_payments() as payments, process_env(payments):
