@@ -147,33 +147,13 @@ def _restartable_prefect(suite: Any, pg_url: str, tmp: Path) -> Iterator[Any]:
     from the suite's cached dump; this process's settings point at it as the suite's
     harness does (no flow heartbeats, no retry jitter, quiet logs)."""
     from prefect.context import _temporary_global_settings_context, get_settings_context
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_CLIENT_RETRY_JITTER_FACTOR,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        PREFECT_LOGGING_LEVEL,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_server_proc import running_prefect_server
 
-    database = suite._create_database(pg_url, "chaos_prefect")
-    restored = suite._restore_server_db(database)
-    if restored is False:
-        database = suite._create_database(pg_url, "chaos_prefect", replace=True)
+    database, migrated = suite._server_database(pg_url, "chaos_prefect")
     with (
-        running_prefect_server(
-            tmp / "prefect", database, migrated=bool(restored), timeout=300
-        ) as server,
-        temporary_settings(
-            updates={
-                PREFECT_API_URL: server.api_url,
-                PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-                PREFECT_LOGGING_LEVEL: "WARNING",
-                PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
-            }
-        ),
+        running_prefect_server(tmp / "prefect", database, migrated=migrated, timeout=300) as server,
+        temporary_settings(updates={**suite.harness_settings(), PREFECT_API_URL: server.api_url}),
         _temporary_global_settings_context(get_settings_context()),
     ):
         yield server

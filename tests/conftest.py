@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,6 +282,42 @@ def _create_database(admin_url: str, name: str, replace: bool = False) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
+def _server_database(admin_url: str, name: str) -> tuple[str, bool]:
+    """Database ``name`` for a Prefect server, loaded from the cached dump when there is
+    one: (its URL, whether it holds a migrated schema)."""
+    database = _create_database(admin_url, name)
+    restored = _restore_server_db(database)
+    if restored is False:
+        # A partial restore leaves tables the migrations would trip over: start empty.
+        database = _create_database(admin_url, name, replace=True)
+    return database, bool(restored)
+
+
+def harness_settings() -> dict[Any, Any]:
+    """The settings this process runs flows with against a test server (the suite's
+    harness; ``bench/chaos.py``'s restartable server)."""
+    from prefect.settings import (
+        PREFECT_CLIENT_RETRY_JITTER_FACTOR,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+    )
+
+    return {
+        # With heartbeats on, every flow run waits ≈ 1 s for a heartbeat thread.
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+        PREFECT_LOGGING_LEVEL: "WARNING",
+        # Offline test machines: the telemetry service only logs DNS errors.
+        PREFECT_SERVER_ANALYTICS_ENABLED: False,
+        # Prefect's client retries (a busy server's 503/429) jitter with the global
+        # `random` module, from its log and event worker threads. Hypothesis checks
+        # that the global random state does not change while it draws an example,
+        # and such a retry in the middle of a draw made it warn "Do not use the
+        # `random` module inside strategies". No jitter: no use of `random` there.
+        PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
+    }
+
+
 def _server_db_cache() -> Path:
     """Where a started Prefect server's database is kept between sessions (issue 12).
 
@@ -469,36 +506,13 @@ def prefect_harness(
     """
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
-    from prefect.settings import (
-        PREFECT_CLIENT_RETRY_JITTER_FACTOR,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        PREFECT_LOGGING_LEVEL,
-        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
     results = tmp_path_factory.mktemp("prefect-results")
-    database = _create_database(postgres_url, "prefect_server")
-    restored = _restore_server_db(database)
-    if restored is False:
-        # A partial restore leaves tables the migrations would trip over: start empty.
-        database = _create_database(postgres_url, "prefect_server", replace=True)
+    database, restored = _server_database(postgres_url, "prefect_server")
     save_after_start = not restored
     with temporary_settings(
-        updates={
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
-            PREFECT_LOGGING_LEVEL: "WARNING",
-            # Offline test machines: the telemetry service only logs DNS errors.
-            PREFECT_SERVER_ANALYTICS_ENABLED: False,
-            # Prefect's client retries (a busy server's 503/429) jitter with the global
-            # `random` module, from its log and event worker threads. Hypothesis checks
-            # that the global random state does not change while it draws an example,
-            # and such a retry in the middle of a draw made it warn "Do not use the
-            # `random` module inside strategies". No jitter: no use of `random` there.
-            PREFECT_CLIENT_RETRY_JITTER_FACTOR: 0,
-        }
+        updates={**harness_settings(), PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
     ):
         # Generous: the server migrates a fresh schema at start, slow on a loaded machine.
         with _prefect_test_server(database, startup_timeout=300) as api_url:
@@ -598,9 +612,7 @@ def scratch_prefect_server(postgres_url: str) -> Iterator[str]:
     dump when there is one), leaving the session's server and settings alone: for tests
     that run a user's set-up commands (``prefect deploy --all``, automations) whose
     deployments and schedules must not reach the other tests. Yields its API URL."""
-    database = _create_database(postgres_url, f"scratch_{uuid.uuid4().hex[:12]}")
-    if _restore_server_db(database) is False:
-        database = _create_database(postgres_url, database.rsplit("/", 1)[1], replace=True)
+    database, _ = _server_database(postgres_url, f"scratch_{uuid.uuid4().hex[:12]}")
     with _server_process(database, startup_timeout=300) as api_url:
         yield api_url
 
